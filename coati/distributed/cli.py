@@ -1,0 +1,126 @@
+"""Command-line flags (ColossalChat's names, long and short) -> a validated RLConfig."""
+
+from __future__ import annotations
+
+import argparse
+
+from coati.distributed.config import (ALGOS, BACKENDS, AlgoConfig, BatchConfig, ConfigError, DataConfig,
+                                      ModelConfig, ParallelConfig, RLConfig, RunConfig, parse_eval_datasets,
+                                      validate)
+from coati.distributed.inference_backend import SamplingParams
+from coati.distributed.loss import PolicyLossConfig
+from rewards import REWARD_TYPES, STOP_STRINGS, default_system_prompt
+
+# Defaults that differ between the embedded demo (no --model) and a user's model.
+DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 8, "max_prompt_tokens": 64}
+MODEL_DEFAULTS = {"learning_rate": 1e-6, "max_new_tokens": 1024, "max_prompt_tokens": 512}
+NOT_YET = "(not yet supported: only the default is accepted)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rl_example.py",
+        description="Distributed RL post-training (GRPO) over Ray. With no arguments: the embedded demo "
+                    "(a tiny model learns 2-digit addition on the CPU in a few minutes, no downloads).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    a = parser.add_argument
+    a("-m", "--model", default=None, help="local HF model directory (default: the embedded demo model)")
+    a("-d", "--dataset", default=None, help="training jsonl (default: the embedded addition task)")
+    a("-ed", "--eval-dataset", default=None,
+      help='JSON mapping task name -> jsonl, e.g. \'{"math": "eval.jsonl"}\' (default: the demo\'s held-out split)')
+    a("-p", "--project", default="demo", help="run name: outputs go to <save-dir>/<project>/")
+    a("-e", "--num-episodes", type=int, default=1, help="passes over the training set")
+    a("-t", "--num-trainers", type=int, default=1, help=f"trainer actors {NOT_YET} above 1")
+    a("-i", "--num-inferencer", type=int, default=1, help="inferencer (producer) actors")
+    a("-g", "--num-generations", type=int, default=8, help="completions per prompt (G)")
+    a("-ibs", "--inference-batch-size", type=int, default=64, help="prompts per inferencer round")
+    a("-imbs", "--inference-microbatch-size", type=int, default=64, help="prompts per generate call")
+    a("-tbs", "--train-batch-size", type=int, default=32, help="prompts per optimizer step per data-parallel rank")
+    a("-tMbs", "--train-minibatch-size", type=int, default=32, help="prompts pulled from the buffer at a time")
+    a("-tmbs", "--train-microbatch-size", type=int, default=256, help="samples per forward/backward pass")
+    a("--ray_dir", default=None, help="Ray's temporary directory")
+    a("--master_address", default=None, help="address for the trainers' torch.distributed group")
+    a("--master_port", type=int, default=29506, help="port for the trainers' torch.distributed group")
+    a("-b", "--backend", choices=BACKENDS, default="transformers", help=f"inference engine; vllm {NOT_YET}")
+    a("-temp", "--temperature", type=float, default=1.0, help="sampling temperature for training rollouts")
+    a("-topk", "--top-k", type=int, default=-1, help="top-k sampling, -1 = off")
+    a("-topp", "--top-p", type=float, default=1.0, help="nucleus sampling")
+    a("-s", "--system-prompt", default=None,
+      help="system prompt (default: the reward type's own; none for the embedded demo)")
+    a("-mnt", "--max-new-tokens", type=int, default=None, help="default: 8 for the demo, else 1024")
+    a("-mpt", "--max-prompt-tokens", type=int, default=None,
+      help="longer prompts are skipped (and counted); default: 64 for the demo, else 512")
+    a("-a", "--algo", choices=ALGOS, default="GRPO", help=f"algorithm; DAPO and PG {NOT_YET}")
+    a("-lr", "--learning-rate", type=float, default=None, help="AdamW learning rate; default: 3e-4 for the demo, else 1e-6")
+    a("-kl", "--kl-coeff", type=float, default=0.0, help="weight of the k3 KL to the initial model (0: no reference model)")
+    a("-rt", "--reward-type", choices=REWARD_TYPES, default="boxed", help="how responses are checked")
+    a("-ei", "--eval-interval", type=int, default=0, help=f"evaluation happens before and after training; >0 {NOT_YET}")
+    a("-si", "--save-interval", type=int, default=0, help="also save an HF checkpoint every N steps (0: only at the end)")
+    a("-sd", "--save-dir", default="runs", help="run outputs: <save-dir>/<project>/{metrics.jsonl,step_N/,eval/}")
+    a("-esd", "--eval-save-dir", default=None, help="evaluation records (default: <save-dir>/<project>/eval)")
+    a("-rsd", "--rollout-save-dir", default=None, help=f"rollout logs {NOT_YET}")
+    a("-tp", "--tensor-parallel-size", type=int, default=1, help=f"trainer tensor parallelism {NOT_YET}")
+    a("-pp", "--pipeline-parallel-size", type=int, default=1, help=f"trainer pipeline parallelism {NOT_YET}")
+    a("-zero", "--zero-stage", type=int, default=0, help=f"ZeRO stage {NOT_YET}")
+    a("-ptp", "--producer-tensor-parallel-size", type=int, default=1, help=f"inference tensor parallelism {NOT_YET}")
+    a("--seed", type=int, default=42, help="seed for sampling, data order and initialisation")
+    a("--max-grad-norm", type=float, default=1.0, help="gradient clipping (0: off)")
+    a("--no-progress", action="store_true", help="no progress bar (metrics still go to stdout at the end)")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
+    """``demo`` (DemoAssets) fills in the model and data when --model/--dataset are not given."""
+    embedded = args.model is None
+    if embedded and demo is None:
+        raise ConfigError("no --model given and the embedded demo assets were not built")
+    defaults = DEMO_DEFAULTS if embedded else MODEL_DEFAULTS
+    if embedded and args.reward_type != "boxed":
+        raise ConfigError("the embedded demo model answers in \\boxed{}: use -rt boxed, or pass -m/--model and -d/--dataset")
+    train_path = args.dataset or (demo.train_path if embedded else None)
+    if train_path is None:
+        raise ConfigError("-d/--dataset is required with -m/--model (a math or code jsonl)")
+    eval_paths = parse_eval_datasets(args.eval_dataset)
+    if not eval_paths and embedded and args.dataset is None:
+        eval_paths = {"addition": demo.eval_path}
+    if args.system_prompt is not None:
+        system_prompt = args.system_prompt
+    else:
+        system_prompt = "" if embedded else default_system_prompt(args.reward_type)
+    max_new_tokens = args.max_new_tokens or defaults["max_new_tokens"]
+    stops = STOP_STRINGS[args.reward_type]
+    sampling = SamplingParams(n=args.num_generations, temperature=args.temperature, top_k=args.top_k,
+                              top_p=args.top_p, max_new_tokens=max_new_tokens, stop_strings=stops)
+    eval_sampling = (
+        ("sampled", SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, stop_strings=stops)),
+        ("greedy", SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_strings=stops)),
+    )
+    config = RLConfig(
+        model=ModelConfig(path=demo.model_dir if embedded else args.model, is_embedded_demo=embedded),
+        data=DataConfig(train_path=train_path, eval_paths=eval_paths, reward_type=args.reward_type,
+                        system_prompt=system_prompt,
+                        max_prompt_tokens=args.max_prompt_tokens or defaults["max_prompt_tokens"]),
+        sampling=sampling,
+        parallel=ParallelConfig(num_inferencers=args.num_inferencer, num_trainers=args.num_trainers,
+                                tensor_parallel_size=args.tensor_parallel_size,
+                                pipeline_parallel_size=args.pipeline_parallel_size, zero_stage=args.zero_stage,
+                                producer_tensor_parallel_size=args.producer_tensor_parallel_size,
+                                backend=args.backend),
+        batch=BatchConfig(num_generations=args.num_generations, inference_batch_size=args.inference_batch_size,
+                          inference_microbatch_size=args.inference_microbatch_size,
+                          train_batch_size=args.train_batch_size, train_minibatch_size=args.train_minibatch_size,
+                          train_microbatch_size=args.train_microbatch_size),
+        algo=AlgoConfig(name=args.algo, learning_rate=args.learning_rate or defaults["learning_rate"],
+                        max_grad_norm=args.max_grad_norm,
+                        loss=PolicyLossConfig(clip_eps_low=0.2, clip_eps_high=0.2, kl_coeff=args.kl_coeff,
+                                              loss_variation="sample_level")),
+        run=RunConfig(project=args.project, num_episodes=args.num_episodes, seed=args.seed, save_dir=args.save_dir,
+                      save_interval=args.save_interval, eval_interval=args.eval_interval,
+                      eval_save_dir=args.eval_save_dir, rollout_save_dir=args.rollout_save_dir,
+                      ray_dir=args.ray_dir, master_address=args.master_address, master_port=args.master_port,
+                      progress_bar=not args.no_progress),
+        eval_sampling=eval_sampling,
+    )
+    validate(config)
+    return config

@@ -1,0 +1,45 @@
+"""Held-out evaluation: accuracy and format rate of one backend on a list of examples."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from coati.distributed.inference_backend import InferenceBackend, SamplingParams
+from rewards.scorer import RewardScorer
+
+
+@dataclass
+class EvalResult:
+    accuracy: float
+    format_rate: float
+    mean_reward: float
+    records: list[dict] = field(default_factory=list)  # prompt, response, extracted answer, reward per sample
+
+
+def evaluate(backend: InferenceBackend, prompts: list[list[int]], examples, scorer: RewardScorer,
+             params: SamplingParams, prompt_texts: list[str] | None = None) -> EvalResult:
+    """One completion per prompt (``params.n`` is forced to 1) scored with the training reward."""
+    if params.n != 1:
+        params = SamplingParams(**{**params.__dict__, "n": 1})
+    outputs = backend.generate(prompts, params)
+    records = []
+    for i, (completions, example) in enumerate(zip(outputs, examples)):
+        completion = completions[0]
+        result = scorer.score([completion.text], example)[0]
+        records.append({
+            "prompt": prompt_texts[i] if prompt_texts else None,
+            "response": completion.text,
+            "extracted": result.extracted,
+            "reward": result.reward,
+            "correct": result.correct,
+            "format_ok": result.format_ok,
+            "reason": result.reason,
+            "finish_reason": completion.finish_reason,
+        })
+    count = max(len(records), 1)
+    return EvalResult(
+        accuracy=sum(r["correct"] for r in records) / count,
+        format_rate=sum(r["format_ok"] for r in records) / count,
+        mean_reward=sum(r["reward"] for r in records) / count,
+        records=records,
+    )

@@ -1,0 +1,108 @@
+"""Builds the Ray actors for a run, wires buffer and weight sync, drives training and evaluation.
+
+The driver only orchestrates: producers run their own generation loop; the driver calls ``step()`` on
+the trainers, logs what they return, and evaluates before and after training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, replace
+
+import ray
+
+from coati.distributed.config import RLConfig
+from coati.distributed.grpo_consumer import GRPOConsumer
+from coati.distributed.producer import Producer
+from coati.distributed.weight_sync import WeightStore
+from coati.distributed.buffer import RolloutBuffer
+from coati.utils.metrics import MetricsLogger
+
+
+@dataclass
+class RunResult:
+    steps: int
+    eval_before: dict  # "task/sampling" -> accuracy
+    eval_after: dict
+    final_model_dir: str
+    metrics_path: str
+    wall_s: float
+
+
+def init_ray(config: RLConfig) -> None:
+    """Join the cluster named by RAY_ADDRESS (see launch/), else start a local one."""
+    if ray.is_initialized():
+        return
+    kwargs = dict(include_dashboard=False, logging_level="ERROR", log_to_driver=True)
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], **kwargs)
+        return
+    actors = config.parallel.num_inferencers + config.parallel.num_trainers
+    ray.init(num_cpus=max(actors, os.cpu_count() or 1), _temp_dir=config.run.ray_dir, **kwargs)
+
+
+def _eval_all(producer, config: RLConfig, logger: MetricsLogger, step: int, log) -> dict:
+    results = {}
+    eval_dir = config.run.eval_save_dir or os.path.join(config.run.run_dir, "eval")
+    os.makedirs(eval_dir, exist_ok=True)
+    for task, path in config.data.eval_paths.items():
+        for mode, params in config.eval_sampling:
+            out = ray.get(producer.evaluate.remote(path, params))
+            key = f"{task}/{mode}"
+            results[key] = out["accuracy"]
+            with open(os.path.join(eval_dir, f"{task}_{mode}_step{step}.jsonl"), "w") as handle:
+                for record in out["records"]:
+                    handle.write(json.dumps(record) + "\n")
+            logger.log(step, {"task": task, "mode": mode, "accuracy": out["accuracy"], "format_rate":
+                              out["format_rate"], "count": out["count"], "version": out["version"]}, kind="eval")
+            log(f"eval step {step} {key}: accuracy {out['accuracy']:.3f} format {out['format_rate']:.3f} "
+                f"(n={out['count']}, weights v{out['version']})")
+    return results
+
+
+def run(config: RLConfig, log=print) -> RunResult:
+    from tqdm import tqdm
+
+    start = time.time()
+    init_ray(config)
+    p = config.parallel
+    threads = max(1, (os.cpu_count() or 1))  # sync mode: producers and trainers take turns on the cores
+    store = ray.remote(WeightStore).options(num_cpus=0).remote()
+    buffer = ray.remote(RolloutBuffer).options(num_cpus=0).remote(2 * p.num_inferencers * config.batch.inference_batch_size)
+    producers = [ray.remote(Producer).options(num_cpus=1).remote(config, rank, buffer, store, threads)
+                 for rank in range(p.num_inferencers)]
+    consumers = [ray.remote(GRPOConsumer).options(num_cpus=1).remote(config, rank, buffer, store, threads)
+                 for rank in range(p.num_trainers)]
+    infos = ray.get([producer.info.remote() for producer in producers])
+    for rank, info in enumerate(infos):
+        if info["skipped_too_long"]:
+            log(f"inferencer {rank}: skipped {info['skipped_too_long']} prompts longer than -mpt tokens")
+    rounds = min(info["rounds_per_episode"] for info in infos) * config.run.num_episodes
+    if rounds == 0:
+        raise RuntimeError("no full inference batch of prompts fits -mpt; raise -mpt/--max-prompt-tokens or lower -ibs")
+    total_steps = rounds * config.steps_per_sync
+    ray.get([consumer.__ray_ready__.remote() for consumer in consumers])
+
+    logger = MetricsLogger(config.run.run_dir, config.run.project, _jsonable(config), log)
+    eval_before = _eval_all(producers[0], config, logger, 0, log)
+    generation = [producer.run.remote(rounds) for producer in producers]
+    bar = tqdm(range(1, total_steps + 1), desc="GRPO", unit="step", disable=not config.run.progress_bar)
+    for step in bar:
+        metrics = ray.get([consumer.step.remote() for consumer in consumers])[0]
+        logger.log(step, metrics)
+        bar.set_postfix(reward=f"{metrics['reward']:.3f}", acc=f"{metrics['accuracy']:.3f}",
+                        loss=f"{metrics['loss']:.4f}", v=metrics["weight_version"])
+        if config.run.save_interval and step % config.run.save_interval == 0 and step != total_steps:
+            ray.get(consumers[0].save_pretrained.remote(os.path.join(config.run.run_dir, f"step_{step}")))
+    bar.close()
+    ray.get(generation)
+    eval_after = _eval_all(producers[0], config, logger, total_steps, log)
+    final_dir = ray.get(consumers[0].save_pretrained.remote(os.path.join(config.run.run_dir, f"step_{total_steps}")))
+    logger.close()
+    return RunResult(total_steps, eval_before, eval_after, final_dir, logger.path, time.time() - start)
+
+
+def _jsonable(config: RLConfig) -> dict:
+    return json.loads(json.dumps(asdict(config), default=str))

@@ -1,0 +1,109 @@
+"""The inferencer actor: samples G completions per prompt, scores them, and feeds the rollout buffer."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import ray
+import torch
+
+from coati.dataset.jsonl import build_prompt, load_jsonl
+from coati.distributed.advantage import group_advantages
+from coati.distributed.config import RLConfig
+from coati.distributed.evaluation import evaluate
+from coati.distributed.inference_backend import SamplingParams, TransformersBackend
+from coati.distributed.rollout import RolloutGroup
+from coati.distributed.weight_sync import unpack_named_tensors
+from rewards.scorer import RewardScorer
+
+
+def make_backend(config: RLConfig):
+    if config.parallel.backend == "transformers":
+        return TransformersBackend.from_pretrained(config.model.path, config.batch.inference_microbatch_size)
+    raise ValueError(f"backend {config.parallel.backend!r} is not available")
+
+
+class Producer:
+    """Runs as a Ray actor (a plain, single-threaded one: math-verify needs the main thread)."""
+
+    def __init__(self, config: RLConfig, rank: int, buffer, weight_store, num_threads: int | None = None):
+        self.config, self.rank, self.buffer, self.weight_store = config, rank, buffer, weight_store
+        torch.set_num_threads(num_threads or os.cpu_count() or 1)
+        torch.manual_seed(config.run.seed + 1000 + rank)
+        self.backend = make_backend(config)
+        self.tokenizer = self.backend.tokenizer
+        self.scorer = RewardScorer(config.data.reward_type)
+        self.version = 0
+        examples = load_jsonl(config.data.train_path, config.data.reward_type)
+        shard = len(examples) // config.parallel.num_inferencers
+        self.examples, self.skipped_long = self._tokenise(examples[rank * shard : (rank + 1) * shard])
+        self.rounds_per_episode = len(self.examples) // config.batch.inference_batch_size
+
+    def _tokenise(self, examples):
+        kept, skipped = [], 0
+        for example in examples:
+            text = build_prompt(self.tokenizer, example.messages, self.config.data.system_prompt)
+            ids = self.tokenizer(text, add_special_tokens=False).input_ids
+            if len(ids) > self.config.data.max_prompt_tokens:
+                skipped += 1
+                continue
+            kept.append((example, text, ids))
+        return kept, skipped
+
+    def info(self) -> dict:
+        return {"prompts": len(self.examples), "skipped_too_long": self.skipped_long,
+                "rounds_per_episode": self.rounds_per_episode}
+
+    def _sync_weights(self, min_version: int, timeout_s: float = 600.0) -> None:
+        version, refs = ray.get(self.weight_store.wait_for.remote(min_version, timeout_s))
+        if version > self.version and refs:
+            self.backend.load_weights(unpack_named_tensors(ray.get(refs[0])))
+            self.version = version
+
+    def run(self, num_rounds: int) -> int:
+        """Generate ``num_rounds`` rounds; round r (sync mode) waits for the weights of version r."""
+        order = list(range(len(self.examples)))
+        ibs = self.config.batch.inference_batch_size
+        for round_index in range(num_rounds):
+            episode, position = divmod(round_index, self.rounds_per_episode)
+            if position == 0:
+                random.Random(self.config.run.seed * 7919 + episode * 31 + self.rank).shuffle(order)
+            self._sync_weights(round_index)
+            batch = [self.examples[i] for i in order[position * ibs : (position + 1) * ibs]]
+            ray.get(self.buffer.put.remote(self._rollout(batch)))
+        return num_rounds
+
+    def _rollout(self, batch) -> list[RolloutGroup]:
+        outputs = self.backend.generate([ids for _, _, ids in batch], self.config.sampling)
+        groups = []
+        for (example, text, ids), completions in zip(batch, outputs):
+            texts = [c.text for c in completions]
+            results = self.scorer.score(texts, example)
+            rewards = torch.tensor([[r.reward for r in results]])
+            groups.append(RolloutGroup(
+                prompt_ids=ids,
+                responses=[c.token_ids for c in completions],
+                logprobs=[c.logprobs for c in completions],
+                rewards=rewards[0].tolist(),
+                advantages=group_advantages(rewards)[0].tolist(),
+                correct=[r.correct for r in results],
+                format_ok=[r.format_ok for r in results],
+                finish_reasons=[c.finish_reason for c in completions],
+                policy_version=self.version,
+                texts=texts,
+                prompt_text=text,
+                source=example.source,
+            ))
+        return groups
+
+    def evaluate(self, path: str, params: SamplingParams, latest_weights: bool = True) -> dict:
+        """Accuracy on a held-out jsonl with the newest published weights; records for the eval logs."""
+        if latest_weights:
+            self._sync_weights(0)
+        examples, skipped = self._tokenise(load_jsonl(path, self.config.data.reward_type))
+        result = evaluate(self.backend, [ids for _, _, ids in examples], [e for e, _, _ in examples],
+                          self.scorer, params, prompt_texts=[text for _, text, _ in examples])
+        return {"accuracy": result.accuracy, "format_rate": result.format_rate, "mean_reward": result.mean_reward,
+                "count": len(examples), "skipped_too_long": skipped, "version": self.version,
+                "records": result.records}

@@ -1,0 +1,59 @@
+"""Pulling the program out of a response, checking test-case objects, comparing outputs."""
+
+from __future__ import annotations
+
+import re
+
+# An opening fence tagged python / python3 / py (any case), then the code, then a closing fence at the start
+# of a line. Bare ``` fences are not accepted: reasoning often puts sample input and output in bare fences,
+# and the last of those is not the program; the system prompt asks for a ```python block.
+_PYTHON_BLOCK = re.compile(
+    r"```[ \t]*(?:python3?|py)[ \t]*\r?\n(?P<code>.*?)^[ \t]*```", re.DOTALL | re.MULTILINE | re.IGNORECASE
+)
+
+
+def extract_code(response: str) -> str | None:
+    """The content of the LAST closed ```python (or ```py / ```python3) block, or None.
+
+    An unclosed block (for example a generation cut off at the length limit) does not count, nor does an
+    empty one.
+    """
+    code = None
+    for match in _PYTHON_BLOCK.finditer(response):
+        code = match.group("code")
+    if code is None or not code.strip():
+        return None
+    return code
+
+
+def validate_test_cases(obj: object) -> str | None:
+    """None when ``obj`` is a valid PRIME ``test_cases`` object, else a short message saying what is wrong.
+
+    Valid: ``{"inputs": [str, ...], "outputs": [str, ...]}`` with lists of equal, non-zero length.
+    """
+    if not isinstance(obj, dict):
+        return "test_cases must be an object with 'inputs' and 'outputs'"
+    for key in ("inputs", "outputs"):
+        if key not in obj:
+            return f"test_cases.{key} is missing"
+        value = obj[key]
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            return f"test_cases.{key} must be a list of strings"
+    if len(obj["inputs"]) != len(obj["outputs"]):
+        lengths = f"{len(obj['inputs'])} vs {len(obj['outputs'])}"
+        return f"test_cases.inputs and test_cases.outputs differ in length ({lengths})"
+    if not obj["inputs"]:
+        return "test_cases must hold at least one case"
+    return None
+
+
+def normalise_output(text: str) -> str:
+    """Trailing whitespace removed from every line, trailing blank lines dropped; nothing else changes."""
+    lines = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
+    while lines and not lines[-1]:
+        lines.pop()
+    return "\n".join(lines)
+
+
+def outputs_match(actual: str, expected: str) -> bool:
+    return normalise_output(actual) == normalise_output(expected)

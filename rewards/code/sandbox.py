@@ -1,0 +1,496 @@
+"""Run one untrusted Python program on one stdin inside a bubblewrap sandbox.
+
+Layers, outermost first (each run is a fresh copy of all of them):
+
+1. ``subprocess`` starts the chain in a new session (``setsid``) as a dedicated unprivileged uid/gid with no
+   supplementary groups (the switch happens in C inside ``_posixsubprocess``, so it is safe from threads).
+   Every worker slot has its own uid (``uid_base + k``, claimed with a lock file so two scorers on one host
+   never share one): RLIMIT_NPROC counts processes per uid, and does nothing for root.
+2. ``prlimit`` (util-linux) lowers the rlimits and execs bwrap: CPU seconds (soft = hard: SIGKILL when
+   reached), address space, file size, number of processes, open files, no core files. The limits are
+   inherited by everything the program starts.
+3. ``bwrap --unshare-all --unshare-user --disable-userns --die-with-parent --new-session --as-pid-1``: new
+   user, pid, net (loopback only, no route out), ipc, uts and cgroup namespaces; a root made of an empty
+   tmpfs that is remounted read-only once built; ``/usr`` bound read-only, with ``/bin``, ``/sbin`` and
+   ``/lib*`` as on the host (symlinks into ``/usr`` on merged-usr systems, else read-only binds), plus the interpreter's prefix when it lives outside ``/usr``; a
+   private ``/proc`` of the new pid namespace; a minimal read-only ``/dev`` with a small ``/dev/shm``; a
+   private, size-capped tmpfs as ``/tmp`` and cwd; the program itself bound read-only at
+   ``/code/main.py``; an empty environment apart from PATH, HOME and a UTF-8 locale. Nothing of ``/root``,
+   ``/home``, ``/etc`` or the project is visible. The program is pid 1 of its pid namespace: when it exits
+   the kernel kills and reaps every process left in the namespace (daemons, double forks, orphans) before
+   the outer bwrap sees it exit, so nothing outlives a run and no zombie is left for the host's init
+   (see :class:`_Run` for why bwrap's own reaper is not used).
+4. The parent enforces a wall-clock deadline (SIGKILL to the program through a pidfd, which takes the whole
+   namespace down), caps what it keeps of stdout (over the cap -> killed, "output limit exceeded") and
+   stderr (the rest is read and dropped), feeds stdin without blocking, and after any kill sweeps ``/proc``
+   for processes of the slot's uid until none is left.
+
+Interpreter: ``/usr/bin/python3`` by default (a plain system Python, no access to the project's venv). A
+different one may be given; when its real path is outside ``/usr`` its prefix directory is bound read-only
+at the same path. It must be readable by an unprivileged uid (an interpreter under root's 0700 home, such
+as pyenv's in /root, is not) and be a real installation, not a venv (a venv points outside itself).
+
+Requirements: Linux, root (to switch to the sandbox uids), ``bwrap`` and ``prlimit`` on PATH
+(Debian/Ubuntu: ``apt-get install -y bubblewrap``; prlimit is in util-linux). There is never a fallback to
+unsandboxed execution: :func:`check_sandbox_available` raises :class:`SandboxUnavailable` instead.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import json
+import logging
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PYTHON = "/usr/bin/python3"
+DEFAULT_UID_BASE = 1_900_000_000
+_UID_SLOTS = 4096  # uids uid_base .. uid_base + _UID_SLOTS - 1 may be claimed
+_LOCK_DIR = os.path.join(tempfile.gettempdir(), "coati-code-sandbox")
+_CODE_PATH = "/code/main.py"
+_TOP_LEVEL_SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_READ_CHUNK = 1 << 16
+_KILL_WAIT_S = 5.0
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox cannot run here; code rewards refuse to run programs without it."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Resource limits for one run of a program on one test case.
+
+    The address-space cap applies to each process; the processes a program may own (threads count) are
+    capped by ``max_processes``. 1 GiB is enough for plain Python; raise it for programs that import numpy.
+    """
+
+    cpu_time_s: int = 2  # RLIMIT_CPU, soft = hard: SIGKILL when reached (per process)
+    wall_time_s: float = 4.0  # killed after this long however it spends its time (sleep, blocked reads)
+    address_space_bytes: int = 1 << 30  # RLIMIT_AS per process
+    max_processes: int = 16  # RLIMIT_NPROC for the sandbox uid (threads count), the outer bwrap included
+    max_open_files: int = 64  # RLIMIT_NOFILE
+    max_file_bytes: int = 16 << 20  # RLIMIT_FSIZE: largest file the program may write (in its tmpfs)
+    tmpfs_bytes: int = 32 << 20  # size of the private /tmp (and, separately, of /dev/shm)
+    max_output_bytes: int = 8 << 20  # stdout beyond this kills the run: "output limit exceeded"
+    max_stderr_bytes: int = 64 << 10  # stderr kept for diagnostics; the rest is read and dropped
+
+    def __post_init__(self) -> None:
+        if self.cpu_time_s < 1:
+            raise ValueError("cpu_time_s must be at least 1 (RLIMIT_CPU counts whole seconds)")
+        if self.wall_time_s <= 0:
+            raise ValueError("wall_time_s must be positive")
+        if self.max_processes < 4:
+            raise ValueError("max_processes must be at least 4 (bwrap and the program take two)")
+        for name in ("address_space_bytes", "max_open_files", "max_file_bytes", "tmpfs_bytes",
+                     "max_output_bytes", "max_stderr_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+
+
+# Outcome of one run. "sandbox_error" is bwrap failing to build the sandbox (reported, never trusted).
+OK, RUNTIME_ERROR, TIMEOUT, OUTPUT_LIMIT = "ok", "runtime_error", "timeout", "output_limit"
+SANDBOX_ERROR = "sandbox_error"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    status: str  # one of OK, RUNTIME_ERROR, TIMEOUT, OUTPUT_LIMIT, SANDBOX_ERROR
+    stdout: bytes
+    stderr: bytes  # at most max_stderr_bytes
+    returncode: int | None  # None when the parent killed it
+    wall_s: float
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Availability
+
+
+def _require_tools() -> tuple[str, str]:
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise SandboxUnavailable("code rewards need bubblewrap: apt-get install -y bubblewrap")
+    prlimit = shutil.which("prlimit")
+    if prlimit is None:
+        raise SandboxUnavailable("code rewards need prlimit (util-linux): apt-get install -y util-linux")
+    if os.geteuid() != 0:
+        raise SandboxUnavailable(
+            "code rewards must run as root: each sandboxed program is switched to its own unprivileged uid "
+            "so that its process limit (RLIMIT_NPROC) holds"
+        )
+    return bwrap, prlimit
+
+
+_checked: set[str] = set()
+_checked_lock = threading.Lock()
+
+
+def check_sandbox_available(python: str = DEFAULT_PYTHON) -> None:
+    """Raise SandboxUnavailable unless a program can be run in the sandbox here; cheap after the first call.
+
+    Checks the tools, root, the interpreter, then runs a tiny program in a real sandbox and checks its output.
+    """
+    _require_tools()
+    with _checked_lock:
+        if python in _checked:
+            return
+        if not os.path.isfile(python) or not os.access(python, os.X_OK):
+            raise SandboxUnavailable(f"sandbox interpreter {python!r} not found or not executable")
+        with _UidPool(1, DEFAULT_UID_BASE) as pool:
+            uid = pool.acquire()
+            try:
+                result = run_program("print(sum(map(int, input().split())))", b"2 3\n", SandboxLimits(), uid, python)
+            finally:
+                pool.release(uid)
+        if result.status != OK or result.stdout != b"5\n":
+            detail = result.stderr.decode("utf-8", "replace").strip()[-500:]
+            raise SandboxUnavailable(f"the sandbox does not run programs here ({result.status}): {detail}")
+        _checked.add(python)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Sandbox uids
+
+
+class _UidPool:
+    """Claims ``n`` free uids from ``uid_base`` upwards with lock files; the locks die with the process."""
+
+    def __init__(self, n: int, uid_base: int = DEFAULT_UID_BASE):
+        os.makedirs(_LOCK_DIR, mode=0o700, exist_ok=True)
+        self._fds: dict[int, int] = {}
+        self._free: list[int] = []
+        self._cond = threading.Condition()
+        for uid in range(uid_base, uid_base + _UID_SLOTS):
+            if len(self._fds) == n:
+                break
+            fd = os.open(os.path.join(_LOCK_DIR, f"uid-{uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self._fds[uid] = fd
+            kill_uid_processes(uid)  # whatever a crashed previous holder left behind
+            self._free.append(uid)
+        if len(self._fds) < n:
+            self.close()
+            raise SandboxUnavailable(f"could not claim {n} sandbox uids from {uid_base}")
+
+    def acquire(self) -> int:
+        with self._cond:
+            while not self._free:
+                self._cond.wait()
+            return self._free.pop()
+
+    def release(self, uid: int) -> None:
+        with self._cond:
+            self._free.append(uid)
+            self._cond.notify()
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        self._free.clear()
+
+    def __enter__(self) -> _UidPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _proc_status(pid: str) -> dict[str, str] | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+    except OSError:  # gone meanwhile
+        return None
+
+
+def uid_processes(uid: int) -> list[int]:
+    """Live (non-zombie) processes whose real or effective uid is ``uid``, found by scanning /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        status = _proc_status(entry)
+        if status is None or status.get("State", "").startswith("Z"):
+            continue
+        uids = status.get("Uid", "").split()
+        if len(uids) >= 2 and str(uid) in uids[:2]:
+            found.append(int(entry))
+    return found
+
+
+def kill_uid_processes(uid: int, wait_s: float = _KILL_WAIT_S) -> bool:
+    """SIGKILL every process of ``uid`` until none is left; False if some survived ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        pids = uid_processes(uid)
+        if not pids:
+            return True
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if time.monotonic() > deadline:
+            logger.error("sandbox uid %d still has processes %s after SIGKILL", uid, pids)
+            return False
+        time.sleep(0.005)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# One run
+
+
+@functools.lru_cache(maxsize=1)
+def _system_binds() -> tuple[str, ...]:
+    """/usr read-only, and /bin, /sbin, /lib* as on the host: the same symlinks into /usr on merged-usr
+    systems, read-only binds where they are real directories."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for path in _TOP_LEVEL_SYSTEM_DIRS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    return tuple(args)
+
+
+def _python_binds(python: str) -> list[str]:
+    real = os.path.realpath(python)
+    if real.startswith("/usr/"):
+        return []
+    prefix = os.path.dirname(os.path.dirname(real))  # <prefix>/bin/python3.x -> <prefix>
+    if prefix in ("/", ""):
+        raise SandboxUnavailable(f"cannot work out the installation prefix of {python!r}")
+    return ["--ro-bind", prefix, prefix]
+
+
+def _command(prlimit: str, bwrap: str, limits: SandboxLimits, python: str, code_fd: int, info_fd: int) -> list[str]:
+    def both(n: int) -> str:
+        return f"{n}:{n}"
+
+    return [
+        prlimit,
+        f"--cpu={both(limits.cpu_time_s)}",  # soft = hard: as pid 1 the program ignores SIGXCPU
+        f"--as={both(limits.address_space_bytes)}",
+        f"--nproc={both(limits.max_processes)}",
+        f"--nofile={both(limits.max_open_files)}",
+        f"--fsize={both(limits.max_file_bytes)}",
+        "--core=0:0",
+        bwrap,
+        "--unshare-all", "--unshare-user", "--disable-userns",
+        "--die-with-parent", "--new-session", "--as-pid-1",
+        "--info-fd", str(info_fd),
+        "--clearenv",
+        "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin",
+        "--setenv", "HOME", "/tmp",
+        "--setenv", "LANG", "C.UTF-8",
+        *_system_binds(),
+        *_python_binds(python),
+        "--proc", "/proc",
+        "--dev", "/dev",
+        "--size", str(limits.tmpfs_bytes), "--tmpfs", "/dev/shm",
+        "--remount-ro", "/dev",
+        "--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp",
+        "--ro-bind-data", str(code_fd), _CODE_PATH,
+        "--remount-ro", "/",
+        "--chdir", "/tmp",
+        python, "-I", _CODE_PATH,
+    ]  # fmt: skip
+
+
+def run_program(
+    code: str, stdin: bytes, limits: SandboxLimits, uid: int, python: str = DEFAULT_PYTHON
+) -> RunResult:
+    """Run ``code`` with ``stdin`` in a fresh sandbox as ``uid`` (which nothing else may be using).
+
+    On return no process of the sandbox is left.
+    """
+    bwrap, prlimit = _require_tools()
+    code_fd = os.memfd_create("main.py", os.MFD_CLOEXEC)
+    info_r, info_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        data = memoryview(code.encode("utf-8", "surrogatepass"))
+        while data:
+            data = data[os.write(code_fd, data) :]
+        os.lseek(code_fd, 0, os.SEEK_SET)
+        start = time.monotonic()
+        proc = subprocess.Popen(
+            _command(prlimit, bwrap, limits, python, code_fd, info_w),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(code_fd, info_w),
+            start_new_session=True,
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            env={},
+            cwd="/",
+        )
+    except BaseException:
+        os.close(info_r)
+        raise
+    finally:
+        os.close(code_fd)
+        os.close(info_w)
+    run = _Run(proc, uid, info_r)
+    try:
+        return run.supervise(stdin, limits, start)
+    except BaseException:
+        run.kill()
+        raise
+    finally:
+        run.close()
+
+
+class _Run:
+    """One started sandbox: the outer bwrap (our child) and, once bwrap reports its pid, the program, which
+    is pid 1 of a new pid namespace (``--as-pid-1``). The outer bwrap waits for (and reaps) the program, and
+    the kernel kills and reaps every other process of a pid namespace before its pid 1 counts as exited: so
+    once the outer bwrap has exited, nothing of the sandbox is left, and nothing is left for init to reap.
+
+    Why the program is pid 1 rather than a child of bwrap's reaper: the reaper's exit is not waited for by
+    the outer bwrap, so each run would leave a zombie for the host's init to reap, and zombies count against
+    RLIMIT_NPROC. As pid 1 the program ignores signals it has no handler for (SIGXCPU included), which is
+    why the CPU limit's soft and hard values are equal: SIGKILL at the limit.
+    """
+
+    def __init__(self, proc: subprocess.Popen, uid: int, info_fd: int):
+        self.proc, self.uid, self.info_fd = proc, uid, info_fd
+        self.info = bytearray()
+        self.outer_fd = os.pidfd_open(proc.pid)
+        self.child_fd: int | None = None  # pidfd of the program, None until known (or if unusable)
+
+    def _open_child(self) -> None:
+        try:
+            pid = int(json.loads(self.info)["child-pid"])
+        except (ValueError, KeyError, TypeError):  # bwrap failed before starting it
+            return
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:  # already gone
+            return
+        status = _proc_status(str(pid))
+        if status is None or str(self.uid) not in status.get("Uid", "").split()[:2]:
+            os.close(fd)  # gone, and the pid reused by a process that is not ours
+            return
+        self.child_fd = fd
+
+    def supervise(self, stdin: bytes, limits: SandboxLimits, start: float) -> RunResult:
+        proc = self.proc
+        deadline = start + limits.wall_time_s
+        out, err = bytearray(), bytearray()
+        out_fd, err_fd, in_fd = proc.stdout.fileno(), proc.stderr.fileno(), proc.stdin.fileno()
+        sel = selectors.DefaultSelector()
+        killed_for = None
+        try:
+            for fd in (out_fd, err_fd, in_fd):
+                os.set_blocking(fd, False)
+            for fd in (out_fd, err_fd, self.info_fd, self.outer_fd):
+                sel.register(fd, selectors.EVENT_READ)
+            pending = memoryview(stdin)
+            if pending:
+                sel.register(in_fd, selectors.EVENT_WRITE)
+            else:
+                proc.stdin.close()
+            # Done when stdout, stderr and the info pipe are closed and the outer bwrap has exited.
+            while sel.get_map():
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:
+                    killed_for = TIMEOUT
+                    break
+                for key, _ in sel.select(timeout):
+                    fd = key.fd
+                    if fd == self.outer_fd:
+                        sel.unregister(fd)
+                    elif fd == in_fd:
+                        try:
+                            written = os.write(in_fd, pending[:_READ_CHUNK])
+                            pending = pending[written:]
+                        except BlockingIOError:
+                            continue
+                        except BrokenPipeError:  # it stopped reading: fine
+                            pending = pending[:0]
+                        if not pending:
+                            sel.unregister(in_fd)
+                            proc.stdin.close()
+                    else:
+                        chunk = os.read(fd, _READ_CHUNK)
+                        if not chunk:
+                            sel.unregister(fd)
+                            if fd == self.info_fd:
+                                self._open_child()
+                        elif fd == out_fd:
+                            out += chunk
+                            if len(out) > limits.max_output_bytes:
+                                killed_for = OUTPUT_LIMIT
+                        elif fd == err_fd:
+                            if len(err) < limits.max_stderr_bytes:
+                                err += chunk[: limits.max_stderr_bytes - len(err)]
+                        else:
+                            self.info += chunk
+                if killed_for:
+                    break
+        finally:
+            sel.close()
+        wall = time.monotonic() - start
+        if killed_for:
+            self.kill()
+            return RunResult(killed_for, bytes(out[: limits.max_output_bytes]), bytes(err), None, wall)
+
+        returncode = proc.wait()  # it has exited already
+        if returncode == 0:
+            return RunResult(OK, bytes(out), bytes(err), 0, wall)
+        # bwrap exits with 128 + the signal that killed the program. Nothing in the sandbox can SIGKILL
+        # its pid 1: that is the CPU limit.
+        if returncode == 128 + signal.SIGKILL:
+            result_status = TIMEOUT
+        elif returncode == 1 and err.startswith(b"bwrap: "):
+            # bwrap failed to build the sandbox. A program could print this too, which only fails its own case.
+            result_status = SANDBOX_ERROR
+        else:
+            result_status = RUNTIME_ERROR
+        return RunResult(result_status, bytes(out), bytes(err), returncode, wall)
+
+    def kill(self) -> None:
+        """Kill the whole sandbox and reap it; on return no process of the uid is left."""
+        if self.proc.returncode is None and self.child_fd is not None:
+            # SIGKILL from outside reaches a namespace's pid 1; the outer bwrap then reaps it and exits
+            try:
+                signal.pidfd_send_signal(self.child_fd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.proc.returncode is None:
+            try:
+                self.proc.wait(timeout=_KILL_WAIT_S if self.child_fd is not None else 0.05)
+            except subprocess.TimeoutExpired:  # not started yet, or stuck: --die-with-parent takes the inside along
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait()
+        kill_uid_processes(self.uid)
+
+    def close(self) -> None:
+        for fd in (self.info_fd, self.outer_fd, self.child_fd):
+            if fd is not None:
+                os.close(fd)
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                pipe.close()
+            except OSError:
+                pass

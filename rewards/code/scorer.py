@@ -1,0 +1,128 @@
+"""Scoring responses to code tasks by running their program on every test case in the sandbox."""
+
+from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping, Sequence
+
+from rewards.code.extract import extract_code, outputs_match, validate_test_cases
+from rewards.code.sandbox import (
+    DEFAULT_PYTHON,
+    DEFAULT_UID_BASE,
+    OK,
+    OUTPUT_LIMIT,
+    RUNTIME_ERROR,
+    SANDBOX_ERROR,
+    TIMEOUT,
+    SandboxLimits,
+    _UidPool,
+    check_sandbox_available,
+    run_program,
+)
+from rewards.types import RewardResult, combine
+
+logger = logging.getLogger(__name__)
+
+_FAILURE = {
+    RUNTIME_ERROR: "runtime error",
+    TIMEOUT: "timeout",
+    OUTPUT_LIMIT: "output limit exceeded",
+    SANDBOX_ERROR: "sandbox error",
+}
+
+
+class CodeRewardScorer:
+    """Scores responses whose last ```python block is a stdin -> stdout program.
+
+    Each test case is one fresh sandboxed process (see :mod:`rewards.code.sandbox`). The cases of one
+    response run one after another; different responses run in parallel on ``max_workers`` threads, each
+    holding its own sandbox uid. Reward: ``combine(format_ok=code block found, score)`` where ``score`` is
+    the fraction of cases passed, or 1/0 for all passed/not when ``all_or_nothing`` (which also stops at the
+    first failing case). ``correct`` means every case passed.
+
+    Thread-safe; call :meth:`close` (or use it as a context manager) to release its threads and uids.
+    """
+
+    def __init__(
+        self,
+        limits: SandboxLimits | None = None,
+        all_or_nothing: bool = False,
+        max_workers: int | None = None,
+        python: str = DEFAULT_PYTHON,
+        uid_base: int = DEFAULT_UID_BASE,
+    ):
+        check_sandbox_available(python)
+        self.limits = limits or SandboxLimits()
+        self.all_or_nothing = all_or_nothing
+        self.max_workers = max_workers or os.cpu_count() or 1
+        self.python = python
+        self._uids = _UidPool(self.max_workers, uid_base)
+        self._executor = ThreadPoolExecutor(self.max_workers, thread_name_prefix="code-reward")
+
+    # -- public API --------------------------------------------------------------------------------------
+
+    def score(self, response: str, test_cases: Mapping) -> RewardResult:
+        """Reward of one response on its PRIME ``{"inputs": [...], "outputs": [...]}`` test cases."""
+        problem = validate_test_cases(test_cases)
+        if problem is not None:
+            raise ValueError(problem)
+        code = extract_code(response)
+        if code is None:
+            return RewardResult(reward=0.0, correct=False, format_ok=False, extracted=None, reason="no code block")
+        uid = self._uids.acquire()
+        try:
+            return self._run_cases(code, test_cases["inputs"], test_cases["outputs"], uid)
+        finally:
+            self._uids.release(uid)
+
+    def score_batch(self, responses: Sequence[str], test_cases_list: Sequence[Mapping]) -> list[RewardResult]:
+        """Rewards of many responses (for example a group of G samples), scored in parallel, in order."""
+        if len(responses) != len(test_cases_list):
+            raise ValueError(f"{len(responses)} responses but {len(test_cases_list)} test-case sets")
+        return list(self._executor.map(self.score, responses, test_cases_list))
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+        self._uids.close()
+
+    def __enter__(self) -> CodeRewardScorer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- internals ---------------------------------------------------------------------------------------
+
+    def _run_case(self, code: str, stdin: str, uid: int):
+        result = run_program(code, stdin.encode("utf-8"), self.limits, uid, self.python)
+        if result.status == SANDBOX_ERROR:  # transient (for example a fork refused): one more try
+            logger.warning("sandbox failed to start, retrying: %s", result.stderr[-300:])
+            result = run_program(code, stdin.encode("utf-8"), self.limits, uid, self.python)
+        return result
+
+    def _run_cases(self, code: str, inputs: list[str], outputs: list[str], uid: int) -> RewardResult:
+        passed, first_failure = 0, None
+        for i, (stdin, expected) in enumerate(zip(inputs, outputs)):
+            result = self._run_case(code, stdin, uid)
+            if result.status == OK and outputs_match(result.stdout.decode("utf-8", "replace"), expected):
+                passed += 1
+                continue
+            if first_failure is None:
+                what = "wrong answer" if result.status == OK else _FAILURE[result.status]
+                first_failure = f"{what} on case {i}"
+                if result.status == SANDBOX_ERROR:
+                    logger.error("sandbox error on case %d: %s", i, result.stderr[-300:])
+            if self.all_or_nothing:
+                break
+        n = len(inputs)
+        correct = passed == n
+        score = float(correct) if self.all_or_nothing else passed / n
+        if correct:
+            reason = "ok"
+        elif self.all_or_nothing:
+            reason = first_failure
+        else:
+            reason = f"{first_failure} ({passed}/{n} passed)"
+        return RewardResult(reward=combine(True, score), correct=correct, format_ok=True, extracted=code, reason=reason)

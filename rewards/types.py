@@ -1,0 +1,30 @@
+"""The result every reward function returns, shared by the math and code rewards."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# A response in the right format earns this much even when its answer is wrong, so a policy that has not
+# yet learned the format still gets a gradient towards it; a correct answer earns the full 1.0.
+FORMAT_REWARD = 0.1
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    reward: float
+    correct: bool  # the answer is right (for code: every test case passed)
+    format_ok: bool  # the response has the shape the reward type asks for
+    extracted: str | None  # the answer or program pulled out of the response, if any
+    reason: str  # short human-readable cause, e.g. "ok", "wrong answer", "no \\boxed{}"
+
+
+def combine(format_ok: bool, score: float) -> float:
+    """Reward from a format check and a score in [0, 1] (1 = fully correct).
+
+    No format -> 0. Format but score 0 -> FORMAT_REWARD. Score 1 -> 1.0. Linear in between.
+    """
+    if not format_ok:
+        return 0.0
+    if not 0.0 <= score <= 1.0:
+        raise ValueError(f"score must lie in [0, 1], got {score}")
+    return FORMAT_REWARD + (1.0 - FORMAT_REWARD) * score
