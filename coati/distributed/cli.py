@@ -12,8 +12,8 @@ from coati.distributed.loss import PolicyLossConfig
 from rewards import REWARD_TYPES, STOP_STRINGS, default_system_prompt
 
 # Defaults that differ between the embedded demo (no --model) and a user's model.
-DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 8, "max_prompt_tokens": 64}
-MODEL_DEFAULTS = {"learning_rate": 1e-6, "max_new_tokens": 1024, "max_prompt_tokens": 512}
+DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 8, "max_prompt_tokens": 64, "num_episodes": 3}
+MODEL_DEFAULTS = {"learning_rate": 1e-6, "max_new_tokens": 1024, "max_prompt_tokens": 512, "num_episodes": 1}
 NOT_YET = "(not yet supported: only the default is accepted)"
 
 
@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("-ed", "--eval-dataset", default=None,
       help='JSON mapping task name -> jsonl, e.g. \'{"math": "eval.jsonl"}\' (default: the demo\'s held-out split)')
     a("-p", "--project", default="demo", help="run name: outputs go to <save-dir>/<project>/")
-    a("-e", "--num-episodes", type=int, default=1, help="passes over the training set")
+    a("-e", "--num-episodes", type=int, default=None, help="passes over the training set; default: 3 for the demo, else 1")
     a("-t", "--num-trainers", type=int, default=1, help=f"trainer actors {NOT_YET} above 1")
     a("-i", "--num-inferencer", type=int, default=1, help="inferencer (producer) actors")
     a("-g", "--num-generations", type=int, default=8, help="completions per prompt (G)")
@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _given(value, default):
+    """The flag's value when the user gave one (even 0, which validation then rejects), else the default."""
+    return default if value is None else value
+
+
 def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
     """``demo`` (DemoAssets) fills in the model and data when --model/--dataset are not given."""
     embedded = args.model is None
@@ -88,7 +93,7 @@ def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
         system_prompt = args.system_prompt
     else:
         system_prompt = "" if embedded else default_system_prompt(args.reward_type)
-    max_new_tokens = args.max_new_tokens or defaults["max_new_tokens"]
+    max_new_tokens = _given(args.max_new_tokens, defaults["max_new_tokens"])
     stops = STOP_STRINGS[args.reward_type]
     sampling = SamplingParams(n=args.num_generations, temperature=args.temperature, top_k=args.top_k,
                               top_p=args.top_p, max_new_tokens=max_new_tokens, stop_strings=stops)
@@ -100,7 +105,7 @@ def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
         model=ModelConfig(path=demo.model_dir if embedded else args.model, is_embedded_demo=embedded),
         data=DataConfig(train_path=train_path, eval_paths=eval_paths, reward_type=args.reward_type,
                         system_prompt=system_prompt,
-                        max_prompt_tokens=args.max_prompt_tokens or defaults["max_prompt_tokens"]),
+                        max_prompt_tokens=_given(args.max_prompt_tokens, defaults["max_prompt_tokens"])),
         sampling=sampling,
         parallel=ParallelConfig(num_inferencers=args.num_inferencer, num_trainers=args.num_trainers,
                                 tensor_parallel_size=args.tensor_parallel_size,
@@ -111,11 +116,11 @@ def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
                           inference_microbatch_size=args.inference_microbatch_size,
                           train_batch_size=args.train_batch_size, train_minibatch_size=args.train_minibatch_size,
                           train_microbatch_size=args.train_microbatch_size),
-        algo=AlgoConfig(name=args.algo, learning_rate=args.learning_rate or defaults["learning_rate"],
+        algo=AlgoConfig(name=args.algo, learning_rate=_given(args.learning_rate, defaults["learning_rate"]),
                         max_grad_norm=args.max_grad_norm,
                         loss=PolicyLossConfig(clip_eps_low=0.2, clip_eps_high=0.2, kl_coeff=args.kl_coeff,
                                               loss_variation="sample_level")),
-        run=RunConfig(project=args.project, num_episodes=args.num_episodes, seed=args.seed, save_dir=args.save_dir,
+        run=RunConfig(project=args.project, num_episodes=_given(args.num_episodes, defaults["num_episodes"]), seed=args.seed, save_dir=args.save_dir,
                       save_interval=args.save_interval, eval_interval=args.eval_interval,
                       eval_save_dir=args.eval_save_dir, rollout_save_dir=args.rollout_save_dir,
                       ray_dir=args.ray_dir, master_address=args.master_address, master_port=args.master_port,

@@ -145,6 +145,7 @@ def validate(config: RLConfig) -> None:
                         ("-e/--num-episodes", config.run.num_episodes), ("-mnt/--max-new-tokens", s.max_new_tokens),
                         ("-mpt/--max-prompt-tokens", d.max_prompt_tokens)):
         _require(value >= 1, f"{flag} must be at least 1, got {value}")
+    _require(b.num_generations >= 2, "-g/--num-generations must be at least 2: advantages compare samples within a group")
     _require(p.num_inferencers % p.num_trainers == 0,
              f"num_inferencer ({p.num_inferencers}) must be a multiple of num_trainers ({p.num_trainers}): change -i or -t")
     model_parallel = p.tensor_parallel_size * p.pipeline_parallel_size
@@ -162,7 +163,6 @@ def validate(config: RLConfig) -> None:
              f"-tMbs*g ({b.train_minibatch_size * b.num_generations} samples) must be >= -tmbs ({b.train_microbatch_size})")
     _require(b.inference_batch_size >= b.inference_microbatch_size,
              f"-ibs ({b.inference_batch_size}) must be >= -imbs ({b.inference_microbatch_size})")
-    _require(b.num_generations >= 2, "-g/--num-generations must be at least 2: advantages compare samples within a group")
     _require(s.temperature > 0, "-temp/--temperature must be > 0 for training: greedy groups are identical and learn nothing")
     _require(0 < s.top_p <= 1, f"-topp/--top-p must lie in (0, 1], got {s.top_p}")
     _require(s.top_k == -1 or s.top_k >= 1, f"-topk/--top-k must be -1 (off) or >= 1, got {s.top_k}")

@@ -23,7 +23,7 @@ from coati.dataset.demo_task import completion_text, make_splits, prompt_text, w
 from coati.dataset.jsonl import Example
 from coati.distributed.evaluation import evaluate
 from coati.distributed.inference_backend import SamplingParams, TransformersBackend
-from coati.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model, save_tiny
+from coati.models.tiny import DEFAULT_CHARS, WORD_TOKENS, TinyModelSpec, build_char_tokenizer, build_tiny_model, save_tiny
 from rewards.scorer import RewardScorer
 
 
@@ -42,7 +42,9 @@ class DemoRecipe:
     target_sampled_accuracy: float = 0.25
 
     def fingerprint(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:10]
+        """Names the cache directory: a change to the recipe or the tokenizer's alphabet rebuilds."""
+        payload = json.dumps({"recipe": asdict(self), "chars": DEFAULT_CHARS, "words": WORD_TOKENS}, sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:10]
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from transformers import Qwen2ForCausalLM
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
 # Multi-character tokens come first in the split pattern so they are never cut into characters.
 WORD_TOKENS = ("\\boxed{",)
-DEFAULT_CHARS = "0123456789+-*=(){}[]<>/.,:;?!'\"_ \nabcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ\\"
+# Digits first (the demo's hot tokens get small ids), then the rest of printable ASCII, newline and tab.
+DEFAULT_CHARS = "0123456789+=" + "".join(c for c in map(chr, range(32, 127)) if c not in "0123456789+=") + "\n\t"
 
 
 def build_char_tokenizer(chars: str = DEFAULT_CHARS, word_tokens: tuple[str, ...] = WORD_TOKENS):

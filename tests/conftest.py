@@ -1,0 +1,26 @@
+"""Shared fixtures: the embedded demo assets (built once per session, or taken from $COATI_CACHE)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def demo_assets(tmp_path_factory):
+    from coati.models.demo import ensure_demo_assets
+
+    cache = os.environ.get("COATI_CACHE") or str(tmp_path_factory.mktemp("coati_cache"))
+    return ensure_demo_assets(cache_dir=cache, log=lambda message: None)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A fresh random tiny Qwen2 (not warm-started) saved as an HF directory."""
+    from coati.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model, save_tiny
+
+    path = str(tmp_path_factory.mktemp("tiny_model"))
+    tokenizer = build_char_tokenizer()
+    save_tiny(build_tiny_model(TinyModelSpec(), tokenizer, seed=1), tokenizer, path)
+    return path

@@ -1,0 +1,49 @@
+import asyncio
+
+import pytest
+
+from coati.distributed.buffer import RolloutBuffer
+
+
+def test_fifo_blocking_get_and_backpressure():
+    async def scenario():
+        buffer = RolloutBuffer(capacity=4)
+        getter = asyncio.create_task(buffer.get(3))
+        await buffer.put([1, 2])
+        await asyncio.sleep(0.01)
+        assert not getter.done()  # waits for a full request
+        await buffer.put([3, 4])
+        assert await getter == [1, 2, 3]
+        await buffer.put([5, 6, 7])
+        blocked = asyncio.create_task(buffer.put([8]))  # 4 + 1 > capacity
+        await asyncio.sleep(0.01)
+        assert not blocked.done()
+        assert await buffer.get(2) == [4, 5]
+        await asyncio.wait_for(blocked, 1)
+        assert await buffer.size() == 3
+
+    asyncio.run(scenario())
+
+
+def test_shared_request_serves_all_readers_the_same_groups():
+    async def scenario():
+        buffer = RolloutBuffer(capacity=8)
+        await buffer.put(list(range(6)))
+        first = await buffer.get(2, request_id="step0-dp0", readers=2)
+        second = await buffer.get(2, request_id="step0-dp0", readers=2)
+        other = await buffer.get(2, request_id="step0-dp1")
+        assert first == second == [0, 1] and other == [2, 3]
+        assert await buffer.get(2, request_id="step0-dp0", readers=2) == [4, 5]  # the entry was released
+
+    asyncio.run(scenario())
+
+
+def test_oversized_requests_fail_fast():
+    async def scenario():
+        buffer = RolloutBuffer(capacity=2)
+        with pytest.raises(ValueError):
+            await buffer.put([1, 2, 3])
+        with pytest.raises(ValueError):
+            await buffer.get(3)
+
+    asyncio.run(scenario())

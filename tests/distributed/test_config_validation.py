@@ -1,0 +1,104 @@
+"""Every impossible setting or bad input stops the CLI with one clear line (exit 2) before any work."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import rl_example
+from coati.distributed.config import ConfigError, parse_eval_datasets
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_cli(argv, capsys):
+    code = rl_example.main(argv)
+    err = capsys.readouterr().err.strip()
+    return code, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-i", "3", "-t", "2"], "num_inferencer (3) must be a multiple of num_trainers (2)"),
+    (["-tbs", "48", "-tMbs", "16"], "num_inferencer*ibs (64) must be a multiple of data-parallel trainers*tbs (48)"),
+    (["-tbs", "16", "-tMbs", "32"], "-tbs (16) must be >= -tMbs (32)"),
+    (["-tbs", "32", "-tMbs", "12"], "-tbs (32) must be a multiple of -tMbs (12)"),
+    (["-tbs", "4", "-tMbs", "4", "-g", "2", "-tmbs", "16"], "-tMbs*g (8 samples) must be >= -tmbs (16)"),
+    (["-imbs", "128"], "-ibs (64) must be >= -imbs (128)"),
+    (["-g", "1"], "must be at least 2"),
+    (["-temp", "0"], "temperature must be > 0"),
+    (["-topp", "1.5"], "--top-p must lie in (0, 1]"),
+    (["-e", "0"], "-e/--num-episodes must be at least 1"),
+    (["-lr", "0"], "-lr/--learning-rate must be > 0"),
+    (["-ed", "{bad json"], "--eval-dataset is not valid JSON"),
+    (["-ed", '{"../x": "a.jsonl"}'], "is not a valid file name"),
+    (["-rt", "think_answer_tags"], "embedded demo model answers in \\boxed{}"),
+    (["-tp", "2", "-t", "2", "-i", "2"], "-t > 1 (multi-rank trainer groups) is not yet supported"),
+    (["-b", "vllm"], "-b vllm is not yet supported"),
+])
+def test_bad_flags_give_one_line(argv, message, capsys):
+    code, err = run_cli(argv, capsys)
+    assert code == 2
+    assert err.count("\n") == 0 and err.startswith("error: "), err
+    assert message in err
+
+
+def test_unknown_reward_type_is_rejected_by_the_parser(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        rl_example.main(["-rt", "regex"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'regex'" in capsys.readouterr().err
+
+
+def write_rows(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def good_rows(n):
+    return [{"messages": {"role": "user", "content": f"{i}+1="}, "gt_answer": str(i + 1)} for i in range(n)]
+
+
+def test_missing_model_dir(tmp_path, capsys):
+    data = write_rows(tmp_path / "d.jsonl", good_rows(64))
+    code, err = run_cli(["-m", str(tmp_path / "nope"), "-d", data], capsys)
+    assert code == 2 and "model directory not found" in err
+
+
+def test_model_dir_without_config(tmp_path, capsys):
+    data = write_rows(tmp_path / "d.jsonl", good_rows(64))
+    code, err = run_cli(["-m", str(tmp_path), "-d", data], capsys)
+    assert code == 2 and "has no config.json" in err
+
+
+def test_dataset_missing_malformed_or_too_small(tiny_model_dir, tmp_path, capsys):
+    code, err = run_cli(["-m", tiny_model_dir], capsys)
+    assert code == 2 and "-d/--dataset is required" in err
+    code, err = run_cli(["-m", tiny_model_dir, "-d", str(tmp_path / "missing.jsonl")], capsys)
+    assert code == 2 and "dataset file not found" in err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(good_rows(1)[0]) + "\n" + '{"messages": "oops"}\n')
+    code, err = run_cli(["-m", tiny_model_dir, "-d", str(bad)], capsys)
+    assert code == 2 and f"{bad}:2:" in err
+    small = write_rows(tmp_path / "small.jsonl", good_rows(10))
+    code, err = run_cli(["-m", tiny_model_dir, "-d", small], capsys)
+    assert code == 2 and "has 10 prompts" in err and "-ibs=64" in err
+    good = write_rows(tmp_path / "good.jsonl", good_rows(64))
+    code, err = run_cli(["-m", tiny_model_dir, "-d", good, "-ed", json.dumps({"t": str(bad)})], capsys)
+    assert code == 2 and f"{bad}:2:" in err
+
+
+def test_parse_eval_datasets():
+    assert parse_eval_datasets('{"gsm8k": "a.jsonl", "math-500": "b.jsonl"}') == {"gsm8k": "a.jsonl", "math-500": "b.jsonl"}
+    assert parse_eval_datasets(None) == {}
+    with pytest.raises(ConfigError, match="JSON object"):
+        parse_eval_datasets('["a.jsonl"]')
+
+
+def test_real_cli_prints_no_traceback():
+    proc = subprocess.run([sys.executable, "rl_example.py", "-tbs", "16", "-tMbs", "32"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == ["error: -tbs (16) must be >= -tMbs (32)"]
