@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
 def _placeholder_demo():
     from coati.models.demo import DemoAssets
 
-    return DemoAssets(model_dir="<demo>", train_path="<demo>", eval_path="<demo>", report={})
+    return DemoAssets(model_dir="<demo>", train_path="<demo>", eval_path="<demo>", report={},
+                      code_train_path="<demo>", code_eval_path="<demo>")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ from rewards import REWARD_TYPES, STOP_STRINGS, default_system_prompt
 # Defaults that differ between the embedded demo (no --model) and a user's model.
 DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 8, "max_prompt_tokens": 64, "num_episodes": 3}
 MODEL_DEFAULTS = {"learning_rate": 1e-6, "max_new_tokens": 1024, "max_prompt_tokens": 512, "num_episodes": 1}
+# -rt code on the embedded model: the pipeline runs end to end; the tiny model cannot write programs yet.
+CODE_DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 64, "max_prompt_tokens": 512, "num_episodes": 1}
 NOT_YET = "(not yet supported: only the default is accepted)"
 
 
@@ -80,15 +82,19 @@ def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
     embedded = args.model is None
     if embedded and demo is None:
         raise ConfigError("no --model given and the embedded demo assets were not built")
-    defaults = DEMO_DEFAULTS if embedded else MODEL_DEFAULTS
-    if embedded and args.reward_type != "boxed":
-        raise ConfigError("the embedded demo model answers in \\boxed{}: use -rt boxed, or pass -m/--model and -d/--dataset")
-    train_path = args.dataset or (demo.train_path if embedded else None)
+    code = args.reward_type == "code"
+    defaults = (CODE_DEMO_DEFAULTS if code else DEMO_DEFAULTS) if embedded else MODEL_DEFAULTS
+    if embedded and args.reward_type == "think_answer_tags":
+        raise ConfigError("the embedded demo model answers in \\boxed{}: use -rt boxed (or -rt code), "
+                          "or pass -m/--model and -d/--dataset")
+    demo_train, demo_eval = ((demo.code_train_path, demo.code_eval_path) if code else
+                             (demo.train_path, demo.eval_path)) if embedded else (None, None)
+    train_path = args.dataset or demo_train
     if train_path is None:
         raise ConfigError("-d/--dataset is required with -m/--model (a math or code jsonl)")
     eval_paths = parse_eval_datasets(args.eval_dataset)
     if not eval_paths and embedded and args.dataset is None:
-        eval_paths = {"addition": demo.eval_path}
+        eval_paths = {"code" if code else "addition": demo_eval}
     if args.system_prompt is not None:
         system_prompt = args.system_prompt
     else:

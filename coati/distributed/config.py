@@ -199,6 +199,13 @@ def check_inputs(config: RLConfig) -> None:
     _require(os.path.isdir(path), f"model directory not found: {path} (pass -m/--model a local HF model directory)")
     _require(os.path.isfile(os.path.join(path, "config.json")),
              f"{path} has no config.json: pass -m/--model a directory written by save_pretrained")
+    if config.data.reward_type == "code":
+        from rewards.code import SandboxUnavailable, check_sandbox_available
+
+        try:
+            check_sandbox_available()
+        except SandboxUnavailable as err:
+            raise ConfigError(str(err)) from None
     try:
         train = load_jsonl(config.data.train_path, config.data.reward_type)
         for name, eval_path in config.data.eval_paths.items():

@@ -53,6 +53,8 @@ class DemoAssets:
     train_path: str
     eval_path: str
     report: dict
+    code_train_path: str = ""  # generated code tasks (PRIME format) for ``-rt code``
+    code_eval_path: str = ""
 
 
 def default_cache_dir() -> str:
@@ -72,8 +74,20 @@ def ensure_demo_assets(cache_dir: str | None = None, recipe: DemoRecipe = DemoRe
             shutil.rmtree(staging, ignore_errors=True)
     with open(os.path.join(root, "report.json")) as handle:
         report = json.load(handle)
+    code_train, code_eval = (_ensure_code_split(root, name, n, recipe.seed + offset)
+                             for name, n, offset in (("code_train", 256, 10), ("code_eval", 64, 11)))
     return DemoAssets(os.path.join(root, "model"), os.path.join(root, "train.jsonl"),
-                      os.path.join(root, "eval.jsonl"), report)
+                      os.path.join(root, "eval.jsonl"), report, code_train, code_eval)
+
+
+def _ensure_code_split(root: str, name: str, count: int, seed: int) -> str:
+    from coati.dataset.code_task import write_code_dataset
+
+    path = os.path.join(root, f"{name}.jsonl")
+    if not os.path.isfile(path):
+        write_code_dataset(path + ".tmp", count, seed)
+        os.replace(path + ".tmp", path)
+    return path
 
 
 def _sft_batch(pairs, tokenizer):

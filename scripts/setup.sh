@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One-time set-up on a fresh machine (safe to re-run): a project-local .venv with torch pinned to the
+# local CPU wheel 2.13.0 (an open range would pull GBs of CUDA wheels), the project installed editable,
+# and bubblewrap for the code reward's sandbox.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v bwrap >/dev/null 2>&1 || [ ! -x /usr/bin/python3 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "setup: installing bubblewrap (code-reward sandbox)"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap python3 util-linux >/dev/null
+    else
+        echo "setup: warning: bubblewrap is missing; code rewards (-rt code) will refuse to run." \
+             "Install it with: sudo apt-get install -y bubblewrap" >&2
+    fi
+fi
+
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -c requirements/constraints-cpu.txt -r requirements/base.txt -r requirements/test.txt
+.venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+.venv/bin/python - <<'PY'
+import torch, transformers
+assert torch.__version__.startswith("2.13.0"), f"torch {torch.__version__} is installed; this project needs 2.13.0"
+assert transformers.__version__.startswith("5.19."), f"transformers {transformers.__version__}; need 5.19.x"
+print(f"setup: ok (torch {torch.__version__}, transformers {transformers.__version__})")
+PY
