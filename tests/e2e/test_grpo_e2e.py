@@ -74,3 +74,31 @@ def test_demo_cli_learns(demo_assets, tmp_path):
     before, after = map(float, match.groups())
     print(proc.stdout[-600:])
     assert after - before >= 0.15, f"sampled accuracy {before} -> {after}"
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_code_reward_pipeline_runs_end_to_end(demo_assets, tmp_path):
+    """-rt code on the embedded model: sandboxed scoring inside the producer, training, weight sync."""
+    pytest.importorskip("rewards.code")
+    from rewards.code import SandboxUnavailable, check_sandbox_available
+
+    try:
+        check_sandbox_available()
+    except SandboxUnavailable as err:
+        pytest.skip(str(err))
+    train = head(demo_assets.code_train_path, tmp_path / "train.jsonl", 16)
+    evals = head(demo_assets.code_eval_path, tmp_path / "eval.jsonl", 8)
+    argv = ["-rt", "code", "-d", train, "-ed", json.dumps({"code": evals}), "-ibs", "8", "-imbs", "8", "-g", "2",
+            "-tbs", "8", "-tMbs", "8", "-tmbs", "16", "-mnt", "24", "-sd", str(tmp_path / "runs"), "--no-progress"]
+    config = config_from_args(build_parser().parse_args(argv), demo_assets)
+    check_inputs(config)
+    try:
+        result = run(config, log=lambda message: None)
+    finally:
+        ray.shutdown()
+    assert result.steps == 2
+    rows = [json.loads(line) for line in open(result.metrics_path)]
+    assert [r["weight_version"] for r in rows if r["kind"] == "train"] == [1, 2]
+    records = [json.loads(line) for line in open(tmp_path / "runs" / "demo" / "eval" / "code_greedy_step2.jsonl")]
+    assert len(records) == 8 and all(r["reason"] for r in records)
