@@ -8,9 +8,15 @@ import time
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: str, project: str, config: dict | None = None, log=print):
+    def __init__(self, run_dir: str, project: str, config: dict | None = None, log=print, resume: bool = False):
         os.makedirs(run_dir, exist_ok=True)
         self.path = os.path.join(run_dir, "metrics.jsonl")
+        if os.path.exists(self.path) and not resume:
+            # A new run in a used directory: keep the old metrics under a dated name, never overwrite them.
+            stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(os.path.getmtime(self.path)))
+            kept = os.path.join(run_dir, f"metrics.{stamp}.jsonl")
+            os.replace(self.path, kept)
+            log(f"{self.path} existed: the previous run's metrics were moved to {kept}")
         self._file = open(self.path, "a", encoding="utf-8")
         self._wandb = None
         self._start = time.time()

@@ -32,7 +32,7 @@ def test_few_grpo_steps_over_ray(demo_assets, tmp_path):
     evals = head(demo_assets.eval_path, tmp_path / "eval.jsonl", 32)
     argv = ["-d", train, "-ed", json.dumps({"add": evals}), "-ibs", "16", "-imbs", "16", "-g", "4",
             "-tbs", "8", "-tMbs", "4", "-tmbs", "8", "-e", "1", "-sd", str(tmp_path / "runs"), "-p", "t",
-            "--no-progress"]
+            "-kl", "0.05", "--no-progress"]
     config = config_from_args(build_parser().parse_args(argv), demo_assets)
     check_inputs(config)
     assert config.steps_per_sync == 2
@@ -45,9 +45,11 @@ def test_few_grpo_steps_over_ray(demo_assets, tmp_path):
     rows = [json.loads(line) for line in open(result.metrics_path)]
     train_rows = [r for r in rows if r["kind"] == "train"]
     assert [r["step"] for r in train_rows] == list(range(1, 9))
-    for key in ("loss", "reward", "accuracy", "grad_norm", "clip_fraction", "response_length", "weight_version"):
+    for key in ("loss", "kl", "reward", "accuracy", "grad_norm", "clip_fraction", "response_length", "weight_version"):
         assert all(key in r for r in train_rows), key
     assert train_rows[-1]["weight_version"] == 4
+    assert train_rows[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # the policy starts at the reference
+    assert train_rows[-1]["kl"] > 0
     # Sync mode: the data of steps 1-2 came from version 0, steps 3-4 from version 1, ...
     assert all(r["policy_lag"] == 0 for r in train_rows)
     eval_rows = [r for r in rows if r["kind"] == "eval"]

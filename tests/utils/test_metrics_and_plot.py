@@ -1,0 +1,43 @@
+import json
+import os
+
+import pytest
+
+from coati.utils.metrics import MetricsLogger
+from coati.utils.plot import main as plot_main
+from coati.utils.plot import plot_run
+
+
+def test_metrics_jsonl_and_previous_run_kept(tmp_path):
+    logger = MetricsLogger(str(tmp_path), "p", log=lambda m: None)
+    logger.log(1, {"reward": 0.5, "loss": 0.1})
+    logger.log(0, {"accuracy": 0.3, "task": "t", "mode": "greedy"}, kind="eval")
+    logger.close()
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert rows[0]["step"] == 1 and rows[0]["kind"] == "train" and rows[0]["reward"] == 0.5
+    assert rows[1]["kind"] == "eval"
+    MetricsLogger(str(tmp_path), "p", log=lambda m: None).close()
+    kept = [name for name in os.listdir(tmp_path) if name.startswith("metrics.") and name != "metrics.jsonl"]
+    assert len(kept) == 1 and len(open(tmp_path / kept[0]).readlines()) == 2
+    assert open(tmp_path / "metrics.jsonl").read() == ""
+
+
+def test_plot_writes_non_empty_pngs(tmp_path):
+    logger = MetricsLogger(str(tmp_path), "p", log=lambda m: None)
+    for step in range(1, 31):
+        logger.log(step, {"reward": step / 30, "accuracy": step / 40, "loss": 0.01, "kl": 0.001 * step,
+                          "response_length": 6.0})
+    for step in (0, 30):
+        logger.log(step, {"task": "add", "mode": "greedy", "accuracy": 0.4 + step / 100}, kind="eval")
+    logger.close()
+    written = plot_run(str(tmp_path))
+    assert [os.path.basename(p) for p in written] == ["train.png", "eval.png"]
+    for path in written:
+        with open(path, "rb") as handle:
+            assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
+        assert os.path.getsize(path) > 10_000
+
+
+def test_plot_cli_errors_clearly(tmp_path, capsys):
+    assert plot_main([str(tmp_path / "missing")]) == 2
+    assert "metrics.jsonl not found" in capsys.readouterr().err
