@@ -1,0 +1,69 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from coati.utils.checkpoint import COMPLETE_MARKER, atomic_directory, list_checkpoints, resolve_resume
+
+
+def write_checkpoint(run_dir, step, payload="weights"):
+    with atomic_directory(os.path.join(run_dir, f"step_{step}")) as staging:
+        with open(os.path.join(staging, "model.bin"), "w") as handle:
+            handle.write(payload)
+        with open(os.path.join(staging, COMPLETE_MARKER), "w") as handle:
+            json.dump({"step": step}, handle)
+
+
+def test_atomic_save_list_and_resave(tmp_path):
+    write_checkpoint(tmp_path, 2)
+    write_checkpoint(tmp_path, 10)
+    assert [step for step, _ in list_checkpoints(str(tmp_path))] == [2, 10]
+    write_checkpoint(tmp_path, 10, payload="newer")
+    assert open(tmp_path / "step_10" / "model.bin").read() == "newer"
+    assert sorted(os.listdir(tmp_path)) == ["step_10", "step_2"]  # no staging or retired leftovers
+    assert resolve_resume("latest", str(tmp_path)).endswith("step_10")
+
+
+def test_failed_save_leaves_nothing(tmp_path):
+    with pytest.raises(RuntimeError):
+        with atomic_directory(str(tmp_path / "step_5")) as staging:
+            open(os.path.join(staging, "partial"), "w").close()
+            raise RuntimeError("disk full")
+    assert os.listdir(tmp_path) == []
+
+
+SLOW_SAVE = """
+import os, sys, time
+sys.path.insert(0, {root!r})
+from coati.utils.checkpoint import atomic_directory
+with atomic_directory(os.path.join({run_dir!r}, "step_20")) as staging:
+    open(os.path.join(staging, "model.bin"), "w").write("half")
+    open(os.path.join({run_dir!r}, "saving"), "w").close()
+    time.sleep(60)
+"""
+
+
+def test_kill_during_save_keeps_previous_checkpoint(tmp_path):
+    write_checkpoint(tmp_path, 10)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_SAVE.format(root=root, run_dir=str(tmp_path))])
+    deadline = time.time() + 60
+    while not os.path.exists(tmp_path / "saving") and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert [step for step, _ in list_checkpoints(str(tmp_path))] == [10]
+    assert not os.path.exists(tmp_path / "step_20")
+    assert resolve_resume("latest", str(tmp_path)).endswith("step_10")
+
+
+def test_resume_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+        resolve_resume("latest", str(tmp_path))
+    (tmp_path / "step_3").mkdir()
+    with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
+        resolve_resume(str(tmp_path / "step_3"), str(tmp_path))
