@@ -20,6 +20,7 @@ PYTHON=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -c requirements/constraints-cpu.txt -r requirements/base.txt -r requirements/test.txt
 .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+bash scripts/install_colossalai.sh .venv   # trainer plugins; --no-deps, torch/transformers stay pinned
 .venv/bin/python - <<'PY'
 import torch, transformers
 assert torch.__version__.startswith("2.13.0"), f"torch {torch.__version__} is installed; this project needs 2.13.0"

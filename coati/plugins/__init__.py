@@ -1,13 +1,57 @@
-"""Trainer plugins: one protocol (``TrainerPlugin``), one implementation per parallel layout."""
+"""Trainer plugins: one protocol (``TrainerPlugin``), one implementation per parallel layout.
+
+| name | layout | module |
+|---|---|---|
+| single | one process | torch_single |
+| torch-ddp | DistributedDataParallel | torch_native |
+| torch-fsdp2 | fully_shard (ZeRO; stage 3 reshards after forward) | torch_native |
+| torch-tp | DTensor tensor parallel (x FSDP2 over dp when dp > 1) | torch_native |
+| torch-pp | torch.distributed.pipelining GPipe (x DDP-style all-reduce over dp) | torch_pipeline |
+| colossalai-ddp | ColossalAI TorchDDPPlugin | colossal |
+| colossalai-zero | ColossalAI LowLevelZeroPlugin (stage 1 or 2) | colossal |
+| colossalai-hybrid | ColossalAI HybridParallelPlugin (tp / pp / zero) | colossal |
+
+Multi-rank plugins need ``torch.distributed`` initialised first (``coati.plugins.dist.init_trainer_group``).
+"""
 
 from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin
 from coati.plugins.torch_single import SingleProcessPlugin
+from coati.plugins.validation import ParallelLayout, validate_layout
+
+PLUGINS = ("single", "torch-ddp", "torch-fsdp2", "torch-tp", "torch-pp", "colossalai-ddp", "colossalai-zero",
+           "colossalai-hybrid")
 
 
-def make_plugin(name: str) -> TrainerPlugin:
+def make_plugin(name: str, tp_size: int = 1, pp_size: int = 1, zero_stage: int = 0, precision: str = "fp32",
+                world_size: int | None = None, model_config=None) -> TrainerPlugin:
+    """The plugin ``name`` for a layout; with ``world_size`` (and ``model_config``) the layout is validated now.
+
+    Without ``world_size`` the checks run in ``setup``, against the initialised group. Under pipeline
+    parallelism the micro-batches given to one ``forward_backward`` call are the pipeline's micro-batches
+    (at least ``pp_size`` of them per call; ColossalChat's ``microbatch_size = tmbs // pp`` is the case of
+    passing micro-batches of ``tmbs // pp`` samples).
+    """
+    if name not in PLUGINS:
+        raise ValueError(f"unknown trainer plugin {name!r}; choose one of {', '.join(PLUGINS)}")
+    layout = ParallelLayout(tp_size=tp_size, pp_size=pp_size, zero_stage=zero_stage, precision=precision)
+    if world_size is not None:
+        validate_layout(name, world_size, layout, model_config)
     if name == "single":
+        if tp_size != 1 or pp_size != 1 or zero_stage != 0:
+            raise ValueError(f"plugin 'single' has no tp/pp/zero (got tp={tp_size}, pp={pp_size}, zero={zero_stage})")
         return SingleProcessPlugin()
-    raise ValueError(f"unknown trainer plugin {name!r}")
+    if name in ("torch-ddp", "torch-fsdp2", "torch-tp"):
+        from coati.plugins.torch_native import TorchNativePlugin
+
+        return TorchNativePlugin(name.removeprefix("torch-"), layout)
+    if name == "torch-pp":
+        from coati.plugins.torch_pipeline import TorchPipelinePlugin
+
+        return TorchPipelinePlugin(layout)
+    from coati.plugins.colossal import ColossalPlugin
+
+    return ColossalPlugin(name.removeprefix("colossalai-"), layout)
 
 
-__all__ = ["LossFn", "MicroBatch", "SingleProcessPlugin", "TrainerPlugin", "make_plugin"]
+__all__ = ["LossFn", "MicroBatch", "PLUGINS", "ParallelLayout", "SingleProcessPlugin", "TrainerPlugin", "make_plugin",
+           "validate_layout"]

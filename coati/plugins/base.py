@@ -2,6 +2,22 @@
 
 A plugin owns the model and optimizer laid out for one parallel scheme (single process, DDP, FSDP2, TP, PP,
 ColossalAI hybrid...). The consumer only ever talks to this interface, so algorithms never see the layout.
+
+Multi-rank plugins (everything but ``single``) train inside one *trainer group*: N processes that already
+joined one ``torch.distributed`` default process group (gloo on CPU, nccl on GPU; see
+``coati.plugins.dist.init_trainer_group``) before ``setup``. The group is laid out as a
+``dp x pp x tp`` grid (tp fastest); the ranks of one data-parallel rank (``tp * pp`` of them, the
+*model-parallel* ranks) must be given the same micro-batches, different data-parallel ranks different ones.
+
+Collective calls: ``setup``, ``forward_backward``, ``optimizer_step``, ``named_full_tensors`` (iterated to
+the end) and ``save_pretrained`` must be called by every rank of the group, in the same order, or the group
+deadlocks. Every rank passes the same number of ``forward_backward`` calls per optimizer step, each with at
+least one micro-batch and (under pipeline parallelism) the same number of micro-batches on the ranks of one
+data-parallel rank.
+
+Gradients are *averaged* over data-parallel ranks (DDP semantics): a loss normalised by a rank's own batch
+gives the mean of the ranks' losses; normalise by ``global normaliser / dp_size`` to get exactly the loss of
+the concatenated batch.
 """
 
 from __future__ import annotations
@@ -20,24 +36,48 @@ class TrainerPlugin(ABC):
     @abstractmethod
     def setup(self, model: torch.nn.Module, learning_rate: float, betas: tuple[float, float] = (0.9, 0.99),
               weight_decay: float = 0.0) -> None:
-        """Take ownership of ``model`` (full weights on CPU) and build the optimizer for this layout."""
+        """Take ownership of ``model`` (full weights on CPU, identical on every rank) and build the optimizer.
+
+        Multi-rank plugins shard/wrap the model over the default process group here (collective).
+        """
 
     @abstractmethod
     def forward_backward(self, micro_batches: list[MicroBatch], loss_fn: LossFn) -> list[dict[str, torch.Tensor]]:
-        """Forward and backward every micro-batch, accumulating gradients; statistics per micro-batch."""
+        """Forward and backward every micro-batch, accumulating gradients; statistics per micro-batch.
+
+        ``loss_fn`` always sees full (vocabulary-complete) logits of a micro-batch; under pipeline parallelism
+        it runs on the last stage and its statistics are broadcast to the other stages, so every rank
+        returns the same list.
+        """
 
     @abstractmethod
     def optimizer_step(self, max_grad_norm: float | None) -> float:
-        """Clip (when ``max_grad_norm``), step, zero the gradients; returns the pre-clip gradient norm."""
+        """Clip (when ``max_grad_norm``), step, zero the gradients; returns the pre-clip gradient norm.
+
+        The norm is the one of the full (unsharded, data-parallel-averaged) gradient, equal on every rank.
+        """
 
     @abstractmethod
     def named_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full (gathered) parameters keyed by HF names; empty on ranks that do not send weights."""
+        """Full (gathered) parameters keyed by HF names (tied weights once); yields only on the sender.
+
+        Collective for sharded layouts: every rank must iterate it to the end (non-senders yield nothing).
+        """
 
     @property
     @abstractmethod
     def is_weight_sender(self) -> bool:
         """True on the one rank of the trainer group that publishes weights to the inferencers."""
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the trainer group."""
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        """Processes in the trainer group (dp_size * tp_size * pp_size)."""
+        return 1
 
     @property
     def dp_rank(self) -> int:
@@ -47,6 +87,17 @@ class TrainerPlugin(ABC):
     def dp_size(self) -> int:
         return 1
 
+    @property
+    def model_parallel_size(self) -> int:
+        """Ranks that share one data-parallel rank's micro-batches (tp_size * pp_size)."""
+        return self.world_size // self.dp_size
+
     @abstractmethod
     def save_pretrained(self, path: str) -> None:
-        """Write the policy as an HF directory (``from_pretrained`` loads it); only the sender writes."""
+        """Write the policy as an HF directory (``from_pretrained`` loads it); only the sender writes.
+
+        Collective for sharded layouts (the weights are gathered first).
+        """
+
+    def close(self) -> None:
+        """Release what ``setup`` built (process sub-groups, hooks); the default group stays to its owner."""

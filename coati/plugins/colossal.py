@@ -1,0 +1,299 @@
+"""ColossalAI Booster plugins behind the ``TrainerPlugin`` protocol: TorchDDP, LowLevelZero, HybridParallel.
+
+- ``ddp``: ``TorchDDPPlugin`` (gradients all-reduced on the last micro-batch of each call; ``no_sync`` before).
+- ``zero``: ``LowLevelZeroPlugin(stage=1|2)``; parameters stay full on every rank, optimizer states (and with
+  stage 2 gradients) are sharded. fp32 is supported; on CPU ``overlap_communication`` is off.
+- ``hybrid``: ``HybridParallelPlugin(tp_size, pp_size, zero_stage, precision)``: shardformer TP (Qwen2;
+  logits gathered to the full vocabulary, ``parallel_output=False``), pipeline stages run through
+  ``booster.execute_pipeline`` (our own Qwen2 policy for transformers 5: ``colossal_policies``), ZeRO 1/2
+  over dp (bf16/fp16 only: ColossalAI refuses fp32 ZeRO here).
+
+Clipping: the ColossalAI optimizers clip inside ``step`` with ``max_norm`` fixed at construction; the value
+``optimizer_step`` receives is written to the optimizer before stepping, and the pre-clip norm it reports
+is ColossalAI's (``get_grad_norm``). On CPU, ``colossal_cpu_compat`` is applied first.
+
+Weights out: the sender is global rank 0. TP shards are gathered inside each TP group (ColossalAI's
+``gather_distributed_param``, vocabulary padding removed); pipeline stages other than the first send their
+(TP-gathered) tensors to rank 0 point-to-point. Only the ranks of data-parallel rank 0 with TP rank 0 send.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from coati.plugins import colossal_cpu_compat
+from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin
+from coati.plugins.dist import world
+from coati.plugins.validation import ParallelLayout, validate_layout
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def launch_colossalai() -> list[str]:
+    """Prepare ColossalAI in a process whose default group is already up (instead of ``colossalai.launch``,
+    which would initialise the group and reseed every RNG): select its accelerator, apply the CPU fixes."""
+    from colossalai.accelerator import get_accelerator
+
+    get_accelerator()
+    return colossal_cpu_compat.apply()
+
+
+class ColossalPlugin(TrainerPlugin):
+    KINDS = ("ddp", "zero", "hybrid")
+
+    def __init__(self, kind: str, layout: ParallelLayout | None = None, max_grad_norm: float = 1.0):
+        if kind not in self.KINDS:
+            raise ValueError(f"unknown ColossalAI plugin {kind!r}; choose one of {self.KINDS}")
+        self.kind = kind
+        self.layout = layout or ParallelLayout()
+        self.max_grad_norm = max_grad_norm
+        self._rank, self._world = world()
+        self.booster = self.plugin = self.model = self.optimizer = None
+        self._hf_names: list[str] = []
+        self._owners: dict[str, int] = {}  # pipeline: HF name -> global rank that sends it
+
+    # --- layout ---
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world
+
+    @property
+    def tp_size(self) -> int:
+        return self.layout.tp_size
+
+    @property
+    def pp_size(self) -> int:
+        return self.layout.pp_size
+
+    @property
+    def dp_size(self) -> int:
+        return self._world // (self.tp_size * self.pp_size)
+
+    @property
+    def dp_rank(self) -> int:
+        return self._rank // (self.tp_size * self.pp_size)  # ColossalAI's mesh is (dp, pp, tp)
+
+    @property
+    def pp_rank(self) -> int:
+        return (self._rank // self.tp_size) % self.pp_size
+
+    @property
+    def tp_rank(self) -> int:
+        return self._rank % self.tp_size
+
+    @property
+    def is_weight_sender(self) -> bool:
+        return self._rank == 0
+
+    # --- setup ---
+    def _make_booster_plugin(self, cpu: bool, model_config):
+        from colossalai.booster.plugin import HybridParallelPlugin, LowLevelZeroPlugin, TorchDDPPlugin
+
+        layout = self.layout
+        if self.kind == "ddp":
+            return TorchDDPPlugin()
+        if self.kind == "zero":
+            return LowLevelZeroPlugin(stage=layout.zero_stage, precision=layout.precision, max_norm=self.max_grad_norm,
+                                      overlap_communication=not cpu)
+        kwargs = dict(tp_size=layout.tp_size, pp_size=layout.pp_size, zero_stage=layout.zero_stage,
+                      precision=layout.precision, max_norm=self.max_grad_norm, parallel_output=False,
+                      enable_all_optimization=False, overlap_communication=not cpu, overlap_p2p=not cpu,
+                      enable_metadata_cache=False)
+        from coati.plugins.colossal_policies import policy_for
+
+        kwargs.update(custom_policy=policy_for(model_config))
+        if layout.pp_size > 1:  # the real micro-batch size is set per forward_backward call (_pipeline_step)
+            kwargs.update(microbatch_size=1)
+        return HybridParallelPlugin(**kwargs)
+
+    def setup(self, model, learning_rate, betas=(0.9, 0.99), weight_decay=0.0) -> None:
+        from colossalai.booster import Booster
+
+        self._rank, self._world = world()
+        config = getattr(model, "config", None)
+        validate_layout(f"colossalai-{self.kind}", self._world, self.layout, config)
+        cpu = bool(launch_colossalai())
+        self.config = config
+        self._hf_names = [name for name, _ in model.named_parameters()]  # tied weights once, HF order
+        self.plugin = self._make_booster_plugin(cpu, config)
+        self.booster = Booster(plugin=self.plugin)
+        model = model.to(DTYPES[self.layout.precision]) if self.kind == "ddp" else model
+        optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, betas=betas, weight_decay=weight_decay)
+        self.model, self.optimizer, *_ = self.booster.boost(model.train(), optimizer)
+        self._index_owners()
+
+    # --- training ---
+    def forward_backward(self, micro_batches: list[MicroBatch], loss_fn: LossFn):
+        if self.pp_size > 1:
+            return self._pipeline_step(micro_batches, loss_fn)
+        stats = []
+        for index, micro_batch in enumerate(micro_batches):
+            last = index == len(micro_batches) - 1
+            context = self.booster.no_sync(self.model) if (self.kind == "ddp" and not last and self._world > 1) \
+                else _null()
+            with context:
+                logits = self.model(input_ids=micro_batch["input_ids"],
+                                    attention_mask=micro_batch["attention_mask"]).logits
+                loss, micro_stats = loss_fn(logits.float(), micro_batch)
+                self.booster.backward(loss, self.optimizer)
+            stats.append(micro_stats)
+        return stats
+
+    def _pipeline_step(self, micro_batches: list[MicroBatch], loss_fn: LossFn):
+        """All micro-batches of the call become one pipeline batch; each is a pipeline micro-batch."""
+        batch = concat_micro_batches(micro_batches)
+        size, total = micro_batches[0]["input_ids"].shape[0], batch["input_ids"].shape[0]
+        micro_size = size if (total % size == 0 and total // size >= self.pp_size) else _pick_micro_size(total, self.pp_size)
+        schedule = self.plugin.scheduler
+        schedule.microbatch_size, schedule.num_microbatches, schedule.last_batch_size = micro_size, total // micro_size, None
+        collected: list[dict] = []
+
+        def criterion(outputs, micro_batch):
+            loss, micro_stats = loss_fn(outputs.logits.float(), micro_batch)
+            collected.append({k: v.detach().float() for k, v in micro_stats.items()})
+            return loss * schedule.num_microbatches  # ColossalAI divides each micro-batch's loss by their count
+
+        self.booster.execute_pipeline(iter([batch]), self.model, criterion, self.optimizer, return_loss=True)
+        return self._broadcast_stats(collected, total // micro_size)
+
+    def _broadcast_stats(self, collected: list[dict], count: int) -> list[dict]:
+        """The last stage's statistics, sent to every stage of its pipeline (one broadcast)."""
+        last = self._rank - self.pp_rank * self.tp_size + (self.pp_size - 1) * self.tp_size
+        payload = [collected if self._rank == last else None]
+        group = self.plugin.pp_group
+        dist.broadcast_object_list(payload, src=last, group=group)
+        return payload[0]
+
+    def optimizer_step(self, max_grad_norm):
+        _set_max_norm(self.optimizer, max_grad_norm or 0.0)
+        if self.kind == "ddp":
+            norm = self._ddp_grad_norm()
+            if max_grad_norm:
+                from coati.plugins.dist import clip_grads_
+
+                clip_grads_(self.model.parameters(), norm, max_grad_norm)
+        self.optimizer.step()
+        if self.kind != "ddp":
+            norm = float(self.optimizer.get_grad_norm() or 0.0)
+        self.optimizer.zero_grad()
+        return norm
+
+    def _ddp_grad_norm(self) -> float:
+        from coati.plugins.dist import grad_norm_sq
+
+        return float(grad_norm_sq(self.model.parameters())) ** 0.5
+
+    # --- weights out ---
+    def _local_named(self):
+        module = self.model.unwrap() if hasattr(self.model, "unwrap") else self.model
+        return dict(module.named_parameters())
+
+    def _index_owners(self) -> None:
+        """Which global rank sends each HF-named tensor (pipeline: the stage holding it), with shape/dtype."""
+        if self.pp_size == 1:
+            return
+        local = self._local_named()
+        mine = {}
+        if self.dp_rank == 0 and self.tp_rank == 0:
+            for name in self._hf_names:
+                if name in local:
+                    mine[name] = self._rank
+        everyone: list = [None] * self._world
+        dist.all_gather_object(everyone, mine)
+        for table in everyone:
+            for name, entry in table.items():
+                self._owners.setdefault(name, entry)
+        missing = [name for name in self._hf_names if name not in self._owners]
+        if missing:
+            raise RuntimeError(f"no pipeline stage holds {missing[:3]}")
+
+    def named_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        local = self._local_named()
+        if self.dp_rank != 0:  # data-parallel replicas hold the same weights
+            return
+        for name in self._hf_names:
+            if name not in local:  # held by another pipeline stage
+                if self.is_weight_sender:
+                    payload = [None]
+                    dist.recv_object_list(payload, src=self._owners[name])
+                    yield name, payload[0]
+                continue
+            tensor = self._gather(local[name])  # collective inside the TP group
+            if self.is_weight_sender:
+                yield name, tensor
+            elif self.pp_size > 1 and self._owners[name] == self._rank:
+                dist.send_object_list([tensor], dst=0)
+
+    def _gather(self, param: torch.Tensor) -> torch.Tensor:
+        """Full tensor of one parameter: TP shards gathered, vocabulary padding cut off (never in place)."""
+        if self.kind != "hybrid":
+            return param.detach().cpu()
+        from colossalai.checkpoint_io.utils import gather_distributed_param
+
+        full = gather_distributed_param(param, keep_vars=False) if self.tp_size > 1 else param
+        padded = next((t for t in (full, param) if hasattr(t, "_padding_dim")), None)
+        full = torch.Tensor(full.data) if isinstance(full, torch.nn.Parameter) else full.data
+        if padded is not None:  # ColossalAI's to_unpadded_tensor would unpad the live parameter itself
+            full = full.narrow(padded._padding_dim, 0, padded._origin_length)
+        return full.detach().clone().cpu()
+
+    def save_pretrained(self, path: str) -> None:
+        state = dict(self.named_full_tensors())
+        if self.is_weight_sender:
+            from coati.plugins.torch_native import save_hf
+
+            save_hf(_HFConfigHolder(self.config), state, path)
+        if self._world > 1:
+            dist.barrier()
+
+    def close(self) -> None:
+        self.booster = self.plugin = self.model = self.optimizer = None
+
+
+class _HFConfigHolder:
+    def __init__(self, config):
+        self.config = config
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _set_max_norm(optimizer, value: float) -> None:
+    inner = optimizer
+    for attribute in ("max_norm", "_clip_grad_norm"):
+        for target in (inner, getattr(inner, "optim", None)):
+            if target is not None and isinstance(getattr(target, attribute, None), (int, float)):
+                setattr(target, attribute, value)
+
+
+def _pick_micro_size(total: int, stages: int) -> int:
+    for count in range(stages, total + 1):
+        if total % count == 0:
+            return total // count
+    raise ValueError(f"a pipeline of {stages} stages needs at least {stages} samples per call (got {total})")
+
+
+def concat_micro_batches(micro_batches: list[MicroBatch]) -> MicroBatch:
+    """One batch from micro-batches; per-token tensors are right-padded with zeros to the widest."""
+    keys = micro_batches[0].keys()
+    out = {}
+    for key in keys:
+        tensors = [mb[key] for mb in micro_batches]
+        if tensors[0].dim() >= 2:
+            width = max(t.shape[1] for t in tensors)
+            tensors = [torch.nn.functional.pad(t, (0, width - t.shape[1])) if t.shape[1] < width else t
+                       for t in tensors]
+        out[key] = torch.cat(tensors)
+    return out

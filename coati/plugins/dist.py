@@ -1,0 +1,101 @@
+"""Joining a trainer group, and the helpers every torch.distributed plugin shares (norms, clipping, gathers)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_trainer_group(rank: int, world_size: int, master_addr: str = "127.0.0.1", master_port: int = 29506,
+                       backend: str | None = None, timeout_s: float = 600.0) -> None:
+    """Make this process rank ``rank`` of a ``world_size`` trainer group (the default process group).
+
+    Every member calls it with the same address/port; rank 0 hosts the rendezvous store. The environment
+    variables torch and ColossalAI read (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) are set too.
+    """
+    if dist.is_initialized():
+        if dist.get_world_size() != world_size or dist.get_rank() != rank:
+            raise RuntimeError(f"torch.distributed is already initialised as rank {dist.get_rank()} of "
+                               f"{dist.get_world_size()}, not {rank} of {world_size}")
+        return
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=os.environ.get("LOCAL_RANK", str(rank)),
+                      LOCAL_WORLD_SIZE=os.environ.get("LOCAL_WORLD_SIZE", str(world_size)),
+                      MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+    backend = backend or default_backend()
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
+    dist.init_process_group(backend=backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) of the default group; (0, 1) when torch.distributed is not initialised."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def device_type() -> str:
+    return "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
+
+
+def is_dtensor(tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
+
+
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The full value of a (possibly DTensor-sharded) tensor: collective over the DTensor's mesh."""
+    tensor = tensor.detach()
+    return tensor.full_tensor() if is_dtensor(tensor) else tensor
+
+
+def grad_norm_sq(params) -> torch.Tensor:
+    """Squared L2 norm (float64) of the gradients of ``params``; DTensor gradients are reduced over their meshes."""
+    plain, sharded = [], []
+    for param in params:
+        if param.grad is not None:
+            (sharded if is_dtensor(param.grad) else plain).append(param.grad)
+    total = torch.zeros((), dtype=torch.float64)
+    if plain:
+        norms = torch._foreach_norm(plain)
+        total = total + torch.stack([n.double().cpu() for n in norms]).pow(2).sum()
+    for grad in sharded:
+        norm = torch.linalg.vector_norm(grad.float()).full_tensor()
+        total = total + norm.to(torch.float64).cpu() ** 2
+    return total
+
+
+def clip_grads_(params, total_norm: float, max_norm: float, eps: float = 1e-6) -> None:
+    """torch.nn.utils.clip_grad_norm_'s scaling with a norm computed elsewhere (sharded/pipelined grads)."""
+    coef = max_norm / (total_norm + eps)
+    if coef < 1.0:
+        grads = [param.grad for param in params if param.grad is not None]
+        plain = [g for g in grads if not is_dtensor(g)]
+        if plain:
+            torch._foreach_mul_(plain, coef)
+        for grad in grads:
+            if is_dtensor(grad):
+                grad.mul_(coef)
+
+
+def data_parallel_normaliser(local: float, plugin) -> float:
+    """The loss normaliser to use on this rank so that data-parallel-averaged gradients equal the gradient of
+    the concatenated batch of all data-parallel ranks: (sum of the dp ranks' own normalisers) / dp_size.
+
+    ``local``: this rank's normaliser for its own batch (e.g. ``batch_normaliser`` of its action masks).
+    Collective over the trainer group (model-parallel peers hold the same batch, hence the same value).
+    """
+    if plugin.world_size == 1:
+        return local
+    total = torch.tensor([local], dtype=torch.float64, device=device_type())
+    dist.all_reduce(total)
+    return max(float(total) / plugin.model_parallel_size / plugin.dp_size, 1.0 / plugin.dp_size)

@@ -1,0 +1,181 @@
+"""PyTorch-native data and tensor parallelism: DDP, FSDP2 (``fully_shard``) as ZeRO, DTensor TP, and dp x tp.
+
+Layouts over the default process group of ``world_size`` ranks, as a 2-D DeviceMesh ``(dp, tp)``:
+- ``ddp``: ``DistributedDataParallel`` (gradients all-reduced once per ``forward_backward``, on its last
+  micro-batch; the others run under ``no_sync``).
+- ``fsdp2``: ``fully_shard`` on every decoder layer and the root; parameters, gradients and optimizer
+  states are sharded over dp. ZeRO stage -> reshard policy: 3 reshards parameters after forward
+  (``reshard_after_forward=True``); 1 and 2 keep them gathered from forward to backward.
+- ``tp``: ``parallelize_module`` on every decoder block (q/k/v/gate/up column-wise, o/down row-wise);
+  embeddings, norms and the LM head stay replicated, so ``loss_fn`` sees full logits. With dp > 1 the TP
+  model is also ``fully_shard``-ed over the dp mesh dimension (the usual 2-D FSDP2 + TP).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin
+from coati.plugins.dist import clip_grads_, device_type, full_tensor, grad_norm_sq, world
+from coati.plugins.validation import ParallelLayout, validate_layout
+
+# Module paths inside one Llama-family decoder block (Qwen2, Llama, Mistral share them).
+TP_COLWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
+TP_ROWWISE = ("self_attn.o_proj", "mlp.down_proj")
+
+
+def decoder_layers(model: torch.nn.Module):
+    """The decoder blocks of an HF causal LM (``model.model.layers``)."""
+    try:
+        return model.model.layers
+    except AttributeError:
+        raise ValueError(f"{type(model).__name__} has no model.layers; only Llama-family decoders are supported") from None
+
+
+def apply_tensor_parallel(model: torch.nn.Module, tp_mesh) -> None:
+    """Shard every decoder block's attention and MLP over ``tp_mesh`` (Megatron-style column/row pairs)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    plan = {**{name: ColwiseParallel() for name in TP_COLWISE}, **{name: RowwiseParallel() for name in TP_ROWWISE}}
+    for layer in decoder_layers(model):
+        parallelize_module(layer, tp_mesh, plan)
+
+
+def apply_fsdp2(model: torch.nn.Module, dp_mesh, zero_stage: int) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    reshard = zero_stage >= 3
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=dp_mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard)
+
+
+class TorchNativePlugin(TrainerPlugin):
+    KINDS = ("ddp", "fsdp2", "tp")
+
+    def __init__(self, kind: str, layout: ParallelLayout | None = None):
+        if kind not in self.KINDS:
+            raise ValueError(f"unknown torch-native layout {kind!r}; choose one of {self.KINDS}")
+        self.kind = kind
+        self.layout = layout or ParallelLayout()
+        self.module: torch.nn.Module | None = None  # the HF model (parameters possibly DTensors)
+        self.wrapped: torch.nn.Module | None = None  # what forward runs through (DDP wrapper or the module)
+        self.optimizer: torch.optim.Optimizer | None = None
+        self._rank, self._world = world()
+        self.mesh = None
+
+    # --- layout ---
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world
+
+    @property
+    def tp_size(self) -> int:
+        return self.layout.tp_size
+
+    @property
+    def dp_size(self) -> int:
+        return self._world // self.tp_size
+
+    @property
+    def dp_rank(self) -> int:
+        return self._rank // self.tp_size
+
+    @property
+    def is_weight_sender(self) -> bool:
+        return self._rank == 0
+
+    def setup(self, model, learning_rate, betas=(0.9, 0.99), weight_decay=0.0) -> None:
+        self._rank, self._world = world()
+        validate_layout(f"torch-{self.kind}", self._world, self.layout, getattr(model, "config", None))
+        self.module = model.train()
+        if self.kind == "ddp":
+            if self._world > 1:
+                from torch.nn.parallel import DistributedDataParallel
+
+                self.wrapped = DistributedDataParallel(model)
+            else:
+                self.wrapped = model
+        else:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self.mesh = init_device_mesh(device_type(), (self.dp_size, self.tp_size), mesh_dim_names=("dp", "tp"))
+            if self.tp_size > 1:
+                apply_tensor_parallel(model, self.mesh["tp"])
+            if self.kind == "fsdp2" or self.dp_size > 1:
+                apply_fsdp2(model, self.mesh["dp"], self.layout.zero_stage)
+            self.wrapped = model
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, betas=betas,
+                                           weight_decay=weight_decay)
+
+    # --- training ---
+    def _sync_context(self, last: bool):
+        """Gradient reduction only on the last micro-batch of a call (accumulate locally before)."""
+        if self.kind == "ddp" and self._world > 1:
+            return nullcontext() if last else self.wrapped.no_sync()
+        if hasattr(self.wrapped, "set_requires_gradient_sync"):  # FSDP2 root
+            self.wrapped.set_requires_gradient_sync(last)
+        return nullcontext()
+
+    def forward_backward(self, micro_batches: list[MicroBatch], loss_fn: LossFn):
+        stats = []
+        for index, micro_batch in enumerate(micro_batches):
+            with self._sync_context(index == len(micro_batches) - 1):
+                logits = self.wrapped(input_ids=micro_batch["input_ids"],
+                                      attention_mask=micro_batch["attention_mask"]).logits
+                loss, micro_stats = loss_fn(logits, micro_batch)
+                loss.backward()
+            stats.append(micro_stats)
+        return stats
+
+    def optimizer_step(self, max_grad_norm):
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        norm = math.sqrt(float(grad_norm_sq(params)))
+        if max_grad_norm:
+            clip_grads_(params, norm, max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    # --- weights out ---
+    def named_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, param in self.module.named_parameters():
+            tensor = full_tensor(param)  # collective for DTensors: every rank gets here in the same order
+            if self.is_weight_sender:
+                yield name, tensor.cpu()
+
+    def save_pretrained(self, path: str) -> None:
+        state = dict(self.named_full_tensors())  # every rank takes part in the gathers
+        if self.is_weight_sender:
+            save_hf(self.module, state, path)
+        if self._world > 1:
+            dist.barrier()
+
+    def close(self) -> None:
+        self.optimizer = None
+        self.wrapped = None
+        self.mesh = None
+
+
+def save_hf(module: torch.nn.Module, state: dict[str, torch.Tensor], path: str) -> None:
+    """Write ``state`` (full tensors, HF names) as an HF directory with ``module``'s config."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        fresh = AutoModelForCausalLM.from_config(module.config, dtype=next(iter(state.values())).dtype)
+    fresh.load_state_dict(state, strict=False, assign=True)
+    if getattr(module.config, "tie_word_embeddings", False):
+        fresh.tie_weights()
+    missing = [name for name, param in fresh.named_parameters() if param.is_meta]
+    if missing:
+        raise RuntimeError(f"save_pretrained: no gathered tensor for {missing[:3]}")
+    fresh.save_pretrained(path)

@@ -1,0 +1,261 @@
+"""Pipeline parallelism with ``torch.distributed.pipelining`` (GPipe), optionally x data parallel.
+
+Ranks form a ``(dp, pp)`` grid, ``rank = dp_rank * pp + stage``. Each stage owns a contiguous slice of the
+decoder layers (stage 0 also the embedding, the last stage also the final norm and the LM head), built by
+``DecoderStage`` with the HF parameter names. The micro-batches of one ``forward_backward`` call are the
+pipeline's micro-batches; ``loss_fn`` runs on the last stage (its statistics are broadcast to every stage),
+and every stage receives each micro-batch's ``attention_mask`` (it builds its own causal mask and rotary
+embeddings, as ``Qwen2Model.forward`` does in transformers 5.19).
+
+Tied embeddings (Qwen2 small models): the first and last stages each keep a copy; their gradients are
+summed over a first/last process group before the optimizer step, so the copies stay identical; the copy
+counts once in the gradient norm and is published once (as ``model.embed_tokens.weight``).
+Data parallelism: gradients are averaged over the ranks holding the same stage, once per optimizer step.
+
+A schedule (``PipelineStage`` + ``ScheduleGPipe``) is built per (micro-batch count, shape) and cached (8 at
+most); building one runs torch's metadata inference (one extra forward/backward of a micro-batch), so
+variable sequence lengths pay that once per new shape: pad to a few length buckets in real runs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin
+from coati.plugins.dist import clip_grads_, device_type, world
+from coati.plugins.validation import ParallelLayout, validate_layout
+
+
+def stage_bounds(num_layers: int, num_stages: int, stage: int) -> tuple[int, int]:
+    per = num_layers // num_stages
+    return stage * per, (stage + 1) * per
+
+
+class DecoderStage(torch.nn.Module):
+    """Layers ``[start, end)`` of a Llama-family causal LM (plus embedding / head on the first / last stage).
+
+    Parameter names match the full HF model (``model.layers.3.mlp.up_proj.weight``...).
+    """
+
+    def __init__(self, model: torch.nn.Module, start: int, end: int, first: bool, last: bool):
+        super().__init__()
+        self.config = model.config
+        self.first, self.last = first, last
+        inner = torch.nn.Module()
+        inner.layers = torch.nn.ModuleDict({str(i): model.model.layers[i] for i in range(start, end)})
+        inner.rotary_emb = model.model.rotary_emb
+        if first:
+            inner.embed_tokens = model.model.embed_tokens
+        if last:
+            inner.norm = model.model.norm
+        self.model = inner
+        if last:
+            self.lm_head = model.lm_head
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        from transformers.masking_utils import create_causal_mask
+
+        hidden = self.model.embed_tokens(x) if self.first else x
+        position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+        mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask,
+                                  past_key_values=None, position_ids=position_ids)
+        position_embeddings = self.model.rotary_emb(hidden, position_ids)
+        for layer in self.model.layers.values():
+            hidden = layer(hidden, attention_mask=mask, position_ids=position_ids,
+                           position_embeddings=position_embeddings)
+        if self.last:
+            return self.lm_head(self.model.norm(hidden))
+        return hidden
+
+
+class TorchPipelinePlugin(TrainerPlugin):
+    def __init__(self, layout: ParallelLayout | None = None):
+        self.layout = layout or ParallelLayout(pp_size=2)
+        self._rank, self._world = world()
+        self.stage_module: DecoderStage | None = None
+        self.optimizer = None
+        self._schedules: dict = {}
+        self._hf_names: list[str] = []
+        self._owners: dict[str, int] = {}
+        self._tied = False
+        self.pp_group = self.dp_group = self.tie_group = None
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world
+
+    @property
+    def pp_size(self) -> int:
+        return self.layout.pp_size
+
+    @property
+    def stage(self) -> int:
+        return self._rank % self.pp_size
+
+    @property
+    def dp_size(self) -> int:
+        return self._world // self.pp_size
+
+    @property
+    def dp_rank(self) -> int:
+        return self._rank // self.pp_size
+
+    @property
+    def is_weight_sender(self) -> bool:
+        return self._rank == 0
+
+    def setup(self, model, learning_rate, betas=(0.9, 0.99), weight_decay=0.0) -> None:
+        self._rank, self._world = world()
+        validate_layout("torch-pp", self._world, self.layout, model.config)
+        pp, dp = self.pp_size, self.dp_size
+        # every rank creates every group, in the same order (new_group is collective)
+        for d in range(dp):
+            group = dist.new_group([d * pp + s for s in range(pp)])
+            if d == self.dp_rank:
+                self.pp_group = group
+        for s in range(pp):
+            group = dist.new_group([d * pp + s for d in range(dp)]) if dp > 1 else None
+            if s == self.stage:
+                self.dp_group = group
+        self._hf_names = [name for name, _ in model.named_parameters()]
+        self._tied = model.get_output_embeddings() is not None and \
+            model.get_output_embeddings().weight is model.get_input_embeddings().weight
+        if self._tied:
+            for d in range(dp):
+                group = dist.new_group([d * pp, d * pp + pp - 1])
+                if d == self.dp_rank:
+                    self.tie_group = group
+        start, end = stage_bounds(model.config.num_hidden_layers, pp, self.stage)
+        self.stage_module = DecoderStage(model.train(), start, end, self.stage == 0, self.stage == pp - 1)
+        if self._tied and self.stage == pp - 1:  # own copy of the tied weight on the last stage
+            self.stage_module.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+        self.optimizer = torch.optim.AdamW(self.stage_module.parameters(), lr=learning_rate, betas=betas,
+                                           weight_decay=weight_decay)
+        local = dict(self.stage_module.named_parameters())
+        mine = {name: self._rank for name in self._hf_names if name in local} if self.dp_rank == 0 else {}
+        tables: list = [None] * self._world
+        dist.all_gather_object(tables, mine)
+        for table in tables:
+            for name, owner in table.items():
+                self._owners.setdefault(name, owner)
+
+    # --- training ---
+    def _schedule(self, n: int, shape: tuple, loss_fn):
+        from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+        key = (n, shape)
+        if key not in self._schedules:
+            if len(self._schedules) >= 8:  # shapes vary with sequence length: keep the newest few
+                self._schedules.pop(next(iter(self._schedules)))
+            stage = PipelineStage(self.stage_module, self.stage, self.pp_size, torch.device(device_type()),
+                                  group=self.pp_group)
+            self._schedules[key] = ScheduleGPipe(stage, n, loss_fn=self._loss_adapter, scale_grads=False)
+        return self._schedules[key]
+
+    def _loss_adapter(self, logits, index):
+        micro_batch = self._current[int(index)]
+        loss, stats = self._loss_fn(logits, micro_batch)
+        self._stats[int(index)] = {k: v.detach().float() for k, v in stats.items()}
+        return loss
+
+    def forward_backward(self, micro_batches: list[MicroBatch], loss_fn: LossFn):
+        self._loss_fn, self._stats = loss_fn, {}
+        start = 0
+        while start < len(micro_batches):  # runs of equal shape share one pipeline schedule
+            shape = tuple(micro_batches[start]["input_ids"].shape)
+            end = start
+            while end < len(micro_batches) and tuple(micro_batches[end]["input_ids"].shape) == shape:
+                end += 1
+            run = micro_batches[start:end]
+            self._current = run
+            schedule = self._schedule(len(run), shape, loss_fn)
+            args = [(mb["input_ids"],) for mb in run] if self.stage == 0 else None
+            kwargs = [{"attention_mask": mb["attention_mask"]} for mb in run]
+            stats_before = self._stats
+            self._stats = {}
+            # what ScheduleGPipe.step() does before _step_microbatches (we pass pre-split micro-batches)
+            schedule._stage.has_backward = schedule._has_backward
+            schedule._stage.clear_runtime_states()
+            schedule._step_microbatches(arg_mbs=args, kwarg_mbs=kwargs, target_mbs=[torch.tensor(i) for i in range(len(run))],
+                                        losses=None, return_outputs=False)
+            stats_before.update({start + i: s for i, s in self._stats.items()})
+            self._stats = stats_before
+            start = end
+        ordered = [self._stats[i] for i in range(len(micro_batches))] if self.stage == self.pp_size - 1 else None
+        payload = [ordered]
+        dist.broadcast_object_list(payload, src=self._rank - self.stage + self.pp_size - 1, group=self.pp_group)
+        self._current = None
+        return payload[0]
+
+    def _norm_params(self):
+        """Parameters whose gradients count in the norm (the tied copy on the last stage is skipped)."""
+        for name, param in self.stage_module.named_parameters():
+            if self._tied and name == "lm_head.weight":
+                continue
+            yield param
+
+    def optimizer_step(self, max_grad_norm):
+        params = [p for p in self.stage_module.parameters() if p.grad is not None]
+        if self.dp_group is not None:
+            for param in params:
+                dist.all_reduce(param.grad, group=self.dp_group)
+                param.grad /= self.dp_size
+        if self._tied and self.stage in (0, self.pp_size - 1):
+            tied = self.stage_module.model.embed_tokens.weight if self.stage == 0 else self.stage_module.lm_head.weight
+            if tied.grad is None:
+                tied.grad = torch.zeros_like(tied)
+            dist.all_reduce(tied.grad, group=self.tie_group)
+            params = [p for p in self.stage_module.parameters() if p.grad is not None]
+        local = torch.zeros((), dtype=torch.float64)
+        for param in self._norm_params():
+            if param.grad is not None:
+                local += torch.linalg.vector_norm(param.grad.float()).double() ** 2
+        dist.all_reduce(local, group=self.pp_group)
+        norm = math.sqrt(float(local))
+        if max_grad_norm:
+            clip_grads_(params, norm, max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    # --- weights out ---
+    def named_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.dp_rank != 0:
+            return
+        local = dict(self.stage_module.named_parameters())
+        for name in self._hf_names:
+            owner = self._owners[name]
+            if self.is_weight_sender:
+                if owner == self._rank:
+                    yield name, local[name].detach().cpu()
+                else:
+                    payload = [None]
+                    dist.recv_object_list(payload, src=owner)
+                    yield name, payload[0]
+            elif owner == self._rank:
+                dist.send_object_list([local[name].detach().cpu()], dst=0)
+
+    def save_pretrained(self, path: str) -> None:
+        from coati.plugins.torch_native import save_hf
+
+        state = dict(self.named_full_tensors())
+        if self.is_weight_sender:
+            save_hf(self.stage_module, state, path)
+        dist.barrier()
+
+    def close(self) -> None:
+        self._schedules.clear()
+        for group in {self.pp_group, self.dp_group, self.tie_group} - {None}:
+            try:
+                dist.destroy_process_group(group)
+            except Exception:  # noqa: BLE001 - best effort; the default group stays
+                pass
+        self.pp_group = self.dp_group = self.tie_group = None
