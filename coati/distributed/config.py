@@ -12,7 +12,8 @@ import re
 from dataclasses import dataclass, field
 
 from coati.distributed.inference_backend import SamplingParams
-from coati.distributed.loss import LOSS_VARIATIONS, PolicyLossConfig
+from coati.distributed.advantage import ADVANTAGES
+from coati.distributed.loss import LOSS_VARIATIONS, OBJECTIVES, PolicyLossConfig
 from rewards import REWARD_TYPES, STOP_STRINGS
 
 ALGOS = ("GRPO", "DAPO", "PG")
@@ -48,6 +49,8 @@ class ParallelConfig:
     producer_tensor_parallel_size: int = 1
     backend: str = "transformers"
     plugin: str = "single"
+    vllm_kv_cache_gb: float = 1.0  # -b vllm on CPU: KV-cache memory per inferencer
+    vllm_gpu_memory_utilization: float = 0.7  # -b vllm on GPU: fraction of the device vLLM may take
 
     @property
     def dp_size(self) -> int:
@@ -65,11 +68,28 @@ class BatchConfig:
 
 
 @dataclass(frozen=True)
+class GroupConfig:
+    """What happens to rollout groups between the buffer and the loss (the non-loss --grpo-config keys)."""
+
+    advantage: str = "group_norm"  # (r - mean) / (std + eps); "group_mean": r - mean (PG)
+    filter_range: tuple[float, float] | None = None  # keep groups whose accuracy lies in [low, high]
+    dynamic_batching: bool = False  # keep drawing groups until a full -tbs batch survives the filter
+    max_draw_multiple: int = 4  # dynamic batching draws at most this many times -tbs groups per step
+    soft_over_length_punishment: bool = False  # DAPO eq. 13, added to the reward before advantages
+    cache_length: int = 0
+    filter_truncated_response: bool = False  # responses that hit max_new_tokens leave the loss
+    topk_samples: int | None = None  # keep the k highest-reward samples of each group in the loss
+
+
+@dataclass(frozen=True)
 class AlgoConfig:
     name: str = "GRPO"
     learning_rate: float = 3e-4
     max_grad_norm: float = 1.0
     loss: PolicyLossConfig = PolicyLossConfig()
+    groups: GroupConfig = GroupConfig()
+    ppo_epochs: int = 1  # optimizer passes over every rollout batch
+    learner_chunk_size: int = 0  # prompts the trainer generates itself per step (0: off)
 
 
 @dataclass(frozen=True)
@@ -110,6 +130,14 @@ class RLConfig:
         produced = self.parallel.num_inferencers * self.batch.inference_batch_size
         return produced // (self.parallel.dp_size * self.batch.train_batch_size)
 
+    @property
+    def groups_per_sync(self) -> int:
+        """Groups one data-parallel trainer rank draws between two weight syncs: its share of a producer round.
+
+        Equal to steps_per_sync * tbs without filtering; dynamic batching syncs on this count, not on steps.
+        """
+        return self.parallel.num_inferencers * self.batch.inference_batch_size // self.parallel.dp_size
+
 
 def _require(condition: bool, message: str) -> None:
     if not condition:
@@ -130,6 +158,149 @@ def parse_eval_datasets(text: str | None) -> dict[str, str]:
                  f"--eval-dataset task name {name!r} is not a valid file name (use letters, digits, . _ -)")
         _require(isinstance(path, str), f"--eval-dataset path for {name!r} must be a string")
     return mapping
+
+
+# --grpo-config keys: PolicyLossConfig fields (``beta`` is kl_coeff), GroupConfig fields, and the epochs.
+_LOSS_KEYS = {"clip_eps_low": "clip_eps_low", "clip_eps_high": "clip_eps_high", "beta": "kl_coeff",
+              "loss_variation": "loss_variation", "objective": "objective", "skip_threshold": "skip_threshold"}
+_GROUP_KEYS = ("advantage", "filter_range", "dynamic_batching", "max_draw_multiple", "soft_over_length_punishment",
+               "cache_length", "filter_truncated_response", "topk_samples")
+_ALGO_KEYS = ("ppo_epochs", "learner_chunk_size")
+GRPO_CONFIG_KEYS = (*_LOSS_KEYS, *_GROUP_KEYS, *_ALGO_KEYS)
+_KEY_TYPES = {"clip_eps_low": float, "clip_eps_high": float, "beta": float, "loss_variation": str, "objective": str,
+              "skip_threshold": (float, None), "advantage": str, "filter_range": (list, None), "dynamic_batching": bool,
+              "max_draw_multiple": int, "soft_over_length_punishment": bool, "cache_length": int,
+              "filter_truncated_response": bool, "topk_samples": (int, None), "ppo_epochs": int,
+              "learner_chunk_size": int}
+
+
+def algo_preset(name: str, kl_coeff: float, max_new_tokens: int) -> dict:
+    """The --grpo-config values an algorithm starts from (ColossalChat's defaults)."""
+    preset = {"clip_eps_low": 0.2, "clip_eps_high": 0.2, "beta": kl_coeff, "loss_variation": "sample_level",
+              "objective": "ppo_clip", "skip_threshold": None, "advantage": "group_norm", "filter_range": None,
+              "dynamic_batching": False, "max_draw_multiple": 4, "soft_over_length_punishment": False,
+              "cache_length": max(1, min(1024, max_new_tokens // 4)), "filter_truncated_response": False,
+              "topk_samples": None, "ppo_epochs": 1, "learner_chunk_size": 0}
+    if name == "DAPO":
+        preset.update(filter_range=[0.01, 0.99], dynamic_batching=True, clip_eps_low=0.2, clip_eps_high=0.28,
+                      skip_threshold=20.0, beta=0.0, loss_variation="token_level", soft_over_length_punishment=True,
+                      filter_truncated_response=True)
+    elif name == "PG":
+        preset.update(objective="reinforce", advantage="group_mean")
+    return preset
+
+
+def parse_grpo_config(text: str | None) -> dict:
+    """--grpo-config: a JSON object, or the path of a .json/.yaml/.yml file holding one -> checked overrides."""
+    if not text:
+        return {}
+    source = "--grpo-config"
+    if text.lower().endswith((".json", ".yaml", ".yml")):
+        _require(os.path.isfile(text), f"--grpo-config file not found: {text}")
+        source = f"--grpo-config file {text}"
+        with open(text, encoding="utf-8") as handle:
+            raw = handle.read()
+        if text.lower().endswith(".json"):
+            overrides = _load_json(raw, source)
+        else:
+            import yaml
+
+            try:
+                overrides = yaml.safe_load(raw)
+            except yaml.YAMLError as err:
+                raise ConfigError(f"{source} is not valid YAML ({str(err).splitlines()[0]})") from None
+            if isinstance(overrides, dict):  # YAML 1.1 reads 1e-3 as a string: take it as the number it is
+                overrides = {key: _yaml_number(value) if _KEY_TYPES.get(key) in (float, (float, None)) else value
+                             for key, value in overrides.items()}
+    else:
+        overrides = _load_json(text, source)
+    _require(isinstance(overrides, dict),
+             f"{source} must be a JSON object of key -> value, e.g. '{{\"clip_eps_high\": 0.28}}'")
+    for key, value in overrides.items():
+        _require(key in _KEY_TYPES, f"{source} has unknown key {key!r}; valid keys: {', '.join(GRPO_CONFIG_KEYS)}")
+        expected = _KEY_TYPES[key] if isinstance(_KEY_TYPES[key], tuple) else (_KEY_TYPES[key],)
+        ok = any(_is_type(value, kind) for kind in expected)
+        names = " or ".join("null" if kind is None else kind.__name__ for kind in expected)
+        _require(ok, f"{source} key {key!r} must be {names}, got {json.dumps(value)}")
+    return overrides
+
+
+def _yaml_number(value):
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _load_json(text: str, source: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{source} is not valid JSON ({err.msg}); pass e.g. '{{\"clip_eps_high\": 0.28}}' "
+                          "or the path of a .json/.yaml file") from None
+
+
+def _is_type(value, kind) -> bool:
+    if kind is None:
+        return value is None
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def build_algo_config(name: str, learning_rate: float, max_grad_norm: float, max_new_tokens: int,
+                      overrides: dict | None = None, kl_coeff: float | None = None, **flags) -> AlgoConfig:
+    """Preset of ``name`` <- --grpo-config ``overrides`` <- dedicated flags (``kl_coeff`` = -kl, and
+    ``ppo_epochs``, ``topk_samples``, ``learner_chunk_size``): later wins; a flag left at None does not override.
+    """
+    values = algo_preset(name, 0.0 if kl_coeff is None else kl_coeff, max_new_tokens)
+    values.update(overrides or {})
+    if kl_coeff is not None:
+        values["beta"] = kl_coeff
+    values.update({key: value for key, value in flags.items() if value is not None})
+    filter_range = values["filter_range"]
+    if filter_range is not None:
+        _require(len(filter_range) == 2 and all(_is_type(v, float) for v in filter_range),
+                 f"--grpo-config filter_range must be [low, high] (two numbers), got {json.dumps(filter_range)}")
+        filter_range = (float(filter_range[0]), float(filter_range[1]))
+    loss = PolicyLossConfig(**{field_name: values[key] for key, field_name in _LOSS_KEYS.items()})
+    groups = GroupConfig(**{key: values[key] for key in _GROUP_KEYS if key != "filter_range"}, filter_range=filter_range)
+    return AlgoConfig(name=name, learning_rate=learning_rate, max_grad_norm=max_grad_norm, loss=loss, groups=groups,
+                      ppo_epochs=values["ppo_epochs"], learner_chunk_size=values["learner_chunk_size"])
+
+
+def _validate_algo(config: RLConfig) -> None:
+    a, loss, g = config.algo, config.algo.loss, config.algo.groups
+    key = "--grpo-config"
+    _require(loss.kl_coeff >= 0, "-kl/--kl-coeff (--grpo-config beta) must be >= 0")
+    _require(loss.loss_variation in LOSS_VARIATIONS,
+             f"{key} loss_variation must be one of {', '.join(LOSS_VARIATIONS)}, got {loss.loss_variation!r}")
+    _require(loss.objective in OBJECTIVES, f"{key} objective must be one of {', '.join(OBJECTIVES)}, got {loss.objective!r}")
+    _require(g.advantage in ADVANTAGES, f"{key} advantage must be one of {', '.join(ADVANTAGES)}, got {g.advantage!r}")
+    for name, eps in (("clip_eps_low", loss.clip_eps_low), ("clip_eps_high", loss.clip_eps_high)):
+        _require(eps >= 0, f"{key} {name} must be >= 0, got {eps}")
+    _require(loss.clip_eps_low < 1, f"{key} clip_eps_low must be < 1 (the ratio is clipped at 1 - eps), "
+                                    f"got {loss.clip_eps_low}")
+    _require(loss.skip_threshold is None or loss.skip_threshold > 1,
+             f"{key} skip_threshold must be > 1 (or null to turn it off), got {loss.skip_threshold}")
+    if g.filter_range is not None:
+        low, high = g.filter_range
+        _require(0 <= low <= high <= 1,
+                 f"{key} filter_range must satisfy 0 <= low <= high <= 1, got [{low}, {high}]")
+    _require(g.max_draw_multiple >= 1, f"{key} max_draw_multiple must be at least 1, got {g.max_draw_multiple}")
+    if g.soft_over_length_punishment:
+        mnt = config.sampling.max_new_tokens
+        _require(1 <= g.cache_length <= mnt,
+                 f"{key} cache_length must lie in [1, -mnt={mnt}] with soft_over_length_punishment, got {g.cache_length}")
+    G = config.batch.num_generations
+    _require(g.topk_samples is None or 1 <= g.topk_samples <= G,
+             f"--topk-samples must lie in [1, -g={G}] (samples kept per group), got {g.topk_samples}")
+    _require(a.ppo_epochs >= 1, f"--ppo-epochs must be at least 1, got {a.ppo_epochs}")
+    _require(a.learner_chunk_size >= 0, f"--learner-chunk-size must be >= 0 (0: off), got {a.learner_chunk_size}")
 
 
 def validate(config: RLConfig) -> None:
@@ -167,28 +338,51 @@ def validate(config: RLConfig) -> None:
     _require(0 < s.top_p <= 1, f"-topp/--top-p must lie in (0, 1], got {s.top_p}")
     _require(s.top_k == -1 or s.top_k >= 1, f"-topk/--top-k must be -1 (off) or >= 1, got {s.top_k}")
     _require(config.algo.learning_rate > 0, "-lr/--learning-rate must be > 0")
-    _require(config.algo.loss.kl_coeff >= 0, "-kl/--kl-coeff must be >= 0")
-    _require(config.algo.loss.loss_variation in LOSS_VARIATIONS, f"loss variation must be one of {LOSS_VARIATIONS}")
+    _require(p.producer_tensor_parallel_size >= 1, f"-ptp must be at least 1, got {p.producer_tensor_parallel_size}")
+    _require(p.producer_tensor_parallel_size == 1 or p.backend == "vllm",
+             "-ptp > 1 (inference tensor parallelism) needs -b vllm")
+    _require(p.vllm_kv_cache_gb > 0, f"--vllm-kv-cache-gb must be > 0, got {p.vllm_kv_cache_gb}")
+    _require(0 < p.vllm_gpu_memory_utilization <= 1,
+             f"--vllm-gpu-memory-utilization must lie in (0, 1], got {p.vllm_gpu_memory_utilization}")
+    _validate_algo(config)
     _require(config.run.save_interval >= 0, "-si/--save-interval must be >= 0 (0 saves only at the end)")
     _not_yet(config)
+    if p.backend == "vllm":  # the environment, checked here so the error comes before any build or actor
+        _check_vllm(p.producer_tensor_parallel_size)
 
 
 def _not_yet(config: RLConfig) -> None:
     """Flags whose feature lands in a later issue accept only their default until then."""
     p, r = config.parallel, config.run
     pending = [
-        (p.backend != "transformers", "-b vllm"),
         (p.num_trainers > 1, "-t > 1 (multi-rank trainer groups)"),
         (p.tensor_parallel_size > 1, "-tp > 1"),
         (p.pipeline_parallel_size > 1, "-pp > 1"),
         (p.zero_stage > 0, "-zero > 0"),
-        (p.producer_tensor_parallel_size > 1, "-ptp > 1"),
-        (config.algo.name != "GRPO", f"-a {config.algo.name}"),
+        (config.algo.learner_chunk_size > 0, "--learner-chunk-size > 0 (learner-side generation)"),
+        # Filtering makes the number of steps data-dependent: ranks of one trainer group would have to agree on
+        # every skip and on the last step (an all-reduce per step) or their collectives would hang.
+        (p.dp_size > 1 and config.algo.groups.filter_range is not None,
+         "filter_range (-a DAPO) with more than one data-parallel trainer rank"),
         (r.eval_interval > 0, "-ei > 0 (evaluation during training; before/after always runs)"),
         (r.rollout_save_dir is not None, "-rsd/--rollout-save-dir"),
     ]
     for active, what in pending:
         _require(not active, f"{what} is not yet supported in this version; leave it at its default")
+
+
+def _check_vllm(tensor_parallel_size: int) -> None:
+    """-b vllm: the package is importable, and -ptp > 1 has that many CUDA GPUs (vLLM's CPU build runs one rank)."""
+    from coati.distributed.vllm_backend import INSTALL_HINT, vllm_available
+
+    _require(vllm_available(), INSTALL_HINT)
+    if tensor_parallel_size > 1:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        _require(gpus >= tensor_parallel_size,
+                 f"-ptp {tensor_parallel_size} needs {tensor_parallel_size} CUDA GPUs per inferencer (vLLM tensor "
+                 f"parallelism); this machine has {gpus}. On CPU, vLLM runs one rank: use -ptp 1")
 
 
 def check_inputs(config: RLConfig) -> None:

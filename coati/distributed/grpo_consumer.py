@@ -1,17 +1,46 @@
-"""GRPO: clipped importance-ratio loss on group-normalised advantages, optional k3 KL to a frozen reference."""
+"""GRPO, DAPO and PG: one consumer parameterised by ``config.algo`` (the -a preset plus --grpo-config).
+
+Per step, on the groups drawn from the buffer:
+1. ``select_groups``: with ``filter_range``, groups whose accuracy (mean of ``correct``) lies outside it are
+   dropped (DAPO's dynamic sampling; the base consumer keeps drawing when dynamic batching is on).
+2. ``build_batches``: rewards are shaped (soft overlong punishment added to the raw reward), advantages are
+   recomputed from them per group (``group_norm``: (r - mean) / (std + eps); ``group_mean``: r - mean), and a
+   per-sample loss mask drops truncated responses (filter_truncated_response) and keeps the top-k samples
+   per group (--topk-samples). The producer's advantages (plain GRPO on raw rewards) are not used: the
+   algorithm lives here, the producer only generates and scores. Raw rewards and accuracy stay in the
+   groups, so rollout metrics report them unshaped. The loss normaliser covers the whole step's batch;
+   reference logprobs (beta > 0) are computed here, once per rollout batch, and reused by every ppo epoch.
+3. ``loss_fn``: the policy loss of loss.py (clip-higher, token/sample-level, skip_threshold, k3 KL) and the
+   mean token entropy of the policy, taken from the logits the loss already has.
+"""
 
 from __future__ import annotations
 
 import torch
 
+from coati.distributed.advantage import (compute_advantages, group_accuracy_in_range, overlong_penalty,
+                                         sample_loss_mask)
 from coati.distributed.consumer import Consumer
-from coati.distributed.loss import batch_normaliser, policy_loss
-from coati.distributed.rollout import split_micro_batches, token_logprobs
+from coati.distributed.loss import aggregate, batch_normaliser, policy_loss, token_entropy
+from coati.distributed.rollout import RolloutGroup, collate, split_micro_batches, token_logprobs
+
+
+def shaped_group_tensors(groups: list[RolloutGroup], groups_config, max_new_tokens: int):
+    """(shaped rewards [n, G], advantages [n, G], sample loss mask [n, G]) for a list of groups (pure)."""
+    rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
+    if groups_config.soft_over_length_punishment:
+        lengths = torch.tensor([[len(r) for r in g.responses] for g in groups], dtype=torch.float32)
+        rewards = rewards + overlong_penalty(lengths, max_new_tokens, groups_config.cache_length)
+    advantages = compute_advantages(rewards, groups_config.advantage)
+    truncated = torch.tensor([[reason == "length" for reason in g.finish_reasons] for g in groups])
+    mask = sample_loss_mask(truncated, rewards, groups_config.filter_truncated_response, groups_config.topk_samples)
+    return rewards, advantages, mask
 
 
 class GRPOConsumer(Consumer):
     def setup_algorithm(self) -> None:
         self.loss_config = self.config.algo.loss
+        self.groups_config = self.config.algo.groups
         self.temperature = self.config.sampling.temperature
         self.reference = None
         if self.loss_config.kl_coeff > 0:
@@ -28,16 +57,55 @@ class GRPOConsumer(Consumer):
             chunks.append(token_logprobs(logits, micro["input_ids"], self.temperature))
         return torch.cat(chunks)
 
-    def prepare(self, batch, num_minibatches):
-        # The loss of a step is the mean over its minibatches, so each minibatch's normaliser is scaled.
-        normaliser = batch_normaliser(batch["action_mask"], self.loss_config.loss_variation) * num_minibatches
-        batch["normaliser"] = torch.full((batch["input_ids"].shape[0],), normaliser)
-        if self.reference is not None:
-            batch["ref_logprobs"] = self._reference_logprobs(batch)
-        return batch
+    def select_groups(self, groups):
+        filter_range = self.groups_config.filter_range
+        if filter_range is None:
+            return groups, {"groups_filtered": 0}
+        correct = torch.tensor([g.correct for g in groups], dtype=torch.float32)
+        keep = group_accuracy_in_range(correct, *filter_range).tolist()
+        kept = [g for g, k in zip(groups, keep) if k]
+        accuracy = correct.mean(dim=1)
+        return kept, {"groups_filtered": len(groups) - len(kept),
+                      "groups_filtered_high": int((accuracy > filter_range[1]).sum()),  # e.g. all correct
+                      "groups_filtered_low": int((accuracy < filter_range[0]).sum())}  # e.g. all wrong
+
+    def build_batches(self, groups):
+        size = self.config.batch.train_minibatch_size
+        rewards, advantages, sample_mask = shaped_group_tensors(groups, self.groups_config,
+                                                                self.config.sampling.max_new_tokens)
+        batches = []
+        for start in range(0, len(groups), size):
+            batch = collate(groups[start : start + size], self.pad_id)
+            batch["advantages"] = advantages[start : start + size].reshape(-1)
+            batch["sample_mask"] = sample_mask[start : start + size].reshape(-1)
+            batch["action_mask"] = batch["action_mask"] * batch["sample_mask"].unsqueeze(1)
+            batches.append(batch)
+        # One normaliser for the whole step: the loss is the mean over every valid token / sample of the batch.
+        normaliser = batch_normaliser([b["action_mask"] for b in batches], self.loss_config.loss_variation)
+        for batch in batches:
+            batch["normaliser"] = torch.full((batch["input_ids"].shape[0],), normaliser)
+            if self.reference is not None:
+                batch["ref_logprobs"] = self._reference_logprobs(batch)
+        self._step_stats = {
+            "shaped_reward": float(rewards.mean()),
+            "samples_masked": float((sample_mask == 0).sum()),
+            "samples_in_loss": float(sample_mask.sum()),
+        }
+        return batches
+
+    def step(self):
+        self._step_stats = {}
+        metrics = super().step()
+        if metrics is not None:
+            metrics.update(self._step_stats)
+        return metrics
 
     def loss_fn(self, logits, micro_batch):
         logprobs = token_logprobs(logits, micro_batch["input_ids"], self.temperature)
-        return policy_loss(logprobs, micro_batch["old_logprobs"], micro_batch["advantages"],
-                           micro_batch["action_mask"], self.loss_config, float(micro_batch["normaliser"][0]),
-                           micro_batch.get("ref_logprobs"))
+        normaliser = float(micro_batch["normaliser"][0])
+        loss, stats = policy_loss(logprobs, micro_batch["old_logprobs"], micro_batch["advantages"],
+                                  micro_batch["action_mask"], self.loss_config, normaliser,
+                                  micro_batch.get("ref_logprobs"))
+        entropy = token_entropy(logits, self.temperature)
+        stats["entropy"] = aggregate(entropy, micro_batch["action_mask"], self.loss_config.loss_variation, normaliser)
+        return loss, stats

@@ -82,22 +82,39 @@ def run(config: RLConfig, log=print) -> RunResult:
     rounds = min(info["rounds_per_episode"] for info in infos) * config.run.num_episodes
     if rounds == 0:
         raise RuntimeError("no full inference batch of prompts fits -mpt; raise -mpt/--max-prompt-tokens or lower -ibs")
-    total_steps = rounds * config.steps_per_sync
+    # Every trainer rank draws its share of all rounds; a step returns None once its share is used up.
+    # Without filtering that is exactly rounds * steps_per_sync steps; with it (DAPO), fewer.
+    max_steps = rounds * config.steps_per_sync
+    ray.get([consumer.set_total_groups.remote(rounds * config.groups_per_sync) for consumer in consumers])
     ray.get([consumer.__ray_ready__.remote() for consumer in consumers])
 
     logger = MetricsLogger(config.run.run_dir, config.run.project, _jsonable(config), log)
     eval_before = _eval_all(producers[0], config, logger, 0, log)
     generation = [producer.run.remote(rounds) for producer in producers]
-    bar = tqdm(range(1, total_steps + 1), desc="GRPO", unit="step", disable=not config.run.progress_bar)
-    for step in bar:
+    bar = tqdm(total=max_steps, desc=config.algo.name, unit="step", disable=not config.run.progress_bar)
+    step = skipped = 0
+    while True:
         metrics = ray.get([consumer.step.remote() for consumer in consumers])[0]
+        if metrics is None:
+            break
+        if "skipped" in metrics:
+            skipped += 1
+            logger.log(step, metrics, kind="skipped")
+            log(f"after step {step}: a step was skipped: {metrics['skipped']} "
+                f"(groups drawn {metrics['groups_drawn']}, weights v{metrics['weight_version']})")
+            continue
+        step += 1
         logger.log(step, metrics)
+        bar.update(1)
         bar.set_postfix(reward=f"{metrics['reward']:.3f}", acc=f"{metrics['accuracy']:.3f}",
                         loss=f"{metrics['loss']:.4f}", v=metrics["weight_version"])
-        if config.run.save_interval and step % config.run.save_interval == 0 and step != total_steps:
+        if config.run.save_interval and step % config.run.save_interval == 0:
             ray.get(consumers[0].save_pretrained.remote(os.path.join(config.run.run_dir, f"step_{step}")))
     bar.close()
     ray.get(generation)
+    total_steps = step
+    if skipped:
+        log(f"{skipped} steps were skipped because no group survived the filter")
     eval_after = _eval_all(producers[0], config, logger, total_steps, log)
     final_dir = ray.get(consumers[0].save_pretrained.remote(os.path.join(config.run.run_dir, f"step_{total_steps}")))
     logger.close()

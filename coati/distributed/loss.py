@@ -3,7 +3,17 @@
 Micro-batching is exact: each function takes the ``normaliser`` of the whole (mini)batch, so summing the
 losses of micro-batches gives the loss of the batch, and so do the gradients.
 - token_level: sum of token losses over the batch / number of valid tokens in the batch.
-- sample_level: per-sample mean over its tokens, then sum / number of samples in the batch.
+- sample_level: per-sample mean over its tokens, then sum / number of samples (with a valid token) in the batch.
+
+Objectives (``PolicyLossConfig.objective``):
+- ``ppo_clip`` (GRPO, DAPO): -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A) per token.
+- ``reinforce`` (PG): -A * logp per token: no importance ratio, no clipping.
+
+``skip_threshold``: the importance ratio of a *sample* is the mean of its per-token ratios
+exp(logp - old_logp) over its valid tokens; a sample whose ratio exceeds the threshold is dropped from the
+loss (its mask is zeroed) and counted. The normaliser is fixed before the forward pass (micro-batching
+stays exact), so a skipped sample still counts in the denominator: it contributes zero, it does not
+re-weight the others.
 """
 
 from __future__ import annotations
@@ -13,14 +23,17 @@ from dataclasses import dataclass
 import torch
 
 LOSS_VARIATIONS = ("token_level", "sample_level")
+OBJECTIVES = ("ppo_clip", "reinforce")
 
 
 @dataclass(frozen=True)
 class PolicyLossConfig:
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
-    kl_coeff: float = 0.0
+    kl_coeff: float = 0.0  # beta: weight of the k3 KL to the frozen reference model (0: no reference)
     loss_variation: str = "sample_level"
+    objective: str = "ppo_clip"
+    skip_threshold: float | None = None  # None: off; else > 1
 
 
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -43,6 +56,56 @@ def clipped_surrogate(logprobs, old_logprobs, advantages, eps_low: float, eps_hi
     return loss, (clipped < unclipped).float()
 
 
+def clip_indicators(ratio: torch.Tensor, advantages: torch.Tensor, eps_low: float, eps_high: float):
+    """Per-token 0/1 tensors (low, high): where the clip actually binds in ``clipped_surrogate``.
+
+    low: A < 0 and ratio < 1 - eps_low (the objective stops rewarding pushing a bad token down);
+    high: A > 0 and ratio > 1 + eps_high (it stops rewarding pushing a good token up). Their sum is the
+    'was clipped' indicator of ``clipped_surrogate``.
+    """
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)
+    low = (advantages < 0) & (ratio < 1.0 - eps_low)
+    high = (advantages > 0) & (ratio > 1.0 + eps_high)
+    return low.float(), high.float()
+
+
+def reinforce_surrogate(logprobs: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
+    """Vanilla policy gradient: per-token -A * logp (to minimise)."""
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)
+    return -advantages * logprobs
+
+
+def sample_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[batch] importance ratio per sample: mean of exp(logp - old_logp) over its valid tokens (1 if none)."""
+    mask = mask.to(logprobs.dtype)
+    ratio = torch.exp(logprobs - old_logprobs) * mask
+    count = mask.sum(dim=1)
+    return torch.where(count > 0, ratio.sum(dim=1) / count.clamp(min=1.0), torch.ones_like(count))
+
+
+def skip_mask(logprobs, old_logprobs, mask, threshold: float | None) -> torch.Tensor:
+    """[batch] bool: samples with at least one valid token whose ``sample_ratio`` exceeds ``threshold``."""
+    if threshold is None:
+        return torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
+    has_tokens = mask.sum(dim=1) > 0
+    return has_tokens & (sample_ratio(logprobs.detach(), old_logprobs, mask) > threshold)
+
+
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy of the next-token distribution at every position of ``logits[:, :-1]``: shape [B, L-1].
+
+    Aligned with ``token_logprobs`` (and so with ``action_mask``); computed in float32, no gradient.
+    """
+    with torch.no_grad():
+        logits = logits[:, :-1].float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        log_p = torch.log_softmax(logits, dim=-1)
+        return -(log_p.exp() * log_p).sum(dim=-1)
+
+
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, variation: str, normaliser: float) -> torch.Tensor:
     """Reduce per-token values to this micro-batch's share of the batch loss (see module docstring)."""
     mask = mask.to(per_token.dtype)
@@ -54,25 +117,52 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, variation: str, norma
     raise ValueError(f"unknown loss variation {variation!r}; choose one of {LOSS_VARIATIONS}")
 
 
-def batch_normaliser(mask: torch.Tensor, variation: str) -> float:
-    """The denominator ``aggregate`` needs for a whole batch whose valid-token mask is ``mask``."""
+def batch_normaliser(mask: torch.Tensor | list[torch.Tensor], variation: str) -> float:
+    """The denominator ``aggregate`` needs for a whole batch whose valid-token mask is ``mask``.
+
+    token_level: valid tokens; sample_level: samples with at least one valid token (a sample masked out
+    entirely, e.g. a truncated response under filter_truncated_response, does not count). At least 1.
+    ``mask`` may be a list of the masks of a batch's minibatches (their widths may differ).
+    """
+    masks = mask if isinstance(mask, (list, tuple)) else [mask]
     if variation == "token_level":
-        return max(float(mask.sum()), 1.0)
-    return float(max(mask.shape[0], 1))
+        return max(sum(float(m.sum()) for m in masks), 1.0)
+    if variation == "sample_level":
+        return max(sum(float((m.sum(dim=1) > 0).sum()) for m in masks), 1.0)
+    raise ValueError(f"unknown loss variation {variation!r}; choose one of {LOSS_VARIATIONS}")
 
 
 def policy_loss(logprobs, old_logprobs, advantages, mask, config: PolicyLossConfig, normaliser: float,
                 ref_logprobs: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """GRPO/DAPO loss of one micro-batch and detached per-batch statistics (summed, same normaliser)."""
-    per_token, was_clipped = clipped_surrogate(logprobs, old_logprobs, advantages, config.clip_eps_low,
-                                               config.clip_eps_high)
-    stats = {"clip_fraction": aggregate(was_clipped, mask, config.loss_variation, normaliser).detach()}
+    """GRPO/DAPO/PG loss of one micro-batch and detached per-batch statistics (summed, same normaliser).
+
+    Statistics: loss, clip_fraction (= clip_fraction_low + clip_fraction_high), kl_behaviour (k3 of the
+    current policy against the behaviour policy), kl (to the reference, only when kl_coeff > 0), and
+    skipped_samples (a count, not normalised).
+    """
+    skipped = skip_mask(logprobs, old_logprobs, mask, config.skip_threshold)
+    mask = mask * (~skipped).to(mask.dtype).unsqueeze(1)
+    variation = config.loss_variation
+    if config.objective == "ppo_clip":
+        per_token, _ = clipped_surrogate(logprobs, old_logprobs, advantages, config.clip_eps_low, config.clip_eps_high)
+        low, high = clip_indicators(torch.exp(logprobs.detach() - old_logprobs), advantages,
+                                    config.clip_eps_low, config.clip_eps_high)
+    elif config.objective == "reinforce":
+        per_token = reinforce_surrogate(logprobs, advantages)
+        low = high = torch.zeros_like(logprobs)
+    else:
+        raise ValueError(f"unknown objective {config.objective!r}; choose one of {OBJECTIVES}")
+    clip_low = aggregate(low, mask, variation, normaliser).detach()
+    clip_high = aggregate(high, mask, variation, normaliser).detach()
+    stats = {"clip_fraction": clip_low + clip_high, "clip_fraction_low": clip_low, "clip_fraction_high": clip_high,
+             "kl_behaviour": aggregate(kl_k3(logprobs.detach(), old_logprobs), mask, variation, normaliser),
+             "skipped_samples": skipped.sum().float()}
     if config.kl_coeff > 0:
         if ref_logprobs is None:
             raise ValueError("kl_coeff > 0 needs reference logprobs")
         kl = kl_k3(logprobs, ref_logprobs)
         per_token = per_token + config.kl_coeff * kl
-        stats["kl"] = aggregate(kl, mask, config.loss_variation, normaliser).detach()
-    loss = aggregate(per_token, mask, config.loss_variation, normaliser)
+        stats["kl"] = aggregate(kl, mask, variation, normaliser).detach()
+    loss = aggregate(per_token, mask, variation, normaliser)
     stats["loss"] = loss.detach()
     return loss, stats

@@ -1,0 +1,150 @@
+"""-a presets, --grpo-config overrides, dedicated flags, and one clear line for every bad value."""
+
+import json
+
+import pytest
+
+import rl_example
+from coati.distributed.cli import build_parser, config_from_args
+from coati.distributed.config import GRPO_CONFIG_KEYS, ConfigError, parse_grpo_config
+
+
+def config_for(*argv):
+    return config_from_args(build_parser().parse_args(list(argv)), rl_example._placeholder_demo())
+
+
+def test_grpo_preset():
+    algo = config_for("-a", "GRPO").algo
+    assert (algo.loss.clip_eps_low, algo.loss.clip_eps_high) == (0.2, 0.2)
+    assert algo.loss.loss_variation == "sample_level" and algo.loss.objective == "ppo_clip"
+    assert algo.loss.kl_coeff == 0.0 and algo.loss.skip_threshold is None
+    g = algo.groups
+    assert g.filter_range is None and not g.dynamic_batching and not g.soft_over_length_punishment
+    assert not g.filter_truncated_response and g.topk_samples is None and g.advantage == "group_norm"
+    assert algo.ppo_epochs == 1
+    assert config_for("-a", "GRPO", "-kl", "0.04").algo.loss.kl_coeff == 0.04  # beta = --kl-coeff
+
+
+def test_dapo_preset():
+    algo = config_for("-a", "DAPO").algo
+    assert algo.groups.filter_range == (0.01, 0.99) and algo.groups.dynamic_batching
+    assert (algo.loss.clip_eps_low, algo.loss.clip_eps_high) == (0.2, 0.28)
+    assert algo.loss.skip_threshold == 20.0 and algo.loss.kl_coeff == 0.0
+    assert algo.loss.loss_variation == "token_level"
+    assert algo.groups.soft_over_length_punishment and algo.groups.filter_truncated_response
+    assert algo.groups.cache_length == 2  # min(1024, 8 // 4) with the demo's -mnt 8
+    assert config_for("-a", "DAPO", "-mnt", "400").algo.groups.cache_length == 100
+    assert config_for("-a", "DAPO", "-mnt", "8192").algo.groups.cache_length == 1024
+
+
+def test_pg_preset():
+    algo = config_for("-a", "PG").algo
+    assert algo.loss.objective == "reinforce" and algo.groups.advantage == "group_mean"
+    assert algo.groups.filter_range is None and algo.loss.skip_threshold is None
+
+
+def test_grpo_config_json_overrides_the_preset():
+    algo = config_for("-a", "DAPO", "--grpo-config",
+                      '{"filter_range": [0.1, 0.9], "clip_eps_high": 0.3, "dynamic_batching": false, '
+                      '"skip_threshold": null, "max_draw_multiple": 2}').algo
+    assert algo.groups.filter_range == (0.1, 0.9) and algo.loss.clip_eps_high == 0.3
+    assert not algo.groups.dynamic_batching and algo.loss.skip_threshold is None
+    assert algo.groups.max_draw_multiple == 2
+    assert algo.loss.loss_variation == "token_level"  # untouched keys keep the preset
+    # every knob on its own: GRPO with DAPO's clip-higher only
+    algo = config_for("-a", "GRPO", "--grpo-config", '{"clip_eps_high": 0.28, "loss_variation": "token_level"}').algo
+    assert algo.loss.clip_eps_high == 0.28 and algo.loss.loss_variation == "token_level"
+    assert algo.groups.filter_range is None
+
+
+def test_grpo_config_from_json_and_yaml_files(tmp_path):
+    path = tmp_path / "algo.json"
+    path.write_text(json.dumps({"beta": 0.02, "topk_samples": 3}))
+    algo = config_for("-a", "PG", "--grpo-config", str(path)).algo
+    assert algo.loss.kl_coeff == 0.02 and algo.groups.topk_samples == 3
+    path = tmp_path / "algo.yaml"
+    path.write_text("filter_range: [0.2, 0.8]\nppo_epochs: 2\nsoft_over_length_punishment: true\ncache_length: 4\n"
+                    "beta: 1e-3\n")  # YAML 1.1 reads 1e-3 as a string; it is taken as the number
+    algo = config_for("-a", "GRPO", "--grpo-config", str(path)).algo
+    assert algo.groups.filter_range == (0.2, 0.8) and algo.ppo_epochs == 2 and algo.groups.cache_length == 4
+    assert algo.loss.kl_coeff == 0.001
+
+
+def test_dedicated_flags_win_over_grpo_config():
+    algo = config_for("-a", "DAPO", "--grpo-config", '{"ppo_epochs": 3, "topk_samples": 2, "beta": 0.5}',
+                      "--ppo-epochs", "2", "--topk-samples", "4", "-kl", "0.01").algo
+    assert algo.ppo_epochs == 2 and algo.groups.topk_samples == 4 and algo.loss.kl_coeff == 0.01
+    assert config_for("-a", "DAPO", "-kl", "0.1").algo.loss.kl_coeff == 0.1  # an explicit -kl beats DAPO's beta 0
+
+
+def test_every_key_is_documented_in_help():
+    text = build_parser().format_help().replace("\n", " ").replace("  ", " ")
+    for key in GRPO_CONFIG_KEYS:
+        assert key in text, key
+
+
+def run_cli(argv, capsys):
+    code = rl_example.main(argv)
+    return code, capsys.readouterr().err.strip()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--grpo-config", '{"filter_range": [0.9, 0.1]}'], "filter_range must satisfy 0 <= low <= high <= 1"),
+    (["--grpo-config", '{"filter_range": [-0.1, 0.5]}'], "filter_range must satisfy 0 <= low <= high <= 1"),
+    (["--grpo-config", '{"filter_range": [0.0, 1.5]}'], "filter_range must satisfy 0 <= low <= high <= 1"),
+    (["--grpo-config", '{"filter_range": [0.5]}'], "filter_range must be [low, high] (two numbers)"),
+    (["--grpo-config", '{"clip_eps_low": -0.1}'], "clip_eps_low must be >= 0"),
+    (["--grpo-config", '{"clip_eps_high": -0.2}'], "clip_eps_high must be >= 0"),
+    (["--grpo-config", '{"clip_eps_low": 1.0}'], "clip_eps_low must be < 1"),
+    (["-a", "DAPO", "--grpo-config", '{"skip_threshold": 1.0}'], "skip_threshold must be > 1 (or null to turn it off)"),
+    (["--grpo-config", '{"skip_threshold": 0.5}'], "skip_threshold must be > 1"),
+    (["--topk-samples", "0"], "--topk-samples must lie in [1, -g=8]"),
+    (["--topk-samples", "9"], "--topk-samples must lie in [1, -g=8]"),
+    (["-g", "4", "-tmbs", "128", "--grpo-config", '{"topk_samples": 5}'], "--topk-samples must lie in [1, -g=4]"),
+    (["--ppo-epochs", "0"], "--ppo-epochs must be at least 1"),
+    (["--grpo-config", '{"ppo_epochs": -1}'], "--ppo-epochs must be at least 1"),
+    (["--grpo-config", "{bad json"], "--grpo-config is not valid JSON"),
+    (["--grpo-config", "[0.1, 0.9]"], "--grpo-config must be a JSON object"),
+    (["--grpo-config", '{"clip_eps": 0.2}'], "--grpo-config has unknown key 'clip_eps'; valid keys:"),
+    (["--grpo-config", '{"dynamic_batching": "yes"}'], "key 'dynamic_batching' must be bool"),
+    (["--grpo-config", '{"clip_eps_high": "0.28"}'], "key 'clip_eps_high' must be float"),
+    (["--grpo-config", '{"topk_samples": 2.5}'], "key 'topk_samples' must be int or null"),
+    (["--grpo-config", '{"loss_variation": "batch_level"}'], "loss_variation must be one of token_level, sample_level"),
+    (["--grpo-config", '{"objective": "dpo"}'], "objective must be one of ppo_clip, reinforce"),
+    (["--grpo-config", '{"advantage": "rloo"}'], "advantage must be one of group_norm, group_mean"),
+    (["--grpo-config", '{"max_draw_multiple": 0}'], "max_draw_multiple must be at least 1"),
+    (["-a", "DAPO", "--grpo-config", '{"cache_length": 0}'], "cache_length must lie in [1, -mnt=8]"),
+    (["-a", "DAPO", "--grpo-config", '{"cache_length": 9}'], "cache_length must lie in [1, -mnt=8]"),
+    (["-kl", "-0.1"], "-kl/--kl-coeff (--grpo-config beta) must be >= 0"),
+    (["--grpo-config", '{"beta": -1}'], "-kl/--kl-coeff (--grpo-config beta) must be >= 0"),
+    (["--grpo-config", "missing.yaml"], "--grpo-config file not found: missing.yaml"),
+    (["--learner-chunk-size", "4"], "--learner-chunk-size > 0 (learner-side generation) is not yet supported"),
+    (["--learner-chunk-size", "-1"], "--learner-chunk-size must be >= 0"),
+])
+def test_bad_algorithm_settings_give_one_line(argv, message, capsys):
+    code, err = run_cli(argv, capsys)
+    assert code == 2
+    assert err.count("\n") == 0 and err.startswith("error: "), err
+    assert message in err, err
+
+
+def test_malformed_config_files(tmp_path, capsys):
+    bad_json = tmp_path / "a.json"
+    bad_json.write_text("{oops")
+    code, err = run_cli(["--grpo-config", str(bad_json)], capsys)
+    assert code == 2 and f"--grpo-config file {bad_json} is not valid JSON" in err and err.count("\n") == 0
+    bad_yaml = tmp_path / "a.yaml"
+    bad_yaml.write_text("filter_range: [0.1\n  beta: : :\n")
+    code, err = run_cli(["--grpo-config", str(bad_yaml)], capsys)
+    assert code == 2 and "is not valid YAML" in err and err.count("\n") == 0
+    unknown = tmp_path / "b.yaml"
+    unknown.write_text("clip_high: 0.3\n")
+    code, err = run_cli(["--grpo-config", str(unknown)], capsys)
+    assert code == 2 and "has unknown key 'clip_high'" in err
+
+
+def test_parse_grpo_config_empty_and_types():
+    assert parse_grpo_config(None) == {} and parse_grpo_config("") == {}
+    assert parse_grpo_config('{"beta": 0, "skip_threshold": 5}') == {"beta": 0, "skip_threshold": 5}
+    with pytest.raises(ConfigError, match="must be bool"):
+        parse_grpo_config('{"filter_truncated_response": 1}')  # 1 is not a bool

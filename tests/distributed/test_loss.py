@@ -1,0 +1,190 @@
+"""Policy losses against numbers worked out by hand (see the comments next to every expectation)."""
+
+import math
+
+import pytest
+import torch
+
+from coati.distributed.loss import (PolicyLossConfig, aggregate, batch_normaliser, clip_indicators,
+                                    clipped_surrogate, kl_k3, policy_loss, reinforce_surrogate, sample_ratio,
+                                    skip_mask, token_entropy)
+
+
+def approx(value, expected, tol=1e-5):
+    return float(torch.as_tensor(value).detach()) == pytest.approx(expected, abs=tol)
+
+
+# Two samples, three token slots. Old logprobs are 0, so ratio = exp(logp).
+# Sample 0: A = +1, ratios (1.5, 0.5, 1.0), all valid.  Sample 1: A = -1, ratios (1.5, 0.5, -), last slot padding.
+RATIOS = torch.tensor([[1.5, 0.5, 1.0], [1.5, 0.5, 1.0]])
+LOGP = torch.log(RATIOS)
+OLD = torch.zeros_like(LOGP)
+ADV = torch.tensor([1.0, -1.0])
+MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+DAPO_CLIP = PolicyLossConfig(clip_eps_low=0.2, clip_eps_high=0.28, loss_variation="token_level")
+
+
+def test_clipped_surrogate_per_token_by_hand():
+    loss, clipped = clipped_surrogate(LOGP, OLD, ADV, 0.2, 0.28)
+    # A=+1: -min(1.5, 1.28) = -1.28 (clipped high), -min(0.5, 0.8) = -0.5, -min(1, 1) = -1
+    # A=-1: -min(-1.5, -1.28) = 1.5 (not clipped), -min(-0.5, -0.8) = 0.8 (clipped low), -min(-1, -1) = 1
+    assert torch.allclose(loss, torch.tensor([[-1.28, -0.5, -1.0], [1.5, 0.8, 1.0]]), atol=1e-6)
+    assert clipped.tolist() == [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]
+
+
+def test_clip_indicators_split_low_and_high():
+    low, high = clip_indicators(RATIOS, ADV, 0.2, 0.28)
+    assert high.tolist() == [[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]  # A>0 and ratio > 1.28
+    assert low.tolist() == [[0.0, 0.0, 0.0], [0.0, 1.0, 0.0]]  # A<0 and ratio < 0.8
+    # Clip-higher is asymmetric: ratio 1.25 is clipped with eps_high 0.2 but not with 0.28.
+    _, high_sym = clip_indicators(torch.tensor([[1.25]]), torch.tensor([1.0]), 0.2, 0.2)
+    _, high_dapo = clip_indicators(torch.tensor([[1.25]]), torch.tensor([1.0]), 0.2, 0.28)
+    assert high_sym.item() == 1.0 and high_dapo.item() == 0.0
+    # Zero advantage: never clipped.
+    low, high = clip_indicators(torch.tensor([[3.0, 0.1]]), torch.tensor([0.0]), 0.2, 0.2)
+    assert low.sum() == 0 and high.sum() == 0
+
+
+def test_policy_loss_token_level_by_hand():
+    normaliser = batch_normaliser(MASK, "token_level")
+    assert normaliser == 5.0
+    loss, stats = policy_loss(LOGP, OLD, ADV, MASK, DAPO_CLIP, normaliser)
+    # (-1.28 - 0.5 - 1.0 + 1.5 + 0.8) / 5 valid tokens = -0.48 / 5
+    assert approx(loss, -0.096)
+    assert approx(stats["clip_fraction_high"], 1 / 5) and approx(stats["clip_fraction_low"], 1 / 5)
+    assert approx(stats["clip_fraction"], 2 / 5)
+    assert stats["skipped_samples"].item() == 0
+    assert "kl" not in stats
+
+
+def test_policy_loss_sample_level_by_hand():
+    config = PolicyLossConfig(clip_eps_low=0.2, clip_eps_high=0.28, loss_variation="sample_level")
+    normaliser = batch_normaliser(MASK, "sample_level")
+    assert normaliser == 2.0
+    loss, stats = policy_loss(LOGP, OLD, ADV, MASK, config, normaliser)
+    # sample 0: (-1.28 - 0.5 - 1) / 3 = -0.926667; sample 1: (1.5 + 0.8) / 2 = 1.15; mean = 0.111667
+    assert approx(loss, (-2.78 / 3 + 1.15) / 2)
+    assert approx(stats["clip_fraction_high"], (1 / 3) / 2)  # per-sample fractions 1/3 and 0
+    assert approx(stats["clip_fraction_low"], (1 / 2) / 2)  # 0 and 1/2
+
+
+def test_reinforce_is_minus_advantage_times_logprob():
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, -3.0]], requires_grad=True)
+    adv = torch.tensor([0.5, -1.0])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    per_token = reinforce_surrogate(logp, adv)
+    assert per_token.tolist() == [[0.5, 1.0], [-0.5, -3.0]]
+    config = PolicyLossConfig(objective="reinforce", loss_variation="token_level")
+    # token_level: (0.5 + 1.0 - 0.5) / 3 valid tokens; the ratio (old logprobs) plays no part
+    loss, stats = policy_loss(logp, torch.full_like(logp, -7.0), adv, mask, config, 3.0)
+    assert approx(loss, 1 / 3)
+    assert stats["clip_fraction"].item() == 0 and stats["clip_fraction_low"].item() == 0
+    loss.backward()
+    # d loss / d logp = -A * mask / normaliser
+    assert torch.allclose(logp.grad, torch.tensor([[-0.5 / 3, -0.5 / 3], [1 / 3, 0.0]]))
+    config = PolicyLossConfig(objective="reinforce", loss_variation="sample_level")
+    loss, _ = policy_loss(logp.detach(), logp.detach(), adv, mask, config, 2.0)
+    assert approx(loss, ((0.5 + 1.0) / 2 + (-0.5)) / 2)  # per-sample means 0.75 and -0.5
+
+
+def test_kl_k3_by_hand_and_in_the_loss():
+    logp = torch.tensor([[0.0, -1.0]])
+    ref = torch.tensor([[-1.0, 0.0]])
+    # log r = ref - logp = (-1, 1): exp(-1) + 1 - 1 = 0.367879; exp(1) - 1 - 1 = 0.718282
+    kl = kl_k3(logp, ref)
+    assert torch.allclose(kl, torch.tensor([[math.exp(-1), math.e - 2]]), atol=1e-6)
+    assert kl_k3(ref, ref).abs().max() == 0  # zero at the reference
+    config = PolicyLossConfig(kl_coeff=0.1, loss_variation="token_level")
+    mask = torch.ones(1, 2)
+    adv = torch.tensor([0.0])  # surrogate is zero: only the KL term remains
+    loss, stats = policy_loss(logp, logp, adv, mask, config, 2.0, ref_logprobs=ref)
+    assert approx(stats["kl"], (math.exp(-1) + math.e - 2) / 2)
+    assert approx(loss, 0.1 * (math.exp(-1) + math.e - 2) / 2)
+    with pytest.raises(ValueError, match="reference logprobs"):
+        policy_loss(logp, logp, adv, mask, config, 2.0)
+
+
+def test_sample_ratio_and_skip_threshold():
+    # sample 0: ratios 30, 20 -> mean 25 > 20: skipped
+    # sample 1: ratios 1, 1 -> 1
+    # sample 2: ratio 50 on a padding slot, 1 on its one valid token -> 1 (padding never counts)
+    # sample 3: no valid token at all -> ratio 1 by definition, never skipped
+    logp = torch.log(torch.tensor([[30.0, 20.0], [1.0, 1.0], [50.0, 1.0], [99.0, 99.0]]))
+    old = torch.zeros_like(logp)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 1.0], [0.0, 1.0], [0.0, 0.0]])
+    assert torch.allclose(sample_ratio(logp, old, mask), torch.tensor([25.0, 1.0, 1.0, 1.0]))
+    assert skip_mask(logp, old, mask, 20.0).tolist() == [True, False, False, False]
+    assert skip_mask(logp, old, mask, 30.0).tolist() == [False, False, False, False]
+    assert skip_mask(logp, old, mask, None).tolist() == [False] * 4
+
+    adv = torch.tensor([1.0, 1.0, 1.0, 1.0])
+    config = PolicyLossConfig(clip_eps_low=0.2, clip_eps_high=0.2, loss_variation="token_level", skip_threshold=20.0)
+    loss, stats = policy_loss(logp, old, adv, mask, config, 5.0)
+    assert stats["skipped_samples"].item() == 1
+    # the skipped sample contributes 0 but still counts in the fixed normaliser: (-1 - 1 - 1) / 5
+    assert approx(loss, -3 / 5)
+    off = PolicyLossConfig(clip_eps_low=0.2, clip_eps_high=0.2, loss_variation="token_level")
+    loss_off, stats_off = policy_loss(logp, old, adv, mask, off, 5.0)
+    assert stats_off["skipped_samples"].item() == 0
+    assert approx(loss_off, (-1.2 - 1.2 - 1 - 1 - 1) / 5)  # both ratios of sample 0 clipped at 1.2
+
+
+def test_token_entropy_by_hand():
+    # position 0: uniform over 4 tokens -> ln 4; position 1: p = (0.25, 0.75, 0, 0) -> 0.562335
+    logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0],
+                            [math.log(1.0), math.log(3.0), -1e9, -1e9],
+                            [5.0, 0.0, 0.0, 0.0]]])  # the last position predicts past the row: dropped
+    entropy = token_entropy(logits)
+    assert entropy.shape == (1, 2)
+    assert approx(entropy[0, 0], math.log(4))
+    assert approx(entropy[0, 1], -(0.25 * math.log(0.25) + 0.75 * math.log(0.75)))
+    # temperature 2 flattens [ln1, ln3] to p proportional to (1, sqrt 3)
+    p = torch.tensor([1.0, math.sqrt(3)]) / (1 + math.sqrt(3))
+    assert approx(token_entropy(logits, temperature=2.0)[0, 1], float(-(p * p.log()).sum()))
+
+
+def test_normalisers_count_only_samples_in_the_loss():
+    mask_a = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])  # second row masked out (e.g. truncated)
+    mask_b = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    assert batch_normaliser(mask_a, "token_level") == 2.0
+    assert batch_normaliser(mask_a, "sample_level") == 1.0
+    assert batch_normaliser([mask_a, mask_b], "token_level") == 5.0  # minibatches of different widths
+    assert batch_normaliser([mask_a, mask_b], "sample_level") == 3.0
+    empty = torch.zeros(2, 3)
+    assert batch_normaliser(empty, "token_level") == 1.0 and batch_normaliser(empty, "sample_level") == 1.0
+    with pytest.raises(ValueError, match="unknown loss variation"):
+        batch_normaliser(mask_a, "batch_level")
+
+
+def test_fully_masked_batch_gives_zero_loss_and_zero_gradient():
+    logp = torch.randn(2, 3, requires_grad=True)
+    mask = torch.zeros(2, 3)
+    for variation in ("token_level", "sample_level"):
+        config = PolicyLossConfig(loss_variation=variation)
+        loss, stats = policy_loss(logp, logp.detach(), torch.tensor([1.0, -1.0]), mask, config,
+                                  batch_normaliser(mask, variation))
+        assert loss.item() == 0 and stats["clip_fraction"].item() == 0
+        loss.backward()
+        assert logp.grad.abs().sum() == 0
+
+
+@pytest.mark.parametrize("variation", ["token_level", "sample_level"])
+def test_micro_batches_sum_to_the_batch_loss(variation):
+    torch.manual_seed(0)
+    logp, old = torch.randn(6, 5) * 0.3, torch.randn(6, 5) * 0.3
+    adv = torch.randn(6)
+    mask = (torch.rand(6, 5) > 0.3).float()
+    config = PolicyLossConfig(clip_eps_low=0.2, clip_eps_high=0.28, loss_variation=variation)
+    normaliser = batch_normaliser(mask, variation)
+    whole, _ = policy_loss(logp, old, adv, mask, config, normaliser)
+    parts = sum(policy_loss(logp[i : i + 2], old[i : i + 2], adv[i : i + 2], mask[i : i + 2], config, normaliser)[0]
+                for i in range(0, 6, 2))
+    assert torch.allclose(whole, parts, atol=1e-6)
+
+
+def test_aggregate_rejects_unknown_variation_and_objective():
+    with pytest.raises(ValueError):
+        aggregate(torch.ones(1, 1), torch.ones(1, 1), "nope", 1.0)
+    with pytest.raises(ValueError, match="unknown objective"):
+        policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1),
+                    PolicyLossConfig(objective="dpo"), 1.0)
