@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from coati.distributed.config import (ALGOS, BACKENDS, GRPO_CONFIG_KEYS, BatchConfig, ConfigError, DataConfig,
+from coati.distributed.config import (ALGOS, BACKENDS, GRPO_CONFIG_KEYS, BatchConfig, CodeRewardConfig, ConfigError, DataConfig,
                                       ModelConfig, ParallelConfig, RLConfig, RunConfig, build_algo_config,
                                       parse_eval_datasets, parse_grpo_config, validate)
 from coati.distributed.inference_backend import SamplingParams
@@ -90,6 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("-zero", "--zero-stage", type=int, default=0, help=f"ZeRO stage {NOT_YET}")
     a("-ptp", "--producer-tensor-parallel-size", type=int, default=1,
       help="vLLM tensor parallelism inside each inferencer (-b vllm on CUDA GPUs; 1 on CPU)")
+    a("--code-all-or-nothing", action="store_true",
+      help="-rt code: reward 1 only when every test case passes (default: grows with the fraction passed)")
+    a("--code-cpu-seconds", type=int, default=2, help="-rt code: CPU seconds per program run")
+    a("--code-wall-seconds", type=float, default=4.0, help="-rt code: wall-clock seconds per program run")
+    a("--code-memory-mb", type=int, default=1024, help="-rt code: address space per process (raise for numpy)")
+    a("--code-max-processes", type=int, default=16, help="-rt code: processes/threads a program may own")
+    a("--code-workers", type=int, default=None, help="-rt code: sandboxed runs in parallel (default: one per core)")
     a("--seed", type=int, default=42, help="seed for sampling, data order and initialisation")
     a("--max-grad-norm", type=float, default=1.0, help="gradient clipping (0: off)")
     a("--no-progress", action="store_true", help="no progress bar (metrics still go to stdout at the end)")
@@ -135,7 +142,10 @@ def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
         model=ModelConfig(path=demo.model_dir if embedded else args.model, is_embedded_demo=embedded),
         data=DataConfig(train_path=train_path, eval_paths=eval_paths, reward_type=args.reward_type,
                         system_prompt=system_prompt,
-                        max_prompt_tokens=_given(args.max_prompt_tokens, defaults["max_prompt_tokens"])),
+                        max_prompt_tokens=_given(args.max_prompt_tokens, defaults["max_prompt_tokens"]),
+                        code=CodeRewardConfig(all_or_nothing=args.code_all_or_nothing, cpu_seconds=args.code_cpu_seconds,
+                                              wall_seconds=args.code_wall_seconds, memory_mb=args.code_memory_mb,
+                                              max_processes=args.code_max_processes, workers=args.code_workers)),
         sampling=sampling,
         parallel=ParallelConfig(num_inferencers=args.num_inferencer, num_trainers=args.num_trainers,
                                 tensor_parallel_size=args.tensor_parallel_size,

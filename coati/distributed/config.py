@@ -31,12 +31,32 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class CodeRewardConfig:
+    """Sandbox limits and scoring of ``-rt code`` (see rewards/code); per program run on one test case."""
+
+    all_or_nothing: bool = False  # False: reward grows with the fraction of passed test cases
+    cpu_seconds: int = 2
+    wall_seconds: float = 4.0
+    memory_mb: int = 1024  # address-space cap per process; numpy-importing programs need more
+    max_processes: int = 16
+    workers: int | None = None  # parallel sandbox runs; None: one per core
+
+    def scorer_options(self) -> dict:
+        from rewards.code import SandboxLimits
+
+        limits = SandboxLimits(cpu_time_s=self.cpu_seconds, wall_time_s=self.wall_seconds,
+                               address_space_bytes=self.memory_mb << 20, max_processes=self.max_processes)
+        return {"limits": limits, "all_or_nothing": self.all_or_nothing, "max_workers": self.workers}
+
+
+@dataclass(frozen=True)
 class DataConfig:
     train_path: str
     eval_paths: dict[str, str]  # task name -> jsonl
     reward_type: str = "boxed"
     system_prompt: str = ""
     max_prompt_tokens: int = 512
+    code: CodeRewardConfig = CodeRewardConfig()
 
 
 @dataclass(frozen=True)
@@ -307,6 +327,13 @@ def validate(config: RLConfig) -> None:
     """Cheap checks of the settings themselves (no file is opened here)."""
     p, b, s, d = config.parallel, config.batch, config.sampling, config.data
     _require(d.reward_type in REWARD_TYPES, f"unknown reward type {d.reward_type!r}; choose one of {', '.join(REWARD_TYPES)}")
+    if d.reward_type == "code":
+        _require(d.code.workers is None or d.code.workers >= 1, "--code-workers must be at least 1")
+        try:
+            d.code.scorer_options()
+        except ValueError as err:
+            raise ConfigError(f"code sandbox limits: {err} (see --code-cpu-seconds, --code-wall-seconds, "
+                              "--code-memory-mb, --code-max-processes)") from None
     _require(config.algo.name in ALGOS, f"unknown algorithm {config.algo.name!r}; choose one of {', '.join(ALGOS)}")
     _require(p.backend in BACKENDS, f"unknown backend {p.backend!r}; choose one of {', '.join(BACKENDS)}")
     for flag, value in (("-i/--num-inferencer", p.num_inferencers), ("-t/--num-trainers", p.num_trainers),

@@ -35,13 +35,35 @@ def run_cli(argv, capsys):
     (["-ed", '{"../x": "a.jsonl"}'], "is not a valid file name"),
     (["-rt", "think_answer_tags"], "embedded demo model answers in \\boxed{}"),
     (["-tp", "2", "-t", "2", "-i", "2"], "-t > 1 (multi-rank trainer groups) is not yet supported"),
-    (["-b", "vllm"], "-b vllm is not yet supported"),
 ])
 def test_bad_flags_give_one_line(argv, message, capsys):
     code, err = run_cli(argv, capsys)
     assert code == 2
     assert err.count("\n") == 0 and err.startswith("error: "), err
     assert message in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-rt", "code", "--code-cpu-seconds", "0"], "cpu_time_s must be at least 1"),
+    (["-rt", "code", "--code-memory-mb", "0"], "address_space_bytes must be positive"),
+    (["-rt", "code", "--code-max-processes", "2"], "max_processes must be at least 4"),
+    (["-rt", "code", "--code-workers", "0"], "--code-workers must be at least 1"),
+])
+def test_bad_code_sandbox_flags(argv, message, capsys):
+    code, err = run_cli(argv, capsys)
+    assert code == 2 and err.startswith("error: ") and message in err, err
+
+
+def test_code_flags_reach_the_scorer_options():
+    from coati.distributed.cli import build_parser, config_from_args
+    from coati.models.demo import DemoAssets
+
+    demo = DemoAssets("m", "t", "e", {}, "ct", "ce")
+    args = build_parser().parse_args(["-rt", "code", "--code-all-or-nothing", "--code-memory-mb", "2048",
+                                      "--code-cpu-seconds", "3", "--code-workers", "2"])
+    options = config_from_args(args, demo).data.code.scorer_options()
+    assert options["all_or_nothing"] and options["max_workers"] == 2
+    assert options["limits"].address_space_bytes == 2048 << 20 and options["limits"].cpu_time_s == 3
 
 
 def test_unknown_reward_type_is_rejected_by_the_parser(capsys):
