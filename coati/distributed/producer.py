@@ -18,9 +18,18 @@ from coati.distributed.weight_sync import unpack_named_tensors
 from rewards.scorer import RewardScorer
 
 
-def make_backend(config: RLConfig):
+def make_backend(config: RLConfig, rank: int = 0):
     if config.parallel.backend == "transformers":
         return TransformersBackend.from_pretrained(config.model.path, config.batch.inference_microbatch_size)
+    if config.parallel.backend == "vllm":
+        from coati.distributed.vllm_backend import VLLMBackend, VLLMEngineOptions
+
+        p = config.parallel
+        longest = max([config.sampling.max_new_tokens, *(s.max_new_tokens for _, s in config.eval_sampling)])
+        return VLLMBackend(config.model.path, VLLMEngineOptions(
+            tensor_parallel_size=p.producer_tensor_parallel_size, kv_cache_gb=p.vllm_kv_cache_gb,
+            gpu_memory_utilization=p.vllm_gpu_memory_utilization, seed=config.run.seed + 1000 + rank,
+            max_model_len=config.data.max_prompt_tokens + longest))
     raise ValueError(f"backend {config.parallel.backend!r} is not available")
 
 
@@ -31,9 +40,10 @@ class Producer:
         self.config, self.rank, self.buffer, self.weight_store = config, rank, buffer, weight_store
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         torch.manual_seed(config.run.seed + 1000 + rank)
-        self.backend = make_backend(config)
+        self.backend = make_backend(config, rank)
         self.tokenizer = self.backend.tokenizer
-        self.scorer = RewardScorer(config.data.reward_type)
+        code_options = config.data.code.scorer_options() if config.data.reward_type == "code" else None
+        self.scorer = RewardScorer(config.data.reward_type, code_options)
         self.version = 0
         examples = load_jsonl(config.data.train_path, config.data.reward_type)
         shard = len(examples) // config.parallel.num_inferencers
