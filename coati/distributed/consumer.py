@@ -1,22 +1,30 @@
 """The trainer actor base: pulls groups from the buffer, runs optimizer steps through a plugin, syncs weights.
 
-One ``step()`` trains on one batch of up to ``tbs`` groups (split into minibatches of ``tMbs`` groups, each
-into micro-batches of ``tmbs`` samples for forward/backward): ``ppo_epochs`` optimizer steps over the same
-batch, gradients accumulating over all its minibatches.
+A *trainer group* is ``-t`` of these actors forming one ``torch.distributed`` group (gloo on CPU, nccl on
+GPU) laid out by the plugin as ``dp x pp x tp``. Every rank of the group reads the *same* groups from the
+buffer (one shared request per draw), so every decision that depends on the data (what DAPO's filter keeps,
+when to publish weights, whether to skip a step, when the data is exhausted) is taken identically on every
+rank without extra communication; each data-parallel rank then trains on its own contiguous share of the
+kept groups. Shares are padded with loss-masked copies to equal size so that every rank makes the same
+sequence of collective calls (FSDP2 / ZeRO gather and reduce per micro-batch).
+
+One ``step()`` trains on one batch of up to ``dp * tbs`` groups (each dp rank's share split into minibatches
+of ``tMbs`` groups, each into micro-batches of ``tmbs`` samples; ``tmbs // pp`` under pipeline parallelism):
+``ppo_epochs`` optimizer steps over the same batch, gradients accumulating over all its minibatches.
 
 Drawing a batch (``_pull``): groups come from the buffer and pass the algorithm's ``select_groups`` (e.g.
-DAPO's accuracy filter). Without dynamic batching one draw of ``tbs`` groups is the batch, whatever survives.
-With dynamic batching the consumer keeps drawing (exactly the deficit each time) until ``tbs`` groups
-survive, at most ``max_draw_multiple * tbs`` groups per step; at that bound, or when the producers' data is
-exhausted, it trains on what survived, or skips the step (with a reason) when nothing did.
+DAPO's accuracy filter). Without dynamic batching one draw of ``dp * tbs`` groups is the batch, whatever
+survives. With dynamic batching the group keeps drawing (exactly the deficit each time) until ``dp * tbs``
+groups survive, at most ``max_draw_multiple`` times that per step; at that bound, or when the producers' data
+is exhausted, it trains on what survived, or skips the step (with a reason) when nothing did.
 
-Weight sync (sync mode): producers generate one round (``groups_per_sync`` groups per trainer rank) per
-weight version and wait for the next version before the next round. The consumer therefore publishes
-whenever it has *drawn* a full round, not every fixed number of steps: after a step that completed a
-round, and also in the middle of a step that needs more groups than the current round holds (the weights
-published then are the trainer's current ones, so the groups that follow are still on-policy). A step can
-never wait for groups whose version it has not published, so filtering cannot deadlock the two sides.
-Without filtering this is exactly "every steps_per_sync steps".
+Weight sync (sync mode): producers generate one round (``groups_per_sync`` groups in all) per weight version
+and wait for the next version before the next round. The group therefore publishes whenever it has *drawn*
+a full round, not every fixed number of steps: after a step that completed a round, and also in the middle
+of a step that needs more groups than the current round holds (the weights published then are the current
+ones, so the groups that follow are still on-policy). A step can never wait for groups whose version it has
+not published, so filtering cannot deadlock the two sides. Without filtering this is exactly "every
+steps_per_sync steps". Publishing is collective (sharded weights are gathered); only the sender ``ray.put``s.
 
 ``set_total_groups`` tells the consumer how many groups the producers will make in all; ``step()`` returns
 None once they are all drawn and trained on. Algorithm specifics (selection, the loss, extra tensors) live
@@ -25,7 +33,9 @@ in subclasses.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import socket
 import time
 
 import ray
@@ -37,26 +47,59 @@ from coati.distributed.weight_sync import pack_named_tensors
 from coati.plugins import make_plugin
 
 
-class Consumer:
-    def __init__(self, config: RLConfig, rank: int, buffer, weight_store, num_threads: int | None = None):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+def share_bounds(count: int, parts: int, index: int) -> tuple[int, int]:
+    """[start, end) of part ``index`` when ``count`` items are split into ``parts`` contiguous, balanced parts."""
+    base, extra = divmod(count, parts)
+    start = index * base + min(index, extra)
+    return start, start + base + (index < extra)
 
+
+class Consumer:
+    # Statistics that are counts (summed over data-parallel ranks); the others are normalised (averaged).
+    summed_stats: tuple[str, ...] = ()
+
+    def __init__(self, config: RLConfig, rank: int, buffer, weight_store, num_threads: int | None = None):
         self.config, self.rank, self.buffer, self.weight_store = config, rank, buffer, weight_store
-        torch.set_num_threads(num_threads or os.cpu_count() or 1)
-        torch.manual_seed(config.run.seed + rank)
-        self.tokenizer = AutoTokenizer.from_pretrained(config.model.path)
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        self.plugin = make_plugin(config.parallel.plugin)
-        model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=torch.float32)
-        self.plugin.setup(model, config.algo.learning_rate)
+        self.num_threads = num_threads or os.cpu_count() or 1
+        torch.set_num_threads(self.num_threads)
+        self.plugin = None
         self.step_count = 0
         self.version = 0
         self.total_groups: int | None = None
-        self.drawn_total = 0  # groups drawn from the buffer so far
+        self.drawn_total = 0  # groups drawn from the buffer so far (the whole group's, equal on every rank)
         self.drawn_since_sync = 0  # groups drawn since the last published weights
         self._draws = 0  # draws in the current step
         self._draw_serial = 0  # draws since the start
         self._published = None  # keeps the newest weights alive in the object store
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """(address, port) for the trainer group's rendezvous, hosted by this actor (rank 0)."""
+        run = self.config.run
+        address = run.master_address or ray.util.get_node_ip_address()
+        if run.master_port:
+            return address, run.master_port
+        with socket.socket() as sock:  # a free port; released now, bound again at once by rank 0's store
+            sock.bind(("", 0))
+            return address, sock.getsockname()[1]
+
+    def setup(self, master_address: str | None = None, master_port: int | None = None) -> None:
+        """Join the trainer group (every rank at once), build the plugin and the policy, then the algorithm."""
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        config, p = self.config, self.config.parallel
+        torch.manual_seed(config.run.seed)  # the same on every rank: any fresh parameter starts identical
+        self.tokenizer = AutoTokenizer.from_pretrained(config.model.path)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        model_config = AutoConfig.from_pretrained(config.model.path)
+        if p.plugin_name != "single":
+            from coati.plugins.dist import init_trainer_group
+
+            init_trainer_group(self.rank, p.num_trainers, master_address or "127.0.0.1", master_port or 29506)
+        self.plugin = make_plugin(p.plugin_name, p.tensor_parallel_size, p.pipeline_parallel_size, p.zero_stage,
+                                  p.precision, world_size=p.num_trainers, model_config=model_config)
+        model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=torch.float32)
+        self.plugin.setup(model, config.algo.learning_rate)
+        torch.manual_seed(config.run.seed + self.rank)
         self.setup_algorithm()
 
     def setup_algorithm(self) -> None:
@@ -66,35 +109,46 @@ class Consumer:
         raise NotImplementedError
 
     def select_groups(self, groups: list[RolloutGroup]) -> tuple[list[RolloutGroup], dict]:
-        """Hook: the groups worth training on (e.g. an accuracy filter) and counters to add up per step."""
+        """Hook: the groups worth training on (e.g. an accuracy filter) and counters to add up per step.
+
+        Must be deterministic: every rank of the group runs it on the same groups and must agree.
+        """
         return groups, {}
 
-    def build_batches(self, groups: list[RolloutGroup]) -> list[dict[str, torch.Tensor]]:
-        """Hook: collated minibatches of ``tMbs`` groups with what the loss needs (normalisers, masks...).
+    def build_batches(self, share: list[RolloutGroup], kept: list[RolloutGroup],
+                      padding: int) -> list[dict[str, torch.Tensor]]:
+        """Hook: collated minibatches of ``tMbs`` groups of this rank's ``share`` with what the loss needs.
 
+        ``kept``: every group the whole trainer group trains on this step (for normalisers that cover the
+        step's batch); the last ``padding`` groups of ``share`` are placeholders that must not reach the loss.
         Called once per step: everything computed here (e.g. reference logprobs) serves every ppo epoch.
         """
         size = self.config.batch.train_minibatch_size
-        return [collate(groups[i : i + size], self.pad_id) for i in range(0, len(groups), size)]
+        return [collate(share[i : i + size], self.pad_id) for i in range(0, len(share), size)]
 
     def set_total_groups(self, total: int | None) -> None:
-        """Groups this rank will draw in all (None: unbounded); ``step()`` returns None after the last."""
+        """Groups the trainer group will draw in all (None: unbounded); ``step()`` returns None after the last."""
         self.total_groups = total
 
+    @property
+    def _dp_size(self) -> int:
+        return self.plugin.dp_size if self.plugin is not None else 1
+
     def _draw(self, count: int) -> list[RolloutGroup]:
-        # Unique per draw (skipped steps do not reuse ids); peers of one data-parallel replica draw in the
-        # same order, so they name the same request.
-        request = f"draw{self._draw_serial}-dp{self.plugin.dp_rank}"
+        # One request per draw, read by every rank of the group (the first caller pops, the rest get a copy);
+        # ids are unique per draw, so skipped steps do not reuse them.
+        request = f"draw{self._draw_serial}"
         self._draw_serial += 1
         self._draws += 1
-        groups = ray.get(self.buffer.get.remote(count, request))
+        world = self.plugin.world_size if self.plugin is not None else 1
+        groups = ray.get(self.buffer.get.remote(count, request, world))
         self.drawn_total += len(groups)
         self.drawn_since_sync += len(groups)
         return groups
 
     def _pull(self) -> tuple[list[RolloutGroup] | None, list[RolloutGroup], dict]:
         """(groups to train on, all groups drawn, draw statistics) for one step; (None, [], {}) when data is exhausted."""
-        target = self.config.batch.train_batch_size
+        target = self.config.batch.train_batch_size * self._dp_size
         groups_config = self.config.algo.groups
         dynamic = groups_config.dynamic_batching
         max_draw = target * groups_config.max_draw_multiple if dynamic else target
@@ -123,10 +177,25 @@ class Consumer:
                                       and self.drawn_total >= self.total_groups)}
         return kept, drawn, info
 
+    def _share(self, kept: list[RolloutGroup]) -> tuple[list[RolloutGroup], int]:
+        """This data-parallel rank's contiguous share of ``kept``, padded with copies of a kept group to the
+        largest share's size (every rank must make the same collective calls); (share, padding)."""
+        dp = self._dp_size
+        size = -(-len(kept) // dp)
+        start, end = share_bounds(len(kept), dp, self.plugin.dp_rank if self.plugin is not None else 0)
+        share = kept[start:end]
+        padding = size - len(share)
+        return share + [dataclasses.replace(kept[0]) for _ in range(padding)], padding
+
+    def _micro_batch_samples(self) -> int:
+        pp = self.config.parallel.pipeline_parallel_size
+        return max(1, self.config.batch.train_microbatch_size // pp)  # ColossalChat's microbatch_size = tmbs // pp
+
     def step(self) -> dict | None:
         """One training step (``ppo_epochs`` optimizer steps on one batch); None when the data is exhausted.
 
         A step whose batch is empty after selection changes no weight and returns ``{"skipped": reason}``.
+        Collective: every rank of the trainer group calls it the same number of times.
         """
         start = time.perf_counter()
         groups, drawn, info = self._pull()
@@ -140,18 +209,20 @@ class Consumer:
                       + (" (no data left)" if info["data_exhausted"] else ""))
             metrics.update(skipped=reason)
         else:
-            batches = self.build_batches(groups)
+            share, padding = self._share(groups)
+            batches = self.build_batches(share, groups, padding)
             epochs = self.config.algo.ppo_epochs
             totals: dict[str, float] = {}
             grad_norms = []
             for _ in range(epochs):
                 stats: list[dict] = []
                 for batch in batches:
-                    stats += self.plugin.forward_backward(split_micro_batches(batch, self.config.batch.train_microbatch_size),
+                    stats += self.plugin.forward_backward(split_micro_batches(batch, self._micro_batch_samples()),
                                                           self.loss_fn)
                 grad_norms.append(self.plugin.optimizer_step(self.config.algo.max_grad_norm))
                 for name in stats[0]:
                     totals[name] = totals.get(name, 0.0) + sum(float(s[name]) for s in stats)
+            totals = self._reduce_stats(totals)
             # Per-epoch means; grad_norm is the first epoch's (later epochs see the same data again).
             metrics.update({name: value / epochs for name, value in totals.items()})
             metrics.update(grad_norm=grad_norms[0], optimizer_steps=epochs)
@@ -164,24 +235,55 @@ class Consumer:
         metrics["weight_version"] = self.version
         return metrics
 
+    def _reduce_stats(self, totals: dict[str, float]) -> dict[str, float]:
+        """Statistics of the whole step: each rank's normalised statistics are its share of the global value
+        times dp (normalisers are global / dp), so the global value is their mean; counts are summed."""
+        if self.plugin.world_size == 1 or not totals:
+            return totals
+        import torch.distributed as dist
+
+        from coati.plugins.dist import device_type
+
+        names = sorted(totals)
+        values = torch.tensor([totals[name] for name in names], dtype=torch.float64, device=device_type())
+        dist.all_reduce(values)  # model-parallel peers hold equal values: divide them out
+        values = values.cpu() / self.plugin.model_parallel_size
+        dp = self.plugin.dp_size
+        return {name: float(value) if name in self.summed_stats else float(value) / dp
+                for name, value in zip(names, values)}
+
     def publish_weights(self) -> None:
+        """Collective: every rank takes part in gathering the full weights; the sender puts them in the store."""
         self.version += 1
         self.drawn_since_sync = 0
+        tensors = self.plugin.named_full_tensors()
         if not self.plugin.is_weight_sender:
+            for _ in tensors:  # non-senders yield nothing but must run the gathers
+                pass
             return
-        ref = ray.put(pack_named_tensors(self.plugin.named_full_tensors()))
+        ref = ray.put(pack_named_tensors(tensors))
         ray.get(self.weight_store.publish.remote(self.version, [ref]))
         self._published = ref
 
     def save_pretrained(self, path: str) -> str:
+        """Collective: the policy as an HF directory (the sender writes it, with the tokenizer)."""
+        self.plugin.save_pretrained(path)
         if self.plugin.is_weight_sender:
-            self.plugin.save_pretrained(path)
             self.tokenizer.save_pretrained(path)
         return path
 
     def full_state(self) -> dict[str, torch.Tensor]:
-        """Full weights as a plain dict (tests compare them across runs and layouts)."""
+        """Full weights as a plain dict on the sender (tests compare them across runs and layouts); collective."""
         return {name: tensor.clone() for name, tensor in self.plugin.named_full_tensors()}
+
+    def shutdown(self) -> None:
+        """Leave the trainer group: release the plugin, then the default process group."""
+        if self.plugin is not None:
+            self.plugin.close()
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def rollout_metrics(groups: list[RolloutGroup], current_version: int) -> dict:

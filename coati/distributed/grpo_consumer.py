@@ -21,7 +21,7 @@ import torch
 from coati.distributed.advantage import (compute_advantages, group_accuracy_in_range, overlong_penalty,
                                          sample_loss_mask)
 from coati.distributed.consumer import Consumer
-from coati.distributed.loss import aggregate, batch_normaliser, policy_loss, token_entropy
+from coati.distributed.loss import aggregate, normaliser_from_counts, policy_loss, token_entropy
 from coati.distributed.rollout import RolloutGroup, collate, split_micro_batches, token_logprobs
 
 
@@ -38,6 +38,8 @@ def shaped_group_tensors(groups: list[RolloutGroup], groups_config, max_new_toke
 
 
 class GRPOConsumer(Consumer):
+    summed_stats = ("skipped_samples",)
+
     def setup_algorithm(self) -> None:
         self.loss_config = self.config.algo.loss
         self.groups_config = self.config.algo.groups
@@ -69,27 +71,33 @@ class GRPOConsumer(Consumer):
                       "groups_filtered_high": int((accuracy > filter_range[1]).sum()),  # e.g. all correct
                       "groups_filtered_low": int((accuracy < filter_range[0]).sum())}  # e.g. all wrong
 
-    def build_batches(self, groups):
+    def build_batches(self, share, kept, padding):
         size = self.config.batch.train_minibatch_size
-        rewards, advantages, sample_mask = shaped_group_tensors(groups, self.groups_config,
-                                                                self.config.sampling.max_new_tokens)
+        mnt = self.config.sampling.max_new_tokens
+        rewards, advantages, sample_mask = shaped_group_tensors(share, self.groups_config, mnt)
+        if padding:  # placeholders that only keep the ranks' collective calls in step
+            sample_mask[len(share) - padding :] = 0
+        # One normaliser for the whole step, over every data-parallel rank's groups: the loss is the mean over
+        # every valid token / sample of the step. Each rank divides by it / dp, since gradients are averaged.
+        all_rewards, _, all_mask = (rewards, advantages, sample_mask) if self.plugin.dp_size == 1 else \
+            shaped_group_tensors(kept, self.groups_config, mnt)
+        lengths = torch.tensor([[len(r) for r in g.responses] for g in kept], dtype=torch.float32)
+        normaliser = normaliser_from_counts((lengths * all_mask).reshape(-1), self.loss_config.loss_variation)
+        normaliser /= self.plugin.dp_size
         batches = []
-        for start in range(0, len(groups), size):
-            batch = collate(groups[start : start + size], self.pad_id)
+        for start in range(0, len(share), size):
+            batch = collate(share[start : start + size], self.pad_id)
             batch["advantages"] = advantages[start : start + size].reshape(-1)
             batch["sample_mask"] = sample_mask[start : start + size].reshape(-1)
             batch["action_mask"] = batch["action_mask"] * batch["sample_mask"].unsqueeze(1)
-            batches.append(batch)
-        # One normaliser for the whole step: the loss is the mean over every valid token / sample of the batch.
-        normaliser = batch_normaliser([b["action_mask"] for b in batches], self.loss_config.loss_variation)
-        for batch in batches:
             batch["normaliser"] = torch.full((batch["input_ids"].shape[0],), normaliser)
             if self.reference is not None:
                 batch["ref_logprobs"] = self._reference_logprobs(batch)
+            batches.append(batch)
         self._step_stats = {
-            "shaped_reward": float(rewards.mean()),
-            "samples_masked": float((sample_mask == 0).sum()),
-            "samples_in_loss": float(sample_mask.sum()),
+            "shaped_reward": float(all_rewards.mean()),
+            "samples_masked": float((all_mask == 0).sum()),
+            "samples_in_loss": float(all_mask.sum()),
         }
         return batches
 

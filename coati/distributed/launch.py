@@ -68,13 +68,17 @@ def run(config: RLConfig, log=print) -> RunResult:
     start = time.time()
     init_ray(config)
     p = config.parallel
-    threads = max(1, (os.cpu_count() or 1))  # sync mode: producers and trainers take turns on the cores
+    # Sync mode: producers and trainers take turns on the cores; the trainer ranks share them.
+    cores = max(1, os.cpu_count() or 1)
     store = ray.remote(WeightStore).options(num_cpus=0).remote()
     buffer = ray.remote(RolloutBuffer).options(num_cpus=0).remote(2 * p.num_inferencers * config.batch.inference_batch_size)
-    producers = [ray.remote(Producer).options(num_cpus=1).remote(config, rank, buffer, store, threads)
+    producers = [ray.remote(Producer).options(num_cpus=1).remote(config, rank, buffer, store, cores)
                  for rank in range(p.num_inferencers)]
-    consumers = [ray.remote(GRPOConsumer).options(num_cpus=1).remote(config, rank, buffer, store, threads)
+    consumers = [ray.remote(GRPOConsumer).options(num_cpus=1).remote(config, rank, buffer, store,
+                                                                      max(1, cores // p.num_trainers))
                  for rank in range(p.num_trainers)]
+    address, port = ray.get(consumers[0].rendezvous_address.remote())
+    ray.get([consumer.setup.remote(address, port) for consumer in consumers])  # joins the group together
     infos = ray.get([producer.info.remote() for producer in producers])
     for rank, info in enumerate(infos):
         if info["skipped_too_long"]:
@@ -109,16 +113,22 @@ def run(config: RLConfig, log=print) -> RunResult:
         bar.set_postfix(reward=f"{metrics['reward']:.3f}", acc=f"{metrics['accuracy']:.3f}",
                         loss=f"{metrics['loss']:.4f}", v=metrics["weight_version"])
         if config.run.save_interval and step % config.run.save_interval == 0:
-            ray.get(consumers[0].save_pretrained.remote(os.path.join(config.run.run_dir, f"step_{step}")))
+            save_all(consumers, os.path.join(config.run.run_dir, f"step_{step}"))
     bar.close()
     ray.get(generation)
     total_steps = step
     if skipped:
         log(f"{skipped} steps were skipped because no group survived the filter")
     eval_after = _eval_all(producers[0], config, logger, total_steps, log)
-    final_dir = ray.get(consumers[0].save_pretrained.remote(os.path.join(config.run.run_dir, f"step_{total_steps}")))
+    final_dir = save_all(consumers, os.path.join(config.run.run_dir, f"step_{total_steps}"))
+    ray.get([consumer.shutdown.remote() for consumer in consumers])
     logger.close()
     return RunResult(total_steps, eval_before, eval_after, final_dir, logger.path, time.time() - start)
+
+
+def save_all(consumers, path: str) -> str:
+    """Every trainer rank takes part (sharded weights are gathered); the sender writes."""
+    return ray.get([consumer.save_pretrained.remote(path) for consumer in consumers])[0]
 
 
 def _jsonable(config: RLConfig) -> dict:

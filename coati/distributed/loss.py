@@ -125,10 +125,15 @@ def batch_normaliser(mask: torch.Tensor | list[torch.Tensor], variation: str) ->
     ``mask`` may be a list of the masks of a batch's minibatches (their widths may differ).
     """
     masks = mask if isinstance(mask, (list, tuple)) else [mask]
+    return normaliser_from_counts(torch.cat([m.sum(dim=1).reshape(-1) for m in masks]), variation)
+
+
+def normaliser_from_counts(valid_tokens: torch.Tensor, variation: str) -> float:
+    """``batch_normaliser`` from the number of valid tokens of every sample of the batch."""
     if variation == "token_level":
-        return max(sum(float(m.sum()) for m in masks), 1.0)
+        return max(float(valid_tokens.sum()), 1.0)
     if variation == "sample_level":
-        return max(sum(float((m.sum(dim=1) > 0).sum()) for m in masks), 1.0)
+        return max(float((valid_tokens > 0).sum()), 1.0)
     raise ValueError(f"unknown loss variation {variation!r}; choose one of {LOSS_VARIATIONS}")
 
 

@@ -12,6 +12,7 @@
 | colossalai-hybrid | ColossalAI HybridParallelPlugin (tp / pp / zero) | colossal |
 
 Multi-rank plugins need ``torch.distributed`` initialised first (``coati.plugins.dist.init_trainer_group``).
+Trainer-state checkpoints (``save_state`` / ``load_state``, resumable in other layouts): ``coati.plugins.state``.
 """
 
 from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin

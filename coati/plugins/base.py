@@ -10,10 +10,10 @@ joined one ``torch.distributed`` default process group (gloo on CPU, nccl on GPU
 *model-parallel* ranks) must be given the same micro-batches, different data-parallel ranks different ones.
 
 Collective calls: ``setup``, ``forward_backward``, ``optimizer_step``, ``named_full_tensors`` (iterated to
-the end) and ``save_pretrained`` must be called by every rank of the group, in the same order, or the group
-deadlocks. Every rank passes the same number of ``forward_backward`` calls per optimizer step, each with at
-least one micro-batch and (under pipeline parallelism) the same number of micro-batches on the ranks of one
-data-parallel rank.
+the end), ``save_pretrained``, ``save_state`` and ``load_state`` must be called by every rank of the group,
+in the same order, or the group deadlocks. Every rank passes the same number of ``forward_backward`` calls
+per optimizer step, each with at least one micro-batch and (under pipeline parallelism) the same number of
+micro-batches on the ranks of one data-parallel rank.
 
 Gradients are *averaged* over data-parallel ranks (DDP semantics): a loss normalised by a rank's own batch
 gives the mean of the ranks' losses; normalise by ``global normaliser / dp_size`` to get exactly the loss of
@@ -97,6 +97,25 @@ class TrainerPlugin(ABC):
         """Write the policy as an HF directory (``from_pretrained`` loads it); only the sender writes.
 
         Collective for sharded layouts (the weights are gathered first).
+        """
+
+    @abstractmethod
+    def save_state(self, path: str) -> None:
+        """Write the trainer state (parameters and optimizer state) into directory ``path`` (it may exist).
+
+        Every rank writes its own shards into the same directory (no gather onto one rank), with a manifest
+        ``trainer_state.json`` naming the plugin and layout (``coati.plugins.state``). Collective. RNG states,
+        the HF export and an atomic rename of ``path`` are the caller's.
+        """
+
+    @abstractmethod
+    def load_state(self, path: str) -> None:
+        """After ``setup``: restore parameters and optimizer state from ``save_state``'s ``path``, so that the
+        next step equals the one of an uninterrupted run. Collective.
+
+        Checkpoints of single and the torch-* plugins load into any of those layouts and colossalai-ddp (DCP
+        reshards); ColossalAI checkpoints into the ColossalAI layouts that read them. A layout that cannot
+        read a checkpoint raises ``ValueError`` naming both layouts.
         """
 
     def close(self) -> None:

@@ -19,6 +19,7 @@ Weights out: the sender is global rank 0. TP shards are gathered inside each TP 
 
 from __future__ import annotations
 
+import os
 from typing import Iterator
 
 import torch
@@ -253,8 +254,104 @@ class ColossalPlugin(TrainerPlugin):
         if self._world > 1:
             dist.barrier()
 
+    # --- trainer state (ColossalAI's sharded Booster checkpoint; colossalai-ddp also reads torch-dcp ones) ---
+    def _manifest(self) -> dict:
+        from coati.plugins.state import layout_manifest
+
+        return layout_manifest(f"colossalai-{self.kind}", self._world, tp_size=self.tp_size, pp_size=self.pp_size,
+                               zero_stage=self.layout.zero_stage, precision=self.layout.precision)
+
+    def save_state(self, path: str) -> None:
+        """Model and optimizer in ColossalAI's sharded format (``booster.save_model/save_optimizer(shard=True)``,
+        into ``path/model`` and ``path/optimizer``): full (TP-gathered, unpadded) tensors by HF name, optimizer
+        states by parameter index. Each pipeline stage writes its own files, from its first dp/tp rank; TP and
+        ZeRO shards are gathered there one tensor at a time."""
+        from coati.plugins.state import COLOSSAL_FORMAT, write_manifest
+
+        _fix_padded_vocab_checkpoints()
+        os.makedirs(path, exist_ok=True)
+        self.booster.save_model(self.model, os.path.join(path, "model"), shard=True)
+        self.booster.save_optimizer(self.optimizer, os.path.join(path, "optimizer"), shard=True)
+        if self._rank == 0:
+            write_manifest(path, {"format": COLOSSAL_FORMAT, **self._manifest()})
+        if self._world > 1:
+            dist.barrier()
+
+    def load_state(self, path: str) -> None:
+        from coati.plugins.state import DCP_FORMAT, incompatible, load_dcp, read_manifest
+
+        requested = self._manifest()
+        saved = read_manifest(path, requested)
+        if saved.get("format") == DCP_FORMAT and self.kind == "ddp" and self.layout.precision == "fp32":
+            # TorchDDPPlugin is torch DDP around the HF model: the torch layouts' checkpoints load as for torch-ddp
+            load_dcp(path, self.model.unwrap(), self.optimizer.optim, requested)
+            return
+        reason = colossal_mismatch(saved, requested)
+        if reason:
+            raise incompatible(path, saved, requested, reason)
+        _fix_padded_vocab_checkpoints()
+        self.booster.load_model(self.model, os.path.join(path, "model"))
+        self.booster.load_optimizer(self.optimizer, os.path.join(path, "optimizer"))
+
     def close(self) -> None:
         self.booster = self.plugin = self.model = self.optimizer = None
+
+
+def colossal_mismatch(saved: dict, requested: dict) -> str | None:
+    """Why ColossalAI cannot resume ``saved`` (a manifest) in the ``requested`` layout exactly; None when it can.
+
+    Its checkpoints hold layout-free tensors (full, unpadded, by HF name; optimizer states by parameter index),
+    and tests/plugins/test_state.py resumes across ddp, zero, hybrid tp and hybrid pp exactly, except from a
+    HybridParallel checkpoint without pipeline: it stores a tied embedding once (no ``lm_head.weight``), so
+    TorchDDP/LowLevelZero refuse it (strict load) and a pipeline's last stage silently keeps its initial head.
+    """
+    from coati.plugins.state import COLOSSAL_FORMAT, DCP_FORMAT
+
+    if saved.get("format") != COLOSSAL_FORMAT:
+        extra = " (colossalai-ddp in fp32 reads it)" if saved.get("format") == DCP_FORMAT else ""
+        return f"it is a {saved.get('format')!r} checkpoint, ColossalAI plugins read {COLOSSAL_FORMAT!r} ones{extra}"
+    if saved["precision"] != requested["precision"]:
+        return "the precisions differ"
+    if saved["plugin"] == "colossalai-hybrid" and saved["pp_size"] == 1 and \
+            (requested["plugin"] != "colossalai-hybrid" or requested["pp_size"] > 1):
+        return ("a HybridParallel checkpoint without pipeline stores tied embeddings once (no lm_head.weight); "
+                "only colossalai-hybrid with pp_size 1 reads it")
+    return None
+
+
+def _fix_padded_vocab_checkpoints() -> None:
+    """Two ColossalAI 0.5.0 HybridParallel checkpoint bugs with vocabularies padded for TP / tied heads (any
+    device; applied once, to its checkpoint module only):
+
+    - TP optimizer states: ``search_tp_partition_dim`` asserts a state is exactly ``tp_size`` shards of the
+      original shape, which a padded vocabulary (101 rows -> 2 x 64) is not ("The parameter isn't evenly
+      distributed among tensor parallel group"); the gather/shard code around it already unpads/pads, so a
+      padded partition is accepted.
+    - Padded parameters without TP (the pipeline's ``PaddingEmbedding``/``PaddingLMHead``): the model save's
+      ``to_unpadded_tensor`` on a detached parameter fails ("'Tensor' object has no attribute
+      '_unpad_detach'"); it now returns an unpadded copy and never touches the tensor it is given.
+    """
+    from colossalai.checkpoint_io import hybrid_parallel_checkpoint_io as hybrid_io
+
+    if getattr(hybrid_io.search_tp_partition_dim, "_coati_padded", False):
+        return
+
+    def search_tp_partition_dim(current_shape, original_shape, tp_size):
+        for dim, length in enumerate(original_shape):
+            if length > current_shape[dim]:
+                if not (tp_size - 1) * current_shape[dim] < length <= tp_size * current_shape[dim]:
+                    raise AssertionError(f"{tuple(original_shape)} is not {tp_size} shards of {tuple(current_shape)}")
+                return dim
+        return None
+
+    def to_unpadded_tensor(tensor):
+        if not hasattr(tensor, "_padding_dim"):
+            return tensor
+        return tensor.data.narrow(tensor._padding_dim, 0, tensor._origin_length).clone()
+
+    search_tp_partition_dim._coati_padded = True
+    hybrid_io.search_tp_partition_dim = search_tp_partition_dim
+    hybrid_io.to_unpadded_tensor = to_unpadded_tensor
 
 
 class _HFConfigHolder:

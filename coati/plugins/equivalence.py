@@ -100,28 +100,52 @@ def make_layout_plugin(text: str):
                        zero_stage=options.get("zero", 0), precision=options.get("precision", "fp32"))
 
 
-def run_step(layout: str, lr: float = 1e-4, micro_batch_size: int = 2, max_grad_norm: float = 1.0,
-             batch_kwargs: dict | None = None, save_dir: str | None = None) -> dict:
-    """One optimizer step of ``layout`` in this process (a rank of the current group)."""
+def train_step(plugin, batch, micro_batch_size: int = 2, max_grad_norm: float = 1.0):
+    """One optimizer step of ``plugin`` on this data-parallel rank's share of ``batch``; (loss of the whole
+    batch, gradient norm, this rank's statistics). Collective."""
     import torch.distributed as dist
 
-    model, tokenizer = tiny_model(arch=parse_layout(layout)[1].get("arch", "qwen2"))
-    batch = grpo_batch(model.config.vocab_size, tokenizer.pad_token_id, **(batch_kwargs or {}))
-    plugin = make_layout_plugin(layout)
-    plugin.setup(model, lr)
-    micro = rank_micro_batches(batch, plugin, micro_batch_size)
-    start = time.perf_counter()
-    stats = plugin.forward_backward(micro, grpo_loss_fn)
+    stats = plugin.forward_backward(rank_micro_batches(batch, plugin, micro_batch_size), grpo_loss_fn)
     grad_norm = plugin.optimizer_step(max_grad_norm)
-    step_s = time.perf_counter() - start
     loss = torch.tensor(sum(float(s["loss"]) for s in stats), dtype=torch.float64)
     if plugin.world_size > 1:
         # a dp rank's loss is dp_size x its share (normaliser / dp_size); model-parallel peers hold the same
         # value, so the mean over all ranks is the loss of the whole batch
         dist.all_reduce(loss)
         loss /= plugin.world_size
-    weights = {name: tensor.float().clone() for name, tensor in plugin.named_full_tensors()}
-    result = {"layout": layout, "loss": float(loss), "grad_norm": grad_norm, "weights": weights,
+    return float(loss), grad_norm, stats
+
+
+def full_weights(plugin) -> dict[str, torch.Tensor]:
+    """Full fp32 copies of the weights on the sender (empty elsewhere). Collective."""
+    return {name: tensor.float().clone() for name, tensor in plugin.named_full_tensors()}
+
+
+def init_group(layouts: list[str], rank: int, world_size: int) -> None:
+    """Join the trainer group of the environment (unless every layout is ``single`` in one process)."""
+    if world_size > 1 or any(not layout.startswith("single") for layout in layouts):
+        from coati.plugins.dist import init_trainer_group
+
+        init_trainer_group(rank, world_size, os.environ.get("MASTER_ADDR", "127.0.0.1"),
+                           int(os.environ.get("MASTER_PORT", 29511)))
+        if any(layout.startswith("colossalai") for layout in layouts):
+            from coati.plugins.colossal import launch_colossalai
+
+            launch_colossalai()
+
+
+def run_step(layout: str, lr: float = 1e-4, micro_batch_size: int = 2, max_grad_norm: float = 1.0,
+             batch_kwargs: dict | None = None, save_dir: str | None = None) -> dict:
+    """One optimizer step of ``layout`` in this process (a rank of the current group)."""
+    model, tokenizer = tiny_model(arch=parse_layout(layout)[1].get("arch", "qwen2"))
+    batch = grpo_batch(model.config.vocab_size, tokenizer.pad_token_id, **(batch_kwargs or {}))
+    plugin = make_layout_plugin(layout)
+    plugin.setup(model, lr)
+    start = time.perf_counter()
+    loss, grad_norm, stats = train_step(plugin, batch, micro_batch_size, max_grad_norm)
+    step_s = time.perf_counter() - start
+    weights = full_weights(plugin)
+    result = {"layout": layout, "loss": loss, "grad_norm": grad_norm, "weights": weights,
               "step_s": step_s, "world_size": plugin.world_size, "dp_size": plugin.dp_size,
               "stats_len": len(stats), "sender": plugin.is_weight_sender}
     if save_dir:  # save_pretrained (collective), then the sender reloads it with from_pretrained
@@ -148,16 +172,7 @@ def main(argv=None) -> int:
     code = 0
     try:
         layouts = args.layouts.split(",")
-        if world_size > 1 or any(not layout.startswith("single") for layout in layouts):
-            from coati.plugins.dist import init_trainer_group
-
-            colossal = any(layout.startswith("colossalai") for layout in layouts)
-            init_trainer_group(rank, world_size, os.environ.get("MASTER_ADDR", "127.0.0.1"),
-                               int(os.environ.get("MASTER_PORT", 29511)))
-            if colossal:
-                from coati.plugins.colossal import launch_colossalai
-
-                launch_colossalai()
+        init_group(layouts, rank, world_size)
         for layout in layouts:
             result = run_step(layout, save_dir=args.out if args.save else None)
             if rank == 0:

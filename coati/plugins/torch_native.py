@@ -160,6 +160,23 @@ class TorchNativePlugin(TrainerPlugin):
         if self._world > 1:
             dist.barrier()
 
+    # --- trainer state (DCP: DTensor shards are written by their owners, resharded on load) ---
+    def _manifest(self) -> dict:
+        from coati.plugins.state import layout_manifest
+
+        return layout_manifest(f"torch-{self.kind}", self._world, tp_size=self.tp_size,
+                               zero_stage=self.layout.zero_stage)
+
+    def save_state(self, path: str) -> None:
+        from coati.plugins.state import save_dcp
+
+        save_dcp(path, self.module, self.optimizer, self._manifest())
+
+    def load_state(self, path: str) -> None:
+        from coati.plugins.state import load_dcp
+
+        load_dcp(path, self.module, self.optimizer, self._manifest())
+
     def close(self) -> None:
         self.optimizer = None
         self.wrapped = None

@@ -251,6 +251,28 @@ class TorchPipelinePlugin(TrainerPlugin):
             save_hf(self.stage_module, state, path)
         dist.barrier()
 
+    # --- trainer state (DCP; each stage writes its own parameters under their HF names) ---
+    def _state_args(self) -> tuple[dict, dict]:
+        """The manifest, and the checkpoint name of the last stage's tied-embedding copy (the first stage's name,
+        as a full model stores it: both stages write, and read, one tensor)."""
+        from coati.plugins.state import layout_manifest
+
+        manifest = layout_manifest("torch-pp", self._world, pp_size=self.pp_size)
+        last_copy = self._tied and self.stage == self.pp_size - 1
+        return manifest, ({"lm_head.weight": "model.embed_tokens.weight"} if last_copy else {})
+
+    def save_state(self, path: str) -> None:
+        from coati.plugins.state import save_dcp
+
+        manifest, renames = self._state_args()
+        save_dcp(path, self.stage_module, self.optimizer, manifest, renames)
+
+    def load_state(self, path: str) -> None:
+        from coati.plugins.state import load_dcp
+
+        manifest, renames = self._state_args()
+        load_dcp(path, self.stage_module, self.optimizer, manifest, renames)
+
     def close(self) -> None:
         self._schedules.clear()
         for group in {self.pp_group, self.dp_group, self.tie_group} - {None}:

@@ -49,3 +49,19 @@ class SingleProcessPlugin(TrainerPlugin):
 
     def save_pretrained(self, path: str) -> None:
         self.model.save_pretrained(path)
+
+    # --- trainer state (DCP; no_dist: one process, even when a default group exists for something else) ---
+    def _manifest(self) -> dict:
+        from coati.plugins.state import layout_manifest
+
+        return layout_manifest("single", world_size=1)
+
+    def save_state(self, path: str) -> None:
+        from coati.plugins.state import save_dcp
+
+        save_dcp(path, self.model, self.optimizer, self._manifest(), no_dist=True)
+
+    def load_state(self, path: str) -> None:
+        from coati.plugins.state import load_dcp
+
+        load_dcp(path, self.model, self.optimizer, self._manifest(), no_dist=True)

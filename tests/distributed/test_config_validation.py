@@ -20,7 +20,7 @@ def run_cli(argv, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["-i", "3", "-t", "2"], "num_inferencer (3) must be a multiple of num_trainers (2)"),
+    (["-t", "3"], "num_inferencer*ibs (64) must be a multiple of data-parallel trainers*tbs (96)"),
     (["-tbs", "48", "-tMbs", "16"], "num_inferencer*ibs (64) must be a multiple of data-parallel trainers*tbs (48)"),
     (["-tbs", "16", "-tMbs", "32"], "-tbs (16) must be >= -tMbs (32)"),
     (["-tbs", "32", "-tMbs", "12"], "-tbs (32) must be a multiple of -tMbs (12)"),
@@ -34,7 +34,17 @@ def run_cli(argv, capsys):
     (["-ed", "{bad json"], "--eval-dataset is not valid JSON"),
     (["-ed", '{"../x": "a.jsonl"}'], "is not a valid file name"),
     (["-rt", "think_answer_tags"], "embedded demo model answers in \\boxed{}"),
-    (["-tp", "2", "-t", "2", "-i", "2"], "-t > 1 (multi-rank trainer groups) is not yet supported"),
+    # Trainer layouts: against the trainer count, the plugin family, the precision and the model.
+    (["-t", "2", "-tp", "2", "-pp", "2"], "num_trainers (2) must be a multiple of tp*pp (4)"),
+    (["-t", "4", "-tp", "2", "-pp", "2", "-tbs", "16", "-tMbs", "16"], "-tp and -pp together need --plugin colossalai"),
+    (["-t", "2", "-pp", "2", "-zero", "1"], "-zero with -pp needs --plugin colossalai"),
+    (["-t", "2", "--precision", "bf16"], "torch-native plugins train in fp32"),
+    (["-t", "2", "-tp", "2", "-zero", "1", "--plugin", "colossalai"], "refuses ZeRO in fp32"),
+    (["-t", "2", "-pp", "2", "-zero", "2", "--plugin", "colossalai", "--precision", "bf16"],
+     "pipeline parallelism supports zero stage 0 or 1 only"),
+    (["-zero", "4"], "-zero/--zero-stage must be 0, 1, 2 or 3"),
+    (["-t", "3", "-tp", "3"], "tp_size 3 does not divide the model's 4 attention heads"),  # the demo model's
+    (["-t", "3", "-pp", "3"], "pp_size 3 does not divide the model's 2 decoder layers"),
 ])
 def test_bad_flags_give_one_line(argv, message, capsys):
     code, err = run_cli(argv, capsys)

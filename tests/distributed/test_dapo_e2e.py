@@ -60,7 +60,7 @@ class SimulatedBuffer:
         self.get = Remote(self._get)
         self.requests = []
 
-    def _get(self, count, request_id=None):
+    def _get(self, count, request_id=None, readers=1):
         self.requests.append(count)
         while len(self.queue) < count and self.released < len(self.rounds) and self.released <= self.store.version:
             self.queue.extend(self.rounds[self.released])
@@ -94,6 +94,7 @@ def build(tiny_dir, monkeypatch, pattern, num_rounds, *flags, ibs=8, tbs=4, tmbs
     rounds = [[make_group(pattern[(r * ibs + i) % len(pattern)], r) for i in range(ibs)] for r in range(num_rounds)]
     buffer = SimulatedBuffer(rounds, store)
     consumer = GRPOConsumer(config, 0, buffer, store, num_threads=1)
+    consumer.setup()
     consumer.set_total_groups(num_rounds * config.groups_per_sync)
     return consumer, buffer, store
 

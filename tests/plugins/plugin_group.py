@@ -1,4 +1,5 @@
-"""Run ``coati.plugins.equivalence`` as an N-process gloo group with a hard timeout and a forced clean-up."""
+"""Run ``coati.plugins.equivalence`` (or another driver module) as an N-process gloo group with a hard timeout
+and a forced clean-up."""
 
 from __future__ import annotations
 
@@ -20,23 +21,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_group(layouts: list[str], world_size: int, out_dir: str, timeout_s: float = 180.0,
-              threads: int = 1, save: bool = False) -> dict[str, dict]:
-    """Start ``world_size`` ranks, wait at most ``timeout_s``, kill every rank left; results by layout.
-
-    Raises ``RuntimeError`` with the ranks' output when a rank fails or the group times out.
-    """
+def run_ranks(module: str, args: list[str], world_size: int, out_dir: str, timeout_s: float = 180.0,
+              threads: int = 1, label: str = "") -> None:
+    """Start ``world_size`` ranks of ``python -m module *args --threads N``, wait at most ``timeout_s``, kill
+    every rank left. Raises ``RuntimeError`` with the ranks' output when a rank fails or the group times out.
+    Each rank's output goes to ``out_dir/{label}rank{N}.log``."""
     port = free_port()
     procs, logs = [], []
     for rank in range(world_size):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads),
                    PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        log = open(os.path.join(out_dir, f"rank{rank}.log"), "w+")
+        log = open(os.path.join(out_dir, f"{label}rank{rank}.log"), "w+")
         logs.append(log)
-        procs.append(subprocess.Popen([sys.executable, "-m", "coati.plugins.equivalence", "--layouts",
-                                       ",".join(layouts), "--out", out_dir, "--threads", str(threads)]
-                                      + (["--save"] if save else []),
+        procs.append(subprocess.Popen([sys.executable, "-m", module, *args, "--threads", str(threads)],
                                       cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                                       start_new_session=True))
     deadline = time.monotonic() + timeout_s
@@ -63,7 +61,14 @@ def run_group(layouts: list[str], world_size: int, out_dir: str, timeout_s: floa
         log.close()
     if timed_out or any(proc.returncode != 0 for proc in procs):
         reason = f"timed out after {timeout_s:.0f}s" if timed_out else "a rank failed"
-        raise RuntimeError(f"{','.join(layouts)} x{world_size}: {reason}\n" + "\n".join(outputs))
+        raise RuntimeError(f"{module} {' '.join(args)} x{world_size}: {reason}\n" + "\n".join(outputs))
+
+
+def run_group(layouts: list[str], world_size: int, out_dir: str, timeout_s: float = 180.0,
+              threads: int = 1, save: bool = False) -> dict[str, dict]:
+    """``coati.plugins.equivalence`` over ``layouts`` on ``world_size`` ranks (see ``run_ranks``); results by layout."""
+    args = ["--layouts", ",".join(layouts), "--out", out_dir] + (["--save"] if save else [])
+    run_ranks("coati.plugins.equivalence", args, world_size, out_dir, timeout_s, threads)
     results = {}
     for layout in layouts:
         path = os.path.join(out_dir, layout.replace(":", "_") + ".pt")
