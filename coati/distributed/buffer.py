@@ -49,5 +49,14 @@ class RolloutBuffer:
             self._changed.notify_all()
             return groups
 
+    async def peek(self, count: int) -> list:
+        """The oldest ``count`` groups, left in place, once the buffer holds that many (checkpoints copy the
+        rest of the current round this way while the producers may still be generating it)."""
+        if count > self.capacity:
+            raise ValueError(f"cannot peek {count} groups in a buffer of capacity {self.capacity}")
+        async with self._changed:
+            await self._changed.wait_for(lambda: len(self._groups) >= count)
+            return list(self._groups)[:count]
+
     async def size(self) -> int:
         return len(self._groups)
