@@ -151,7 +151,7 @@ def test_resume_errors_at_start_up(demo_assets, data, single_reference, tmp_path
     with pytest.raises(ConfigError, match="inference_batch_size 8 -> 16"):
         configure(demo_assets, data, tmp_path, "x", "-ibs", "16", "-imbs", "16", "--resume",
                   os.path.join(single_reference, "step_3"))
-    with pytest.raises(ConfigError, match="--plugin colossalai"):
+    with pytest.raises(ConfigError, match="colossalai-zero \(fp32\) cannot read it"):
         configure(demo_assets, data, tmp_path, "x", "--plugin", "colossalai", "-t", "2", "-zero", "2", "-tbs", "2",
                   "-tMbs", "2", "--resume", os.path.join(single_reference, "step_3"))
 
