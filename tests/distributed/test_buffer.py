@@ -63,3 +63,16 @@ def test_peek_waits_and_leaves_groups_in_place():
         assert await buffer.peek(0) == []
 
     asyncio.run(scenario())
+
+
+def test_readers_waiting_before_the_groups_arrive_share_one_draw():
+    """Both ranks of a trainer group ask for a draw before the producer's round is in: one pop, one copy."""
+    async def scenario():
+        buffer = RolloutBuffer(capacity=8)
+        readers = [asyncio.create_task(buffer.get(2, request_id="draw0", readers=2)) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        await buffer.put([1, 2, 3, 4])
+        assert [await reader for reader in readers] == [[1, 2], [1, 2]]
+        assert await buffer.size() == 2 and buffer._shared == {}
+
+    asyncio.run(scenario())
