@@ -60,6 +60,8 @@ def train_rows(run_dir):
 
 
 def assert_same_steps(reference, resumed, steps, label):
+    diff = max(abs(resumed[step]["loss"] - reference[step]["loss"]) for step in steps)
+    print(f"{label}: max |loss difference| over steps {list(steps)}: {diff:.3g}")
     for step in steps:
         for key in ("loss", "grad_norm", "reward"):
             assert resumed[step][key] == pytest.approx(reference[step][key], abs=TOL), f"{label}: step {step} {key}"
@@ -151,7 +153,7 @@ def test_resume_errors_at_start_up(demo_assets, data, single_reference, tmp_path
     with pytest.raises(ConfigError, match="inference_batch_size 8 -> 16"):
         configure(demo_assets, data, tmp_path, "x", "-ibs", "16", "-imbs", "16", "--resume",
                   os.path.join(single_reference, "step_3"))
-    with pytest.raises(ConfigError, match="colossalai-zero \(fp32\) cannot read it"):
+    with pytest.raises(ConfigError, match=r"colossalai-zero \(fp32\) cannot read it"):
         configure(demo_assets, data, tmp_path, "x", "--plugin", "colossalai", "-t", "2", "-zero", "2", "-tbs", "2",
                   "-tMbs", "2", "--resume", os.path.join(single_reference, "step_3"))
 
@@ -184,3 +186,5 @@ def test_fsdp2_checkpoint_resumes_as_single_trainer(demo_assets, data, fsdp_refe
     reference, resumed = train_rows(fsdp_reference), train_rows(os.path.join(tmp_path, "single"))
     assert sorted(resumed) == [4, 5, 6, 7, 8]
     assert_same_steps(reference, resumed, [4], "FSDP2x2 -> single")
+    later = max(abs(resumed[step]["loss"] - reference[step]["loss"]) for step in range(5, 9))
+    print(f"FSDP2x2 -> single: max |loss difference| over steps 5-8 (not asserted): {later:.3g}")
