@@ -35,19 +35,31 @@ class RolloutBuffer:
         if count > self.capacity:
             raise ValueError(f"cannot get {count} groups from a buffer of capacity {self.capacity}")
         async with self._changed:
+            # Readers of one request may all be waiting before the groups exist: whichever wakes first pops,
+            # the others must then find the shared entry, not pop the next groups as well.
+            await self._changed.wait_for(lambda: (request_id is not None and request_id in self._shared)
+                                         or len(self._groups) >= count)
             if request_id is not None and request_id in self._shared:
                 entry = self._shared[request_id]
                 entry[1] -= 1
                 if entry[1] == 0:
                     del self._shared[request_id]
                 return entry[0]
-            await self._changed.wait_for(lambda: len(self._groups) >= count)
             groups = [self._groups.popleft() for _ in range(count)]
             self.total_got += count
             if request_id is not None and readers > 1:
                 self._shared[request_id] = [groups, readers - 1]
             self._changed.notify_all()
             return groups
+
+    async def peek(self, count: int) -> list:
+        """The oldest ``count`` groups, left in place, once the buffer holds that many (checkpoints copy the
+        rest of the current round this way while the producers may still be generating it)."""
+        if count > self.capacity:
+            raise ValueError(f"cannot peek {count} groups in a buffer of capacity {self.capacity}")
+        async with self._changed:
+            await self._changed.wait_for(lambda: len(self._groups) >= count)
+            return list(self._groups)[:count]
 
     async def size(self) -> int:
         return len(self._groups)

@@ -83,8 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
       help="weight (beta) of the k3 KL to the initial model; default: 0 (no reference model), as in every preset")
     a("-rt", "--reward-type", choices=REWARD_TYPES, default="boxed", help="how responses are checked")
     a("-ei", "--eval-interval", type=int, default=0, help=f"evaluation happens before and after training; >0 {NOT_YET}")
-    a("-si", "--save-interval", type=int, default=0, help="also save an HF checkpoint every N steps (0: only at the end)")
+    a("-si", "--save-interval", type=int, default=0, help="also save a checkpoint (HF model + trainer state, resumable) every N steps (0: only at the end)")
     a("-sd", "--save-dir", default="runs", help="run outputs: <save-dir>/<project>/{metrics.jsonl,step_N/,eval/}")
+    a("--resume", default=None, metavar="PATH|latest",
+      help="continue a run from a step_N checkpoint (or the newest complete one under <save-dir>/<project>): "
+           "trainer state, counters, pending rollouts and data position; the layout (-t/-tp/-pp/-zero) may differ")
     a("-esd", "--eval-save-dir", default=None, help="evaluation records (default: <save-dir>/<project>/eval)")
     a("-rsd", "--rollout-save-dir", default=None, help=f"rollout logs {NOT_YET}")
     a("-tp", "--tensor-parallel-size", type=int, default=1, help="trainer tensor parallelism")
@@ -174,7 +177,7 @@ def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
                       save_interval=args.save_interval, eval_interval=args.eval_interval,
                       eval_save_dir=args.eval_save_dir, rollout_save_dir=args.rollout_save_dir,
                       ray_dir=args.ray_dir, master_address=args.master_address, master_port=args.master_port,
-                      progress_bar=not args.no_progress),
+                      progress_bar=not args.no_progress, resume=args.resume),
         eval_sampling=eval_sampling,
     )
     validate(config)

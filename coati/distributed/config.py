@@ -152,6 +152,7 @@ class RunConfig:
     master_address: str | None = None
     master_port: int | None = None  # None: trainer rank 0 picks a free port
     progress_bar: bool = True
+    resume: str | None = None  # a step_N checkpoint directory, or "latest" (the newest complete one in run_dir)
 
     @property
     def run_dir(self) -> str:
@@ -496,6 +497,13 @@ def check_inputs(config: RLConfig) -> None:
     except DatasetError as err:
         raise ConfigError(str(err)) from None
     _check_model_layout(config)
+    if config.run.resume is not None:
+        from coati.distributed.checkpointing import check_resume
+
+        try:
+            check_resume(config)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
     per_producer = len(train) // config.parallel.num_inferencers
     _require(per_producer >= config.batch.inference_batch_size,
              f"{config.data.train_path} has {len(train)} prompts: each of the {config.parallel.num_inferencers} "

@@ -272,6 +272,18 @@ class Consumer:
             self.tokenizer.save_pretrained(path)
         return path
 
+    def save_checkpoint(self, staging: str) -> dict:
+        """Collective: this rank's part of a run checkpoint (coati.distributed.checkpointing); the counters."""
+        from coati.distributed.checkpointing import save_consumer
+
+        return save_consumer(self, staging)
+
+    def load_checkpoint(self, path: str) -> dict:
+        """Collective, after ``setup``: continue from a run checkpoint of any layout the plugin reads."""
+        from coati.distributed.checkpointing import load_consumer
+
+        return load_consumer(self, path)
+
     def full_state(self) -> dict[str, torch.Tensor]:
         """Full weights as a plain dict on the sender (tests compare them across runs and layouts); collective."""
         return {name: tensor.clone() for name, tensor in self.plugin.named_full_tensors()}

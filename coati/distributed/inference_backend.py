@@ -24,6 +24,9 @@ class SamplingParams:
     top_p: float = 1.0
     max_new_tokens: int = 16
     stop_strings: tuple[str, ...] = ()
+    # Sampling seed of this request (None: the engine's running RNG). Producers derive one per round, so a
+    # resumed run samples what the uninterrupted one did (see coati.distributed.checkpointing.round_seed).
+    seed: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -83,6 +86,8 @@ class TransformersBackend:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        if params.seed is not None:  # generate() samples from the global torch RNG
+            torch.manual_seed(params.seed)
         flat = [p for p in prompts for _ in range(params.n)]
         completions: list[Completion] = []
         for start in range(0, len(flat), self.microbatch_size):

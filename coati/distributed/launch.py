@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, replace
 
 import ray
 
+from coati.distributed.checkpointing import check_resume, restore_run, save_checkpoint, trim_metrics
 from coati.distributed.config import RLConfig
 from coati.distributed.grpo_consumer import GRPOConsumer
 from coati.distributed.producer import Producer
@@ -89,14 +90,35 @@ def run(config: RLConfig, log=print) -> RunResult:
     # Every trainer rank draws its share of all rounds; a step returns None once its share is used up.
     # Without filtering that is exactly rounds * steps_per_sync steps; with it (DAPO), fewer.
     max_steps = rounds * config.steps_per_sync
-    ray.get([consumer.set_total_groups.remote(rounds * config.groups_per_sync) for consumer in consumers])
+    total_groups = rounds * config.groups_per_sync
+    ray.get([consumer.set_total_groups.remote(total_groups) for consumer in consumers])
     ray.get([consumer.__ray_ready__.remote() for consumer in consumers])
 
-    logger = MetricsLogger(config.run.run_dir, config.run.project, _jsonable(config), log)
-    eval_before = _eval_all(producers[0], config, logger, 0, log)
-    generation = [producer.run.remote(rounds) for producer in producers]
-    bar = tqdm(total=max_steps, desc=config.algo.name, unit="step", disable=not config.run.progress_bar)
-    step = skipped = 0
+    resume = check_resume(config) if config.run.resume else None
+    state = restore_run(resume, consumers, buffer) if resume else None
+    if resume and trim_metrics(config.run.run_dir, state["step"]):
+        log(f"metrics.jsonl: dropped the rows after step {state['step']}, which this resumed run redoes")
+    logger = MetricsLogger(config.run.run_dir, config.run.project, _jsonable(config), log, resume=bool(resume))
+    if resume:
+        log(f"resuming from {resume}: step {state['step']}, weights v{state['policy_version']}, "
+            f"{state['pending_groups']} pending groups, producers from round {state['next_round']}")
+        eval_before = state["eval_before"]
+    else:
+        eval_before = _eval_all(producers[0], config, logger, 0, log)
+    start_round = state["next_round"] if resume else 0
+    generation = [producer.run.remote(rounds, start_round) for producer in producers]
+    step, skipped = (state["step"], state["skipped"]) if resume else (0, 0)
+    # (path, skipped steps) of the newest checkpoint of this state: the final save does not repeat it
+    last_saved = (os.path.join(config.run.run_dir, f"step_{step}"), skipped) if resume else None
+    bar = tqdm(total=max_steps, initial=step, desc=config.algo.name, unit="step", disable=not config.run.progress_bar)
+
+    def save(at_step: int) -> str:
+        path = os.path.join(config.run.run_dir, f"step_{at_step}")
+        if (path, skipped) != last_saved or not os.path.isdir(path):
+            save_checkpoint(path, consumers, buffer, config,
+                            {"step": at_step, "skipped": skipped, "eval_before": eval_before}, total_groups)
+        return path
+
     while True:
         metrics = ray.get([consumer.step.remote() for consumer in consumers])[0]
         if metrics is None:
@@ -113,22 +135,17 @@ def run(config: RLConfig, log=print) -> RunResult:
         bar.set_postfix(reward=f"{metrics['reward']:.3f}", acc=f"{metrics['accuracy']:.3f}",
                         loss=f"{metrics['loss']:.4f}", v=metrics["weight_version"])
         if config.run.save_interval and step % config.run.save_interval == 0:
-            save_all(consumers, os.path.join(config.run.run_dir, f"step_{step}"))
+            last_saved = (save(step), skipped)
     bar.close()
     ray.get(generation)
     total_steps = step
     if skipped:
         log(f"{skipped} steps were skipped because no group survived the filter")
     eval_after = _eval_all(producers[0], config, logger, total_steps, log)
-    final_dir = save_all(consumers, os.path.join(config.run.run_dir, f"step_{total_steps}"))
+    final_dir = save(total_steps)
     ray.get([consumer.shutdown.remote() for consumer in consumers])
     logger.close()
     return RunResult(total_steps, eval_before, eval_after, final_dir, logger.path, time.time() - start)
-
-
-def save_all(consumers, path: str) -> str:
-    """Every trainer rank takes part (sharded weights are gathered); the sender writes."""
-    return ray.get([consumer.save_pretrained.remote(path) for consumer in consumers])[0]
 
 
 def _jsonable(config: RLConfig) -> dict:

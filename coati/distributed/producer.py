@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 
@@ -71,21 +72,35 @@ class Producer:
             self.backend.load_weights(unpack_named_tensors(ray.get(refs[0])))
             self.version = version
 
-    def run(self, num_rounds: int) -> int:
-        """Generate ``num_rounds`` rounds; round r (sync mode) waits for the weights of version r."""
+    def _episode_order(self, episode: int) -> list[int]:
+        """Prompt order of ``episode``: each episode reshuffles the previous one's order."""
         order = list(range(len(self.examples)))
+        for past in range(episode + 1):
+            random.Random(self.config.run.seed * 7919 + past * 31 + self.rank).shuffle(order)
+        return order
+
+    def run(self, num_rounds: int, start_round: int = 0) -> int:
+        """Generate rounds ``start_round`` .. ``num_rounds - 1``; round r (sync mode) waits for weights version r.
+
+        Each round samples with a seed of its own (seed, rank, round), so a run resumed at a round samples
+        what the uninterrupted run did there.
+        """
+        from coati.distributed.checkpointing import round_seed
+
         ibs = self.config.batch.inference_batch_size
-        for round_index in range(num_rounds):
+        order = None
+        for round_index in range(start_round, num_rounds):
             episode, position = divmod(round_index, self.rounds_per_episode)
-            if position == 0:
-                random.Random(self.config.run.seed * 7919 + episode * 31 + self.rank).shuffle(order)
+            if position == 0 or order is None:
+                order = self._episode_order(episode)
             self._sync_weights(round_index)
             batch = [self.examples[i] for i in order[position * ibs : (position + 1) * ibs]]
-            ray.get(self.buffer.put.remote(self._rollout(batch)))
-        return num_rounds
+            params = dataclasses.replace(self.config.sampling, seed=round_seed(self.config.run.seed, self.rank, round_index))
+            ray.get(self.buffer.put.remote(self._rollout(batch, params)))
+        return max(0, num_rounds - start_round)
 
-    def _rollout(self, batch) -> list[RolloutGroup]:
-        outputs = self.backend.generate([ids for _, _, ids in batch], self.config.sampling)
+    def _rollout(self, batch, params=None) -> list[RolloutGroup]:
+        outputs = self.backend.generate([ids for _, _, ids in batch], params or self.config.sampling)
         groups = []
         for (example, text, ids), completions in zip(batch, outputs):
             texts = [c.text for c in completions]

@@ -223,10 +223,11 @@ class VLLMBackend:
         self._logit_scale = 1.0
 
     # -- generation -------------------------------------------------------------------------------------
-    def _vllm_params(self, params: SamplingParams):
+    def _vllm_params(self, params: SamplingParams, seed: int | None = None):
         from vllm import SamplingParams as VLLMSamplingParams
 
         return VLLMSamplingParams(
+            seed=seed,
             n=params.n,
             temperature=0.0 if params.greedy else 1.0,  # T itself is folded into the logits scale
             top_k=params.top_k if params.top_k > 0 else 0,
@@ -252,8 +253,12 @@ class VLLMBackend:
         copies = params.n if params.greedy else 1  # vLLM takes n=1 only when greedy: the samples are identical
         if copies > 1:
             params = SamplingParams(**{**params.__dict__, "n": 1})
+        if params.seed is None:
+            request_params = self._vllm_params(params)
+        else:  # one seeded generator per request (prompt), so a request's samples do not depend on the batch
+            request_params = [self._vllm_params(params, (params.seed + index) % 2**63) for index in range(len(prompts))]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
-                                    self._vllm_params(params), use_tqdm=False)
+                                    request_params, use_tqdm=False)
         results = []
         for request in outputs:
             group = []

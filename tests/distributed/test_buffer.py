@@ -47,3 +47,32 @@ def test_oversized_requests_fail_fast():
             await buffer.get(3)
 
     asyncio.run(scenario())
+
+
+def test_peek_waits_and_leaves_groups_in_place():
+    async def scenario():
+        buffer = RolloutBuffer(capacity=4)
+        await buffer.put([1])
+        peeker = asyncio.create_task(buffer.peek(2))
+        await asyncio.sleep(0.01)
+        assert not peeker.done()  # waits until the rest of the round has arrived
+        await buffer.put([2, 3])
+        assert await peeker == [1, 2]
+        assert await buffer.size() == 3
+        assert await buffer.get(3) == [1, 2, 3]  # nothing was popped
+        assert await buffer.peek(0) == []
+
+    asyncio.run(scenario())
+
+
+def test_readers_waiting_before_the_groups_arrive_share_one_draw():
+    """Both ranks of a trainer group ask for a draw before the producer's round is in: one pop, one copy."""
+    async def scenario():
+        buffer = RolloutBuffer(capacity=8)
+        readers = [asyncio.create_task(buffer.get(2, request_id="draw0", readers=2)) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        await buffer.put([1, 2, 3, 4])
+        assert [await reader for reader in readers] == [[1, 2], [1, 2]]
+        assert await buffer.size() == 2 and buffer._shared == {}
+
+    asyncio.run(scenario())

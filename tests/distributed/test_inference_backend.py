@@ -49,3 +49,16 @@ def test_greedy_is_deterministic_and_load_weights_changes_outputs(tiny_model_dir
     backend.load_weights(changed)
     assert dict(backend.model.named_parameters())[changed[0][0]].equal(changed[0][1])
     assert backend.generate(prompt, params)[0][0].logprobs != first.logprobs
+
+
+def test_seeded_sampling_repeats_whatever_ran_before(tiny_model_dir):
+    """A request's seed fixes its samples (producers seed every round, so resumed runs resample the same)."""
+    backend = TransformersBackend.from_pretrained(tiny_model_dir)
+    prompts = [backend.tokenizer(text).input_ids for text in ("1+2=", "33+44=")]
+    seeded = SamplingParams(n=4, temperature=1.0, max_new_tokens=6, seed=7)
+    tokens = lambda outputs: [[c.token_ids for c in group] for group in outputs]
+    first = tokens(backend.generate(prompts, seeded))
+    backend.generate(prompts, SamplingParams(n=3, temperature=1.0, max_new_tokens=4))  # moves the global RNG
+    assert tokens(backend.generate(prompts, seeded)) == first
+    other = SamplingParams(n=4, temperature=1.0, max_new_tokens=6, seed=8)
+    assert tokens(backend.generate(prompts, other)) != first

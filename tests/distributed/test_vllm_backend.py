@@ -126,6 +126,19 @@ def test_greedy_matches_transformers_and_is_deterministic(engine, demo_assets):
 
 @needs_vllm
 @pytest.mark.timeout(300)
+def test_seeded_requests_repeat_their_samples(engine):
+    """Per-request seeds (seed + prompt index): the same round seed resamples the same completions."""
+    prompts = prompt_ids(engine.tokenizer)
+    seeded = SamplingParams(n=4, temperature=1.0, max_new_tokens=8, seed=11)
+    tokens = lambda outputs: [[c.token_ids for c in group] for group in outputs]
+    first = tokens(engine.generate(prompts, seeded))
+    engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=4))  # unseeded traffic between
+    assert tokens(engine.generate(prompts, seeded)) == first
+    assert tokens(engine.generate(prompts, SamplingParams(n=4, temperature=1.0, max_new_tokens=8, seed=12))) != first
+
+
+@needs_vllm
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("params", [
     SamplingParams(n=4, temperature=1.0, max_new_tokens=8),
     SamplingParams(n=4, temperature=0.7, top_k=5, top_p=0.9, max_new_tokens=8),
