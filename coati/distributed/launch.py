@@ -1,7 +1,8 @@
 """Builds the Ray actors for a run, wires buffer and weight sync, drives training and evaluation.
 
 The driver only orchestrates: producers run their own generation loop; the driver calls ``step()`` on
-the trainers, logs what they return, and evaluates before and after training.
+the trainers, logs what they return (and writes -rsd rollout logs), and has the model evaluated at step 0,
+every -ei steps and at the end (eval_schedule.py).
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from dataclasses import asdict, dataclass, replace
 import ray
 
 from coati.distributed.config import RLConfig
+from coati.distributed.eval_schedule import EvalSchedule
 from coati.distributed.grpo_consumer import GRPOConsumer
 from coati.distributed.producer import Producer
 from coati.distributed.weight_sync import WeightStore
 from coati.distributed.buffer import RolloutBuffer
 from coati.utils.metrics import MetricsLogger
+from coati.utils.run_files import RolloutWriter
 
 
 @dataclass
@@ -41,25 +44,6 @@ def init_ray(config: RLConfig) -> None:
         return
     actors = config.parallel.num_inferencers + config.parallel.num_trainers
     ray.init(num_cpus=max(actors, os.cpu_count() or 1), _temp_dir=config.run.ray_dir, **kwargs)
-
-
-def _eval_all(producer, config: RLConfig, logger: MetricsLogger, step: int, log) -> dict:
-    results = {}
-    eval_dir = config.run.eval_save_dir or os.path.join(config.run.run_dir, "eval")
-    os.makedirs(eval_dir, exist_ok=True)
-    for task, path in config.data.eval_paths.items():
-        for mode, params in config.eval_sampling:
-            out = ray.get(producer.evaluate.remote(path, params))
-            key = f"{task}/{mode}"
-            results[key] = out["accuracy"]
-            with open(os.path.join(eval_dir, f"{task}_{mode}_step{step}.jsonl"), "w") as handle:
-                for record in out["records"]:
-                    handle.write(json.dumps(record) + "\n")
-            logger.log(step, {"task": task, "mode": mode, "accuracy": out["accuracy"], "format_rate":
-                              out["format_rate"], "count": out["count"], "version": out["version"]}, kind="eval")
-            log(f"eval step {step} {key}: accuracy {out['accuracy']:.3f} format {out['format_rate']:.3f} "
-                f"(n={out['count']}, weights v{out['version']})")
-    return results
 
 
 def run(config: RLConfig, log=print) -> RunResult:
@@ -93,7 +77,11 @@ def run(config: RLConfig, log=print) -> RunResult:
     ray.get([consumer.__ray_ready__.remote() for consumer in consumers])
 
     logger = MetricsLogger(config.run.run_dir, config.run.project, _jsonable(config), log)
-    eval_before = _eval_all(producers[0], config, logger, 0, log)
+    evals = EvalSchedule(config, producers[0], consumers, logger, log, num_threads=max(1, cores // 2))
+    rollouts = None
+    if config.run.rollout_save_dir:
+        rollouts = RolloutWriter(os.path.join(config.run.rollout_save_dir, config.run.project), log=log)
+    evals.submit(0)
     generation = [producer.run.remote(rounds) for producer in producers]
     bar = tqdm(total=max_steps, desc=config.algo.name, unit="step", disable=not config.run.progress_bar)
     step = skipped = 0
@@ -101,6 +89,7 @@ def run(config: RLConfig, log=print) -> RunResult:
         metrics = ray.get([consumer.step.remote() for consumer in consumers])[0]
         if metrics is None:
             break
+        records = metrics.pop("rollouts", None)  # -rsd: trainer rank 0's records of this step's samples
         if "skipped" in metrics:
             skipped += 1
             logger.log(step, metrics, kind="skipped")
@@ -109,6 +98,11 @@ def run(config: RLConfig, log=print) -> RunResult:
             continue
         step += 1
         logger.log(step, metrics)
+        if records and rollouts is not None:
+            rollouts.write(step, records)
+        if evals.due(step):
+            evals.submit(step)
+        evals.poll()
         bar.update(1)
         bar.set_postfix(reward=f"{metrics['reward']:.3f}", acc=f"{metrics['accuracy']:.3f}",
                         loss=f"{metrics['loss']:.4f}", v=metrics["weight_version"])
@@ -119,7 +113,9 @@ def run(config: RLConfig, log=print) -> RunResult:
     total_steps = step
     if skipped:
         log(f"{skipped} steps were skipped because no group survived the filter")
-    eval_after = _eval_all(producers[0], config, logger, total_steps, log)
+    eval_before, eval_after = evals.finish(total_steps)
+    if rollouts is not None:
+        rollouts.close()
     final_dir = save_all(consumers, os.path.join(config.run.run_dir, f"step_{total_steps}"))
     ray.get([consumer.shutdown.remote() for consumer in consumers])
     logger.close()
