@@ -8,6 +8,8 @@ import json
 import os
 import time
 
+ROLLOUT_FILE_BYTES = 64 << 20  # a rollout log file is closed after the first step that takes it past this
+
 
 def set_aside(directory: str, patterns: tuple[str, ...], log=print) -> str | None:
     """Move files matching ``patterns`` in ``directory`` into ``directory/previous_<time>/`` (a new run in a
@@ -70,11 +72,11 @@ class RolloutWriter:
 
     PATTERNS = ("rollouts_step*.jsonl",)
 
-    def __init__(self, directory: str, max_bytes: int = 64 << 20, log=print, resume: bool = False):
+    def __init__(self, directory: str, max_bytes: int | None = None, log=print, resume: bool = False):
         os.makedirs(directory, exist_ok=True)
         if not resume:
             set_aside(directory, self.PATTERNS, log)
-        self.directory, self.max_bytes = directory, max_bytes
+        self.directory, self.max_bytes = directory, max_bytes or ROLLOUT_FILE_BYTES
         self._file = None
         self.paths: list[str] = []
 

@@ -207,6 +207,35 @@ def test_metrics_have_the_algorithm_keys(tiny_dir, monkeypatch):
     assert 0 < row["entropy"]
 
 
+def test_rollout_records_carry_the_trained_advantages(tiny_dir, monkeypatch, tmp_path):
+    # DAPO: every other group is all-correct (filtered out); the first sample of each group is truncated
+    # (DAPO masks it from the loss). Records cover every drawn group of every 2nd trained step.
+    consumer, buffer, store = build(tiny_dir, monkeypatch, [4, 2], 2, "-a", "DAPO", "-rsd", str(tmp_path),
+                                    "--rollout-save-interval", "2")
+    for round_groups in buffer.rounds:
+        for group in round_groups:
+            group.finish_reasons[0] = "length"
+            group.texts, group.prompt_text = ["12+34=46"] * G, "12+34="
+    rows = run_all(consumer)
+    assert len(rows) == 2 and "rollouts" not in rows[0]
+    records = rows[1]["rollouts"]
+    assert len(records) == 8 * G and {r["step"] for r in records} == {2}
+    assert {r["policy_version"] for r in records} == {1}  # step 2 trains on round 1, made by weights v1
+    filtered = [r for r in records if not r["kept"]]
+    kept = [r for r in records if r["kept"]]
+    assert len(filtered) == len(kept) == 4 * G
+    assert all(r["advantage"] is None and r["in_loss"] is False and r["correct"] for r in filtered)
+    # A kept group: rewards [1, 1, 0.1, 0.1] -> group-normalised advantages +-0.45 / std (unbiased 0.5196)
+    for r in kept:
+        expected = 0.45 / 0.519615 * (1 if r["sample"] < 2 else -1)
+        assert r["advantage"] == pytest.approx(expected, abs=1e-4)
+        assert r["shaped_reward"] == pytest.approx(r["reward"])  # 5 tokens: far from the overlong zone
+        assert r["in_loss"] == (r["sample"] != 0)  # the truncated first sample is masked
+        assert r["prompt"] == "12+34=" and r["response"] == "12+34=46" and r["response_tokens"] == 5
+    assert [r["group"] for r in records[::G]] == list(range(8))
+    assert [r["finish_reason"] for r in records[:G]] == ["length", "stop", "stop", "stop"]
+
+
 # ---------------------------------------------------------------------------------------------------------
 # End to end on a real local Ray cluster
 
