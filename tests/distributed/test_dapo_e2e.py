@@ -276,7 +276,7 @@ def run_demo(assets, tmp_path, *flags):
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_dapo_run_terminates_with_dynamic_batching(algo_demo_assets, tmp_path):
-    result, rows = run_demo(algo_demo_assets, tmp_path, "-a", "DAPO")
+    result, rows = run_demo(algo_demo_assets, tmp_path, "-a", "DAPO", "-ei", "2")
     train = [r for r in rows if r["kind"] == "train"]
     skipped = [r for r in rows if r["kind"] == "skipped"]
     assert 1 <= result.steps == len(train) <= 8
@@ -286,17 +286,25 @@ def test_dapo_run_terminates_with_dynamic_batching(algo_demo_assets, tmp_path):
         assert all(key in r for r in train), key
     assert all(r["groups_kept"] == 8 for r in train if not r["data_exhausted"] and not r["draw_limit_hit"])
     assert train[-1]["weight_version"] == 4  # one version per producer round, whatever the filter removed
+    # -ei 2 counts trained steps only (skipped ones do not move the counter); 0 and the end always.
     evals = [r for r in rows if r["kind"] == "eval"]
-    assert [r["version"] for r in evals] == [0, 0, 4, 4]
+    expected = sorted({0, result.steps, *range(2, result.steps + 1, 2)})
+    assert [r["step"] for r in evals] == [s for s in expected for _ in ("sampled", "greedy")]
+    version_at = {0: 0, **{r["step"]: r["weight_version"] for r in train}}
+    assert all(r["version"] == version_at[r["step"]] for r in evals)  # the newest published at that step
+    assert evals[-1]["version"] == 4 and evals[-1]["on_sync"]
 
 
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_pg_run_with_kl_terminates(algo_demo_assets, tmp_path):
-    result, rows = run_demo(algo_demo_assets, tmp_path, "-a", "PG", "-kl", "0.05", "--ppo-epochs", "2")
+    result, rows = run_demo(algo_demo_assets, tmp_path, "-a", "PG", "-kl", "0.05", "--ppo-epochs", "2", "-ei", "100")
     train = [r for r in rows if r["kind"] == "train"]
     assert result.steps == len(train) == 8
     for key in ("kl", "entropy", "clip_fraction_low", "clip_fraction_high", "groups_drawn", "loss"):
         assert all(key in r for r in train), key
     assert all(r["clip_fraction"] == 0 and r["optimizer_steps"] == 2 for r in train)  # REINFORCE: no clipping
     assert train[-1]["kl"] > 0 and train[-1]["weight_version"] == 4
+    # -ei larger than the run: the evaluator still evaluates step 0 and the end, once each
+    evals = [(r["step"], r["version"], r["on_sync"]) for r in rows if r["kind"] == "eval"]
+    assert evals == [(0, 0, True), (0, 0, True), (8, 4, True), (8, 4, True)]
