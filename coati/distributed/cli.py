@@ -44,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("-d", "--dataset", default=None, help="training jsonl (default: the embedded addition task)")
     a("-ed", "--eval-dataset", default=None,
       help='JSON mapping task name -> jsonl, e.g. \'{"math": "eval.jsonl"}\' (default: the demo\'s held-out split)')
-    a("-p", "--project", default="demo", help="run name: outputs go to <save-dir>/<project>/")
+    a("-p", "--project", default="demo",
+      help="run name: outputs go to <save-dir>/<project>/ (metrics.jsonl always); also the wandb project, logged "
+           "offline unless WANDB_MODE=online, when wandb is installed")
     a("-e", "--num-episodes", type=int, default=None, help="passes over the training set; default: 3 for the demo, else 1")
     a("-t", "--num-trainers", type=int, default=1,
       help="trainer actors forming one torch.distributed group (dp = t / (tp * pp))")
