@@ -44,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("-d", "--dataset", default=None, help="training jsonl (default: the embedded addition task)")
     a("-ed", "--eval-dataset", default=None,
       help='JSON mapping task name -> jsonl, e.g. \'{"math": "eval.jsonl"}\' (default: the demo\'s held-out split)')
-    a("-p", "--project", default="demo", help="run name: outputs go to <save-dir>/<project>/")
+    a("-p", "--project", default="demo",
+      help="run name: outputs go to <save-dir>/<project>/ (metrics.jsonl always); also the wandb project, logged "
+           "offline unless WANDB_MODE=online, when wandb is installed")
     a("-e", "--num-episodes", type=int, default=None, help="passes over the training set; default: 3 for the demo, else 1")
     a("-t", "--num-trainers", type=int, default=1,
       help="trainer actors forming one torch.distributed group (dp = t / (tp * pp))")
@@ -82,14 +84,23 @@ def build_parser() -> argparse.ArgumentParser:
     a("-kl", "--kl-coeff", type=float, default=None,
       help="weight (beta) of the k3 KL to the initial model; default: 0 (no reference model), as in every preset")
     a("-rt", "--reward-type", choices=REWARD_TYPES, default="boxed", help="how responses are checked")
-    a("-ei", "--eval-interval", type=int, default=0, help=f"evaluation happens before and after training; >0 {NOT_YET}")
+    a("-ei", "--eval-interval", type=int, default=0,
+      help="also evaluate every N trained steps (a separate evaluator actor, on a snapshot of the trainer's "
+           "weights after exactly that step, while training goes on); step 0 and the end are always evaluated. "
+           "Every -ed task is decoded greedy (T=0) and sampled (T=1), one completion per prompt")
     a("-si", "--save-interval", type=int, default=0, help="also save a checkpoint (HF model + trainer state, resumable) every N steps (0: only at the end)")
     a("-sd", "--save-dir", default="runs", help="run outputs: <save-dir>/<project>/{metrics.jsonl,step_N/,eval/}")
     a("--resume", default=None, metavar="PATH|latest",
       help="continue a run from a step_N checkpoint (or the newest complete one under <save-dir>/<project>): "
            "trainer state, counters, pending rollouts and data position; the layout (-t/-tp/-pp/-zero) may differ")
-    a("-esd", "--eval-save-dir", default=None, help="evaluation records (default: <save-dir>/<project>/eval)")
-    a("-rsd", "--rollout-save-dir", default=None, help=f"rollout logs {NOT_YET}")
+    a("-esd", "--eval-save-dir", default=None,
+      help="evaluation outputs go to <esd>/<project>/ (default: <save-dir>/<project>/eval): "
+           "<task>_<mode>_step<N>.jsonl (prompt, response, extracted answer, reward) and summary.json")
+    a("-rsd", "--rollout-save-dir", default=None,
+      help="log training rollouts to <rsd>/<project>/rollouts_step<N>.jsonl, one line per sample (prompt, response, "
+           "reward, the advantage trained with, policy version, step, correct/format flags); a new file starts "
+           "at the first logged step after the current one reaches 64 MiB")
+    a("--rollout-save-interval", type=int, default=1, help="-rsd: log the rollouts of every N-th trained step")
     a("-tp", "--tensor-parallel-size", type=int, default=1, help="trainer tensor parallelism")
     a("-pp", "--pipeline-parallel-size", type=int, default=1, help="trainer pipeline parallelism")
     a("-zero", "--zero-stage", type=int, default=0,
@@ -176,6 +187,7 @@ def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
         run=RunConfig(project=args.project, num_episodes=_given(args.num_episodes, defaults["num_episodes"]), seed=args.seed, save_dir=args.save_dir,
                       save_interval=args.save_interval, eval_interval=args.eval_interval,
                       eval_save_dir=args.eval_save_dir, rollout_save_dir=args.rollout_save_dir,
+                      rollout_save_interval=args.rollout_save_interval,
                       ray_dir=args.ray_dir, master_address=args.master_address, master_port=args.master_port,
                       progress_bar=not args.no_progress, resume=args.resume),
         eval_sampling=eval_sampling,

@@ -148,6 +148,7 @@ class RunConfig:
     eval_interval: int = 0  # 0: evaluate only before and after training
     eval_save_dir: str | None = None
     rollout_save_dir: str | None = None
+    rollout_save_interval: int = 1  # -rsd: log the rollouts of every N-th trained step
     ray_dir: str | None = None
     master_address: str | None = None
     master_port: int | None = None  # None: trainer rank 0 picks a free port
@@ -192,18 +193,32 @@ def _require(condition: bool, message: str) -> None:
 
 
 def parse_eval_datasets(text: str | None) -> dict[str, str]:
-    """``'{"name": "path.jsonl", ...}'`` -> mapping; names must be usable as file names."""
+    """``'{"name": "path.jsonl", ...}'`` -> mapping. Names become file names (``<name>_<mode>_step<N>.jsonl``),
+    so they must be plain file names; every path must be an existing file (parsed in full by check_inputs)."""
     if not text:
         return {}
+    flag = "-ed/--eval-dataset"
+    duplicates = []
+
+    def pairs(items):
+        names = [name for name, _ in items]
+        duplicates.extend(name for name in set(names) if names.count(name) > 1)
+        return dict(items)
+
     try:
-        mapping = json.loads(text)
+        mapping = json.loads(text, object_pairs_hook=pairs)
     except json.JSONDecodeError as err:
-        raise ConfigError(f"--eval-dataset is not valid JSON ({err.msg}); pass e.g. '{{\"math\": \"eval.jsonl\"}}'") from None
-    _require(isinstance(mapping, dict) and mapping, "--eval-dataset must be a JSON object of task name -> jsonl path")
+        raise ConfigError(f"{flag} is not valid JSON ({err.msg} at column {err.colno}); "
+                          "pass e.g. '{\"math\": \"eval.jsonl\"}'") from None
+    _require(isinstance(mapping, dict) and mapping, f"{flag} must be a non-empty JSON object of task name -> jsonl "
+                                                    "path, e.g. '{\"math\": \"eval.jsonl\"}'")
+    if duplicates:
+        raise ConfigError(f"{flag} names task {sorted(duplicates)[0]!r} twice")
     for name, path in mapping.items():
         _require(bool(re.fullmatch(r"[A-Za-z0-9._-]+", name)) and name not in (".", ".."),
-                 f"--eval-dataset task name {name!r} is not a valid file name (use letters, digits, . _ -)")
-        _require(isinstance(path, str), f"--eval-dataset path for {name!r} must be a string")
+                 f"{flag} task name {name!r} is not a valid file name (use letters, digits, . _ -)")
+        _require(isinstance(path, str) and path != "", f"{flag} path for task {name!r} must be a non-empty string")
+        _require(os.path.isfile(path), f"{flag} file for task {name!r} not found: {path}")
     return mapping
 
 
@@ -397,9 +412,20 @@ def validate(config: RLConfig) -> None:
              f"--vllm-gpu-memory-utilization must lie in (0, 1], got {p.vllm_gpu_memory_utilization}")
     _validate_algo(config)
     _require(config.run.save_interval >= 0, "-si/--save-interval must be >= 0 (0 saves only at the end)")
+    _validate_logs(config)
     _not_yet(config)
     if p.backend == "vllm":  # the environment, checked here so the error comes before any build or actor
         _check_vllm(p.producer_tensor_parallel_size)
+
+
+def _validate_logs(config: RLConfig) -> None:
+    """-ei, -rsd and their intervals (the eval files themselves are checked in check_inputs)."""
+    r = config.run
+    _require(r.eval_interval >= 0, f"-ei/--eval-interval must be >= 0 (0: evaluate before and after training only), "
+                                   f"got {r.eval_interval}")
+    _require(r.eval_interval == 0 or config.data.eval_paths,
+             "-ei/--eval-interval needs held-out data: pass -ed/--eval-dataset '{\"name\": \"eval.jsonl\"}'")
+    _require(r.rollout_save_interval >= 1, f"--rollout-save-interval must be at least 1, got {r.rollout_save_interval}")
 
 
 def _validate_layout(config: RLConfig) -> None:
@@ -437,8 +463,6 @@ def _not_yet(config: RLConfig) -> None:
     p, r = config.parallel, config.run
     pending = [
         (config.algo.learner_chunk_size > 0, "--learner-chunk-size > 0 (learner-side generation)"),
-        (r.eval_interval > 0, "-ei > 0 (evaluation during training; before/after always runs)"),
-        (r.rollout_save_dir is not None, "-rsd/--rollout-save-dir"),
     ]
     for active, what in pending:
         _require(not active, f"{what} is not yet supported in this version; leave it at its default")
@@ -492,10 +516,13 @@ def check_inputs(config: RLConfig) -> None:
             raise ConfigError(str(err)) from None
     try:
         train = load_jsonl(config.data.train_path, config.data.reward_type)
-        for name, eval_path in config.data.eval_paths.items():
-            load_jsonl(eval_path, config.data.reward_type)
     except DatasetError as err:
         raise ConfigError(str(err)) from None
+    for name, eval_path in config.data.eval_paths.items():
+        try:
+            load_jsonl(eval_path, config.data.reward_type)
+        except DatasetError as err:
+            raise ConfigError(f"-ed/--eval-dataset task {name!r}: {err}") from None
     _check_model_layout(config)
     if config.run.resume is not None:
         from coati.distributed.checkpointing import check_resume

@@ -43,6 +43,7 @@ import torch
 
 from coati.distributed.config import RLConfig
 from coati.distributed.rollout import RolloutGroup, collate, split_micro_batches
+from coati.distributed.rollout_log import rollout_log_due, rollout_records
 from coati.distributed.weight_sync import pack_named_tensors
 from coati.plugins import make_plugin
 
@@ -71,6 +72,7 @@ class Consumer:
         self._draws = 0  # draws in the current step
         self._draw_serial = 0  # draws since the start
         self._published = None  # keeps the newest weights alive in the object store
+        self._published_version = 0  # the version of ``_published`` (tracked on every rank)
 
     def rendezvous_address(self) -> tuple[str, int]:
         """(address, port) for the trainer group's rendezvous, hosted by this actor (rank 0)."""
@@ -125,6 +127,12 @@ class Consumer:
         """
         size = self.config.batch.train_minibatch_size
         return [collate(share[i : i + size], self.pad_id) for i in range(0, len(share), size)]
+
+    def rollout_tensors(self, kept: list[RolloutGroup]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Hook for the rollout logs: (shaped rewards, advantages, sample loss mask), [len(kept), G], as the
+        loss used them; here the producers' rewards and advantages, every sample in the loss."""
+        rewards = torch.tensor([g.rewards for g in kept], dtype=torch.float32)
+        return rewards, torch.tensor([g.advantages for g in kept], dtype=torch.float32), torch.ones_like(rewards)
 
     def set_total_groups(self, total: int | None) -> None:
         """Groups the trainer group will draw in all (None: unbounded); ``step()`` returns None after the last."""
@@ -230,6 +238,8 @@ class Consumer:
         metrics.update(info)
         metrics.update(rollout_metrics(drawn, self.version))
         metrics.update(step_time_s=time.perf_counter() - start, buffer_wait_s=wait)
+        if groups and self.rank == 0 and rollout_log_due(self.config, self.step_count):
+            metrics["rollouts"] = rollout_records(self.step_count, drawn, groups, *self.rollout_tensors(groups))
         if self.drawn_since_sync >= self.config.groups_per_sync:
             self.publish_weights()
         metrics["weight_version"] = self.version
@@ -256,6 +266,7 @@ class Consumer:
         """Collective: every rank takes part in gathering the full weights; the sender puts them in the store."""
         self.version += 1
         self.drawn_since_sync = 0
+        self._published_version = self.version  # on every rank (``_published`` lives on the sender only)
         tensors = self.plugin.named_full_tensors()
         if not self.plugin.is_weight_sender:
             for _ in tensors:  # non-senders yield nothing but must run the gathers
@@ -264,6 +275,20 @@ class Consumer:
         ref = ray.put(pack_named_tensors(tensors))
         ray.get(self.weight_store.publish.remote(self.version, [ref]))
         self._published = ref
+
+    def snapshot_weights(self) -> tuple[int, list | None, bool]:
+        """Collective: the current weights for an evaluation, as (newest published version, [ref] on the
+        sender else None, whether the weights are exactly that version). Right after a publish (nothing drawn
+        since) the published object is reused; otherwise the full weights are gathered once more. The branch
+        depends only on counters equal on every rank, so all ranks make the same collective calls."""
+        if self._published_version == self.version > 0 and self.drawn_since_sync == 0:
+            return self.version, [self._published] if self.plugin.is_weight_sender else None, True
+        tensors = self.plugin.named_full_tensors()
+        if not self.plugin.is_weight_sender:
+            for _ in tensors:  # non-senders yield nothing but must run the gathers
+                pass
+            return self.version, None, False
+        return self.version, [ray.put(pack_named_tensors(tensors))], False
 
     def save_pretrained(self, path: str) -> str:
         """Collective: the policy as an HF directory (the sender writes it, with the tokenizer)."""

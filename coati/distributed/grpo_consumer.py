@@ -101,6 +101,9 @@ class GRPOConsumer(Consumer):
         }
         return batches
 
+    def rollout_tensors(self, kept):
+        return shaped_group_tensors(kept, self.groups_config, self.config.sampling.max_new_tokens)
+
     def step(self):
         self._step_stats = {}
         metrics = super().step()

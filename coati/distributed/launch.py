@@ -1,7 +1,8 @@
 """Builds the Ray actors for a run, wires buffer and weight sync, drives training and evaluation.
 
 The driver only orchestrates: producers run their own generation loop; the driver calls ``step()`` on
-the trainers, logs what they return, and evaluates before and after training.
+the trainers, logs what they return (and writes -rsd rollout logs), and has the model evaluated at step 0,
+every -ei steps and at the end (eval_schedule.py).
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import ray
 
 from coati.distributed.checkpointing import check_resume, restore_run, save_checkpoint, trim_metrics
 from coati.distributed.config import RLConfig
+from coati.distributed.eval_schedule import EvalSchedule
 from coati.distributed.grpo_consumer import GRPOConsumer
 from coati.distributed.producer import Producer
 from coati.distributed.weight_sync import WeightStore
 from coati.distributed.buffer import RolloutBuffer
 from coati.utils.metrics import MetricsLogger
+from coati.utils.run_files import RolloutWriter
 
 
 @dataclass
@@ -42,25 +45,6 @@ def init_ray(config: RLConfig) -> None:
         return
     actors = config.parallel.num_inferencers + config.parallel.num_trainers
     ray.init(num_cpus=max(actors, os.cpu_count() or 1), _temp_dir=config.run.ray_dir, **kwargs)
-
-
-def _eval_all(producer, config: RLConfig, logger: MetricsLogger, step: int, log) -> dict:
-    results = {}
-    eval_dir = config.run.eval_save_dir or os.path.join(config.run.run_dir, "eval")
-    os.makedirs(eval_dir, exist_ok=True)
-    for task, path in config.data.eval_paths.items():
-        for mode, params in config.eval_sampling:
-            out = ray.get(producer.evaluate.remote(path, params))
-            key = f"{task}/{mode}"
-            results[key] = out["accuracy"]
-            with open(os.path.join(eval_dir, f"{task}_{mode}_step{step}.jsonl"), "w") as handle:
-                for record in out["records"]:
-                    handle.write(json.dumps(record) + "\n")
-            logger.log(step, {"task": task, "mode": mode, "accuracy": out["accuracy"], "format_rate":
-                              out["format_rate"], "count": out["count"], "version": out["version"]}, kind="eval")
-            log(f"eval step {step} {key}: accuracy {out['accuracy']:.3f} format {out['format_rate']:.3f} "
-                f"(n={out['count']}, weights v{out['version']})")
-    return results
 
 
 def run(config: RLConfig, log=print) -> RunResult:
@@ -99,12 +83,18 @@ def run(config: RLConfig, log=print) -> RunResult:
     if resume and trim_metrics(config.run.run_dir, state["step"]):
         log(f"metrics.jsonl: dropped the rows after step {state['step']}, which this resumed run redoes")
     logger = MetricsLogger(config.run.run_dir, config.run.project, _jsonable(config), log, resume=bool(resume))
+    evals = EvalSchedule(config, producers[0], consumers, logger, log, num_threads=max(1, cores // 2),
+                         resume=bool(resume))
+    rollouts = None
+    if config.run.rollout_save_dir:
+        rollouts = RolloutWriter(os.path.join(config.run.rollout_save_dir, config.run.project), log=log,
+                                 resume=bool(resume))
     if resume:
         log(f"resuming from {resume}: step {state['step']}, weights v{state['policy_version']}, "
             f"{state['pending_groups']} pending groups, producers from round {state['next_round']}")
-        eval_before = state["eval_before"]
+        evals.restore_before(state["eval_before"])
     else:
-        eval_before = _eval_all(producers[0], config, logger, 0, log)
+        evals.submit(0)
     start_round = state["next_round"] if resume else 0
     generation = [producer.run.remote(rounds, start_round) for producer in producers]
     step, skipped = (state["step"], state["skipped"]) if resume else (0, 0)
@@ -116,13 +106,15 @@ def run(config: RLConfig, log=print) -> RunResult:
         path = os.path.join(config.run.run_dir, f"step_{at_step}")
         if (path, skipped) != last_saved or not os.path.isdir(path):
             save_checkpoint(path, consumers, buffer, config,
-                            {"step": at_step, "skipped": skipped, "eval_before": eval_before}, total_groups)
+                            {"step": at_step, "skipped": skipped, "eval_before": evals.before_accuracy()},
+                            total_groups)
         return path
 
     while True:
         metrics = ray.get([consumer.step.remote() for consumer in consumers])[0]
         if metrics is None:
             break
+        records = metrics.pop("rollouts", None)  # -rsd: trainer rank 0's records of this step's samples
         if "skipped" in metrics:
             skipped += 1
             logger.log(step, metrics, kind="skipped")
@@ -131,6 +123,11 @@ def run(config: RLConfig, log=print) -> RunResult:
             continue
         step += 1
         logger.log(step, metrics)
+        if records and rollouts is not None:
+            rollouts.write(step, records)
+        if evals.due(step):
+            evals.submit(step)
+        evals.poll()
         bar.update(1)
         bar.set_postfix(reward=f"{metrics['reward']:.3f}", acc=f"{metrics['accuracy']:.3f}",
                         loss=f"{metrics['loss']:.4f}", v=metrics["weight_version"])
@@ -141,7 +138,9 @@ def run(config: RLConfig, log=print) -> RunResult:
     total_steps = step
     if skipped:
         log(f"{skipped} steps were skipped because no group survived the filter")
-    eval_after = _eval_all(producers[0], config, logger, total_steps, log)
+    eval_before, eval_after = evals.finish(total_steps)
+    if rollouts is not None:
+        rollouts.close()
     final_dir = save(total_steps)
     ray.get([consumer.shutdown.remote() for consumer in consumers])
     logger.close()

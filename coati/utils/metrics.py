@@ -1,4 +1,14 @@
-"""Metrics sinks: a jsonl file per run (always) and wandb when it is installed (offline unless asked)."""
+"""Metrics sinks: a jsonl file per run (always) and wandb when it is installed.
+
+wandb runs offline (files under the run directory, ``wandb sync`` uploads them later) unless the user asks
+for online with ``WANDB_MODE=online``: offline never waits on a network. wandb is never required and never
+stops the run: if it is not installed, cannot be imported, fails to start, or fails while logging, one
+message says so and the metrics keep going to the jsonl file.
+
+Eval rows arrive after later training rows (the evaluator runs beside training), and wandb drops a value
+logged at a step older than its latest, so eval metrics use their own x-axis ``eval/step``
+(``define_metric``) under keys ``eval/<task>/<mode>/<metric>``.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +20,7 @@ import time
 class MetricsLogger:
     def __init__(self, run_dir: str, project: str, config: dict | None = None, log=print, resume: bool = False):
         os.makedirs(run_dir, exist_ok=True)
+        self.log_message = log
         self.path = os.path.join(run_dir, "metrics.jsonl")
         if os.path.exists(self.path) and not resume:
             # A new run in a used directory: keep the old metrics under a dated name, never overwrite them.
@@ -20,27 +31,48 @@ class MetricsLogger:
         self._file = open(self.path, "a", encoding="utf-8")
         self._wandb = None
         self._start = time.time()
+        self._start_wandb(run_dir, project, config)
+
+    def _start_wandb(self, run_dir: str, project: str, config: dict | None) -> None:
         try:
             import wandb
         except ImportError:
-            log("wandb is not installed: metrics go to the jsonl file only (pip install wandb to add it)")
+            self.log_message("wandb is not installed: metrics go to the jsonl file only (pip install wandb to add it)")
             return
-        # Offline unless the user opted in with WANDB_MODE=online; a failing wandb never stops the run.
+        except Exception as err:  # noqa: BLE001 - a broken install (e.g. a protobuf clash) must not stop the run
+            self.log_message(f"wandb could not be imported ({type(err).__name__}: {err}); "
+                             "metrics go to the jsonl file only")
+            return
         mode = os.environ.get("WANDB_MODE", "offline")
         try:
-            self._wandb = wandb.init(project=project, dir=run_dir, mode=mode, config=config or {})
+            run = wandb.init(project=project, dir=run_dir, mode=mode, config=config or {})
+            run.define_metric("eval/step")
+            run.define_metric("eval/*", step_metric="eval/step")
         except Exception as err:  # noqa: BLE001 - any wandb failure degrades to jsonl only
-            log(f"wandb could not start ({err}); metrics go to the jsonl file only")
+            self.log_message(f"wandb could not start ({type(err).__name__}: {err}); metrics go to the jsonl file only")
+            return
+        self._wandb = run
+        self.log_message(f"wandb logging {mode} to {run_dir}" + (" (wandb sync uploads it)" if mode == "offline" else ""))
 
     def log(self, step: int, metrics: dict, kind: str = "train") -> None:
         row = {"step": step, "kind": kind, "time_s": round(time.time() - self._start, 3), **metrics}
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
         if self._wandb is not None:
-            try:
-                self._wandb.log({f"{kind}/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
-            except Exception:  # noqa: BLE001
-                pass
+            self._log_wandb(step, metrics, kind)
+
+    def _log_wandb(self, step: int, metrics: dict, kind: str) -> None:
+        numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        try:
+            if kind == "eval":
+                prefix = f"eval/{metrics.get('task', 'eval')}/{metrics.get('mode', 'eval')}"
+                self._wandb.log({"eval/step": step, **{f"{prefix}/{k}": v for k, v in numbers.items()}})
+            else:
+                self._wandb.log({f"{kind}/{k}": v for k, v in numbers.items()}, step=step)
+        except Exception as err:  # noqa: BLE001
+            self.log_message(f"wandb logging failed ({type(err).__name__}: {err}); "
+                             "from now on metrics go to the jsonl file only")
+            self._wandb = None
 
     def close(self) -> None:
         self._file.close()

@@ -32,6 +32,7 @@ def run_cli(argv, capsys):
     (["-e", "0"], "-e/--num-episodes must be at least 1"),
     (["-lr", "0"], "-lr/--learning-rate must be > 0"),
     (["-ed", "{bad json"], "--eval-dataset is not valid JSON"),
+    (["-ed", '{"t": "/nonexistent/eval.jsonl"}'], "-ed/--eval-dataset file for task 't' not found"),
     (["-ed", '{"../x": "a.jsonl"}'], "is not a valid file name"),
     (["-rt", "think_answer_tags"], "embedded demo model answers in \\boxed{}"),
     # Trainer layouts: against the trainer count, the plugin family, the precision and the model.
@@ -121,11 +122,40 @@ def test_dataset_missing_malformed_or_too_small(tiny_model_dir, tmp_path, capsys
     assert code == 2 and f"{bad}:2:" in err
 
 
-def test_parse_eval_datasets():
-    assert parse_eval_datasets('{"gsm8k": "a.jsonl", "math-500": "b.jsonl"}') == {"gsm8k": "a.jsonl", "math-500": "b.jsonl"}
+def test_parse_eval_datasets(tmp_path):
+    a, b = write_rows(tmp_path / "a.jsonl", good_rows(2)), write_rows(tmp_path / "b.jsonl", good_rows(2))
+    assert parse_eval_datasets(json.dumps({"gsm8k": a, "math-500": b})) == {"gsm8k": a, "math-500": b}
     assert parse_eval_datasets(None) == {}
     with pytest.raises(ConfigError, match="JSON object"):
         parse_eval_datasets('["a.jsonl"]')
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"math": "A.jsonl"', "-ed/--eval-dataset is not valid JSON (Expecting ',' delimiter at column "),
+    ("{}", "must be a non-empty JSON object"),
+    ('{"math": "A.jsonl", "math": "A.jsonl"}', "names task 'math' twice"),
+    ('{"a/b": "A.jsonl"}', "task name 'a/b' is not a valid file name"),
+    ('{"..": "A.jsonl"}', "task name '..' is not a valid file name"),
+    ('{"my task": "A.jsonl"}', "task name 'my task' is not a valid file name"),
+    ('{"math": 3}', "path for task 'math' must be a non-empty string"),
+    ('{"math": "MISSING"}', "-ed/--eval-dataset file for task 'math' not found: "),
+])
+def test_bad_eval_datasets_give_one_line(text, message, tmp_path, capsys):
+    good = write_rows(tmp_path / "good.jsonl", good_rows(2))
+    text = text.replace("A.jsonl", good).replace("MISSING", str(tmp_path / "missing.jsonl"))
+    code, err = run_cli(["-ed", text], capsys)  # the embedded demo: rejected before any asset is built
+    assert code == 2 and err.count("\n") == 0 and err.startswith("error: "), err
+    assert message in err
+
+
+def test_eval_interval_and_rollout_flags(tiny_model_dir, tmp_path, capsys):
+    data = write_rows(tmp_path / "d.jsonl", good_rows(64))
+    code, err = run_cli(["-m", tiny_model_dir, "-d", data, "-ei", "2"], capsys)
+    assert code == 2 and "-ei/--eval-interval needs held-out data: pass -ed/--eval-dataset" in err
+    code, err = run_cli(["-ei", "-1"], capsys)
+    assert code == 2 and "-ei/--eval-interval must be >= 0" in err
+    code, err = run_cli(["-rsd", str(tmp_path), "--rollout-save-interval", "0"], capsys)
+    assert code == 2 and "--rollout-save-interval must be at least 1, got 0" in err
 
 
 def test_real_cli_prints_no_traceback():

@@ -207,6 +207,35 @@ def test_metrics_have_the_algorithm_keys(tiny_dir, monkeypatch):
     assert 0 < row["entropy"]
 
 
+def test_rollout_records_carry_the_trained_advantages(tiny_dir, monkeypatch, tmp_path):
+    # DAPO: every other group is all-correct (filtered out); the first sample of each group is truncated
+    # (DAPO masks it from the loss). Records cover every drawn group of every 2nd trained step.
+    consumer, buffer, store = build(tiny_dir, monkeypatch, [4, 2], 2, "-a", "DAPO", "-rsd", str(tmp_path),
+                                    "--rollout-save-interval", "2")
+    for round_groups in buffer.rounds:
+        for group in round_groups:
+            group.finish_reasons[0] = "length"
+            group.texts, group.prompt_text = ["12+34=46"] * G, "12+34="
+    rows = run_all(consumer)
+    assert len(rows) == 2 and "rollouts" not in rows[0]
+    records = rows[1]["rollouts"]
+    assert len(records) == 8 * G and {r["step"] for r in records} == {2}
+    assert {r["policy_version"] for r in records} == {1}  # step 2 trains on round 1, made by weights v1
+    filtered = [r for r in records if not r["kept"]]
+    kept = [r for r in records if r["kept"]]
+    assert len(filtered) == len(kept) == 4 * G
+    assert all(r["advantage"] is None and r["in_loss"] is False and r["correct"] for r in filtered)
+    # A kept group: rewards [1, 1, 0.1, 0.1] -> group-normalised advantages +-0.45 / std (unbiased 0.5196)
+    for r in kept:
+        expected = 0.45 / 0.519615 * (1 if r["sample"] < 2 else -1)
+        assert r["advantage"] == pytest.approx(expected, abs=1e-4)
+        assert r["shaped_reward"] == pytest.approx(r["reward"])  # 5 tokens: far from the overlong zone
+        assert r["in_loss"] == (r["sample"] != 0)  # the truncated first sample is masked
+        assert r["prompt"] == "12+34=" and r["response"] == "12+34=46" and r["response_tokens"] == 5
+    assert [r["group"] for r in records[::G]] == list(range(8))
+    assert [r["finish_reason"] for r in records[:G]] == ["length", "stop", "stop", "stop"]
+
+
 # ---------------------------------------------------------------------------------------------------------
 # End to end on a real local Ray cluster
 
@@ -247,7 +276,7 @@ def run_demo(assets, tmp_path, *flags):
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_dapo_run_terminates_with_dynamic_batching(algo_demo_assets, tmp_path):
-    result, rows = run_demo(algo_demo_assets, tmp_path, "-a", "DAPO")
+    result, rows = run_demo(algo_demo_assets, tmp_path, "-a", "DAPO", "-ei", "2")
     train = [r for r in rows if r["kind"] == "train"]
     skipped = [r for r in rows if r["kind"] == "skipped"]
     assert 1 <= result.steps == len(train) <= 8
@@ -257,17 +286,25 @@ def test_dapo_run_terminates_with_dynamic_batching(algo_demo_assets, tmp_path):
         assert all(key in r for r in train), key
     assert all(r["groups_kept"] == 8 for r in train if not r["data_exhausted"] and not r["draw_limit_hit"])
     assert train[-1]["weight_version"] == 4  # one version per producer round, whatever the filter removed
+    # -ei 2 counts trained steps only (skipped ones do not move the counter); 0 and the end always.
     evals = [r for r in rows if r["kind"] == "eval"]
-    assert [r["version"] for r in evals] == [0, 0, 4, 4]
+    expected = sorted({0, result.steps, *range(2, result.steps + 1, 2)})
+    assert [r["step"] for r in evals] == [s for s in expected for _ in ("sampled", "greedy")]
+    version_at = {0: 0, **{r["step"]: r["weight_version"] for r in train}}
+    assert all(r["version"] == version_at[r["step"]] for r in evals)  # the newest published at that step
+    assert evals[-1]["version"] == 4 and evals[-1]["on_sync"]
 
 
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_pg_run_with_kl_terminates(algo_demo_assets, tmp_path):
-    result, rows = run_demo(algo_demo_assets, tmp_path, "-a", "PG", "-kl", "0.05", "--ppo-epochs", "2")
+    result, rows = run_demo(algo_demo_assets, tmp_path, "-a", "PG", "-kl", "0.05", "--ppo-epochs", "2", "-ei", "100")
     train = [r for r in rows if r["kind"] == "train"]
     assert result.steps == len(train) == 8
     for key in ("kl", "entropy", "clip_fraction_low", "clip_fraction_high", "groups_drawn", "loss"):
         assert all(key in r for r in train), key
     assert all(r["clip_fraction"] == 0 and r["optimizer_steps"] == 2 for r in train)  # REINFORCE: no clipping
     assert train[-1]["kl"] > 0 and train[-1]["weight_version"] == 4
+    # -ei larger than the run: the evaluator still evaluates step 0 and the end, once each
+    evals = [(r["step"], r["version"], r["on_sync"]) for r in rows if r["kind"] == "eval"]
+    assert evals == [(0, 0, True), (0, 0, True), (8, 4, True), (8, 4, True)]

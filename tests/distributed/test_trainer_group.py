@@ -39,8 +39,9 @@ def rollouts(correct_pattern=None) -> list:
             for n, g in enumerate(groups)]
 
 
-def train(model_dir: str, flags: list[str], groups: list, tbs: int) -> tuple[list[dict], dict, int]:
-    """(metrics of every step, full weights after training, weight versions published) for one layout."""
+def train(model_dir: str, flags: list[str], groups: list, tbs: int, after_step=None) -> tuple[list[dict], dict, int]:
+    """(metrics of every step, full weights after training, weight versions published) for one layout;
+    ``after_step(consumers, results)`` runs between steps, as the driver's evaluation snapshots do."""
     argv = ["-m", model_dir, "-d", "unused.jsonl", "-g", str(G), "-ibs", str(NUM_GROUPS), "-imbs", str(NUM_GROUPS),
             "-tbs", str(tbs), "-tMbs", str(tbs), "-tmbs", "4", "-lr", "1e-4", "--no-progress", *flags]
     config = config_from_args(build_parser().parse_args(argv))
@@ -62,6 +63,8 @@ def train(model_dir: str, flags: list[str], groups: list, tbs: int) -> tuple[lis
                 break
             assert len({r.get("groups_kept") for r in results}) == 1, "ranks disagree on the kept groups"
             rows.append(results[0])
+            if after_step is not None:
+                after_step(consumers, results)
         state = ray.get([c.full_state.remote() for c in consumers], timeout=300)[0]
         version, refs = ray.get(store.wait_for.remote(0, 10.0))
         published = dict(unpack_named_tensors(ray.get(refs[0])))
@@ -128,3 +131,30 @@ def test_dapo_filtering_over_two_data_parallel_ranks(local_ray, tiny_model_dir):
     assert [r["groups_kept"] for r in reference[0]] == [4, 1]
     assert [r["groups_filtered"] for r in reference[0]] == [2, 1]
     assert_same_run(reference, candidate, "DAPO torch DDP x2")
+
+
+def test_eval_snapshots_and_rollout_records_over_two_ranks(local_ray, tiny_model_dir, tmp_path):
+    """-ei's weight snapshot is collective (FSDP2 shards are gathered) and holds exactly the current weights,
+    mid-round (one extra gather) or right after a publish (the published object); -rsd records come from
+    rank 0 alone and cover every data-parallel rank's share."""
+    snapshots_seen = []
+
+    def after_step(consumers, results):
+        snapshots = ray.get([c.snapshot_weights.remote() for c in consumers], timeout=300)
+        assert sum(refs is not None for _, refs, _ in snapshots) == 1  # the sender's
+        assert len({(version, on_sync) for version, _, on_sync in snapshots}) == 1  # every rank agrees
+        refs = next(refs for _, refs, _ in snapshots if refs is not None)
+        current = ray.get([c.full_state.remote() for c in consumers], timeout=300)[0]
+        weights = dict(unpack_named_tensors(ray.get(refs[0])))
+        assert weights.keys() == current.keys() and all(torch.equal(weights[n], current[n]) for n in current)
+        snapshots_seen.append(snapshots[0][0::2])
+        assert "rollouts" in results[0] and all("rollouts" not in r for r in results[1:])
+
+    flags = ["-t", "2", "-zero", "2", "-rsd", str(tmp_path)]
+    rows, _, _ = train(tiny_model_dir, flags, rollouts(), 2, after_step)
+    assert snapshots_seen == [(0, False), (1, True)]  # step 1: mid-round; step 2 drew the round and published
+    for step, row in enumerate(rows, start=1):
+        records = row["rollouts"]
+        assert len(records) == 4 * G and {r["step"] for r in records} == {step}  # both ranks' 2 groups each
+        for group in range(4):
+            assert sum(r["advantage"] for r in records[group * G : (group + 1) * G]) == pytest.approx(0, abs=1e-5)
