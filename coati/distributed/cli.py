@@ -77,7 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--ppo-epochs", type=int, default=None, help="optimizer passes over every rollout batch (default 1)")
     a("--topk-samples", type=int, default=None,
       help="keep only the K highest-reward samples of each group in the loss (ties: lower index; default: all)")
-    a("--learner-chunk-size", type=int, default=None, help=f"prompts the trainer generates per step {NOT_YET}")
+    a("--learner-chunk-size", type=int, default=None,
+      help="learner-side generation: the weight-sending trainer also generates N prompts (x G samples) per round "
+           "with the just-published weights while it would otherwise wait for the producers; a round then holds "
+           "num_inferencer*ibs + N groups, which must be a multiple of dp*tbs (default 0: off)")
     a("-lr", "--learning-rate", type=float, default=None, help="AdamW learning rate; default: 3e-4 for the demo, else 1e-6")
     a("-kl", "--kl-coeff", type=float, default=None,
       help="weight (beta) of the k3 KL to the initial model; default: 0 (no reference model), as in every preset")
