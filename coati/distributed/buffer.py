@@ -35,13 +35,15 @@ class RolloutBuffer:
         if count > self.capacity:
             raise ValueError(f"cannot get {count} groups from a buffer of capacity {self.capacity}")
         async with self._changed:
+            # A later reader of a shared request may arrive while the first still waits for groups: it must
+            # wait for that first pop too (not pop groups of its own), so the predicate also watches _shared.
+            await self._changed.wait_for(lambda: request_id in self._shared or len(self._groups) >= count)
             if request_id is not None and request_id in self._shared:
                 entry = self._shared[request_id]
                 entry[1] -= 1
                 if entry[1] == 0:
                     del self._shared[request_id]
                 return entry[0]
-            await self._changed.wait_for(lambda: len(self._groups) >= count)
             groups = [self._groups.popleft() for _ in range(count)]
             self.total_got += count
             if request_id is not None and readers > 1:
