@@ -132,6 +132,8 @@ def test_dapo_with_two_trainers_draws_every_group_once(demo_assets, tmp_path):
     result, rows = demo_run(demo_assets, tmp_path, ["-a", "DAPO", "-t", "2", "-tbs", "4"])
     assert sum(r["groups_drawn"] for r in rows) == 64
     assert sum(r["learner_groups"] for r in rows) == 32
-    assert all(r["policy_lag"] == 0 for r in rows)
+    # A step that needs more groups than its round still holds publishes mid-step (the unchanged weights) and
+    # then draws the next round, so it reports a lag of 1; nothing is ever older than that.
+    assert all(r["policy_lag"] <= 1 for r in rows)
     assert rows[-1]["weight_version"] == 4
     assert result.steps == sum(r["kind"] == "train" for r in rows) >= 1
