@@ -26,6 +26,10 @@ ones, so the groups that follow are still on-policy). A step can never wait for 
 not published, so filtering cannot deadlock the two sides. Without filtering this is exactly "every
 steps_per_sync steps". Publishing is collective (sharded weights are gathered); only the sender ``ray.put``s.
 
+Learner-side generation (``--learner-chunk-size N``, see learner_generation.py): the sender also generates N
+groups of every round with the weights it has just published, puts them into the buffer before its first draw
+of the round, and refreshes its inference model from the tensors it gathers when publishing.
+
 ``set_total_groups`` tells the consumer how many groups the producers will make in all; ``step()`` returns
 None once they are all drawn and trained on. Algorithm specifics (selection, the loss, extra tensors) live
 in subclasses.
