@@ -280,11 +280,11 @@ class Consumer:
                 pass
             return
         packed = pack_named_tensors(tensors)
-        if self.learner is not None:  # the learner generates the next round with exactly these weights
-            self.learner.load_weights(unpack_named_tensors(packed))
         ref = ray.put(packed)
         ray.get(self.weight_store.publish.remote(self.version, [ref]))
         self._published = ref
+        if self.learner is not None:  # after the producers got theirs: the learner's next round uses these too
+            self.learner.load_weights(unpack_named_tensors(packed))
 
     def save_pretrained(self, path: str) -> str:
         """Collective: the policy as an HF directory (the sender writes it, with the tokenizer)."""
