@@ -55,6 +55,7 @@ def round_settings(config) -> dict:
     p, b = config.parallel, config.batch
     return {"num_inferencers": p.num_inferencers, "inference_batch_size": b.inference_batch_size,
             "num_generations": b.num_generations, "seed": config.run.seed,
+            "learner_chunk_size": config.algo.learner_chunk_size,
             "train_path": os.path.abspath(config.data.train_path)}
 
 
@@ -85,6 +86,8 @@ def load_consumer(consumer, path: str) -> dict:
         consumer.publish_weights()
     for name, value in counters.items():
         setattr(consumer, name, value)
+    if consumer.learner is not None:  # it fills a round at the round's first draw (see pending_count)
+        consumer.learner.last_round = consumer.version if consumer.drawn_since_sync > 0 else consumer.version - 1
     if os.path.isfile(own) and state["world_size"] == consumer.plugin.world_size:
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
@@ -94,8 +97,13 @@ def load_consumer(consumer, path: str) -> dict:
 
 # --- driver side ---
 def pending_count(counters: dict, config, total_groups: int) -> int:
-    """Groups of the current round not drawn yet (0 after the last round)."""
-    return min(config.groups_per_sync - counters["drawn_since_sync"], total_groups - counters["drawn_total"])
+    """Groups of the current round not drawn yet and already on their way to the buffer (0 after the last
+    round). The learner (--learner-chunk-size) puts its groups in at the round's first draw: before that draw
+    only the producers' part is coming, and the resumed learner generates its part itself."""
+    undrawn = config.groups_per_sync - counters["drawn_since_sync"]
+    if counters["drawn_since_sync"] == 0:
+        undrawn -= config.algo.learner_chunk_size
+    return max(0, min(undrawn, total_groups - counters["drawn_total"]))
 
 
 def save_checkpoint(path: str, consumers, buffer, config, driver: dict, total_groups: int,

@@ -15,7 +15,6 @@ DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 8, "max_prompt_tokens"
 MODEL_DEFAULTS = {"learning_rate": 1e-6, "max_new_tokens": 1024, "max_prompt_tokens": 512, "num_episodes": 1}
 # -rt code on the embedded model: the pipeline runs end to end; the tiny model cannot write programs yet.
 CODE_DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 64, "max_prompt_tokens": 512, "num_episodes": 1}
-NOT_YET = "(not yet supported: only the default is accepted)"
 ALGO_HELP = (
     "algorithm preset. GRPO: clip 0.2/0.2, sample_level loss, beta = -kl. "
     "DAPO: filter_range [0.01, 0.99] + dynamic_batching, clip 0.2/0.28, skip_threshold 20, beta 0, token_level "
@@ -79,7 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--ppo-epochs", type=int, default=None, help="optimizer passes over every rollout batch (default 1)")
     a("--topk-samples", type=int, default=None,
       help="keep only the K highest-reward samples of each group in the loss (ties: lower index; default: all)")
-    a("--learner-chunk-size", type=int, default=None, help=f"prompts the trainer generates per step {NOT_YET}")
+    a("--learner-chunk-size", type=int, default=None,
+      help="learner-side generation: the weight-sending trainer also generates N prompts (x G samples) per round "
+           "with the just-published weights while it would otherwise wait for the producers; a round then holds "
+           "num_inferencer*ibs + N groups, which must be a multiple of dp*tbs (default 0: off)")
     a("-lr", "--learning-rate", type=float, default=None, help="AdamW learning rate; default: 3e-4 for the demo, else 1e-6")
     a("-kl", "--kl-coeff", type=float, default=None,
       help="weight (beta) of the k3 KL to the initial model; default: 0 (no reference model), as in every preset")

@@ -174,17 +174,17 @@ class RLConfig:
 
     @property
     def steps_per_sync(self) -> int:
-        """Trainer steps between two weight syncs: one producer round of every inferencer."""
-        produced = self.parallel.num_inferencers * self.batch.inference_batch_size
-        return produced // (self.parallel.dp_size * self.batch.train_batch_size)
+        """Trainer steps between two weight syncs: one round (every inferencer's and the learner's groups)."""
+        return self.groups_per_sync // (self.parallel.dp_size * self.batch.train_batch_size)
 
     @property
     def groups_per_sync(self) -> int:
-        """Groups the trainer group draws between two weight syncs: one round of every producer.
+        """Groups the trainer group draws between two weight syncs: one round of every producer, plus the
+        learner's ``learner_chunk_size`` groups.
 
         Equal to steps_per_sync * dp * tbs without filtering; dynamic batching syncs on this count, not on steps.
         """
-        return self.parallel.num_inferencers * self.batch.inference_batch_size
+        return self.parallel.num_inferencers * self.batch.inference_batch_size + self.algo.learner_chunk_size
 
 
 def _require(condition: bool, message: str) -> None:
@@ -389,9 +389,15 @@ def validate(config: RLConfig) -> None:
     _require(p.plugin in PLUGIN_FAMILIES, f"unknown --plugin {p.plugin!r}; choose one of {', '.join(PLUGIN_FAMILIES)}")
     _validate_layout(config)
     produced, consumed = p.num_inferencers * b.inference_batch_size, p.dp_size * b.train_batch_size
-    _require(produced % consumed == 0,
-             f"num_inferencer*ibs ({produced}) must be a multiple of data-parallel trainers*tbs ({consumed}): "
-             "change -i, -ibs, -t or -tbs")
+    if config.algo.learner_chunk_size > 0:  # a round also holds the learner's groups; steps must tile it
+        chunk = config.algo.learner_chunk_size
+        _require((produced + chunk) % consumed == 0,
+                 f"num_inferencer*ibs + --learner-chunk-size ({produced} + {chunk} = {produced + chunk}) must be a "
+                 f"multiple of data-parallel trainers*tbs ({consumed}): change --learner-chunk-size, -ibs or -tbs")
+    else:
+        _require(produced % consumed == 0,
+                 f"num_inferencer*ibs ({produced}) must be a multiple of data-parallel trainers*tbs ({consumed}): "
+                 "change -i, -ibs, -t or -tbs")
     _require(b.train_batch_size >= b.train_minibatch_size,
              f"-tbs ({b.train_batch_size}) must be >= -tMbs ({b.train_minibatch_size})")
     _require(b.train_batch_size % b.train_minibatch_size == 0,
@@ -413,7 +419,6 @@ def validate(config: RLConfig) -> None:
     _validate_algo(config)
     _require(config.run.save_interval >= 0, "-si/--save-interval must be >= 0 (0 saves only at the end)")
     _validate_logs(config)
-    _not_yet(config)
     if p.backend == "vllm":  # the environment, checked here so the error comes before any build or actor
         _check_vllm(p.producer_tensor_parallel_size)
 
@@ -456,16 +461,6 @@ def _validate_layout(config: RLConfig) -> None:
         raise ConfigError(f"trainer layout (-t {p.num_trainers} -tp {p.tensor_parallel_size} "
                           f"-pp {p.pipeline_parallel_size} -zero {p.zero_stage} --plugin {p.plugin} "
                           f"--precision {p.precision}): {err}") from None
-
-
-def _not_yet(config: RLConfig) -> None:
-    """Flags whose feature lands in a later issue accept only their default until then."""
-    p, r = config.parallel, config.run
-    pending = [
-        (config.algo.learner_chunk_size > 0, "--learner-chunk-size > 0 (learner-side generation)"),
-    ]
-    for active, what in pending:
-        _require(not active, f"{what} is not yet supported in this version; leave it at its default")
 
 
 def _check_vllm(tensor_parallel_size: int) -> None:
@@ -531,6 +526,12 @@ def check_inputs(config: RLConfig) -> None:
             check_resume(config)
         except ValueError as err:
             raise ConfigError(str(err)) from None
+    chunk = config.algo.learner_chunk_size
+    if chunk > 0:  # producers and learner split the data in proportion: it must hold one full round
+        round_size = config.parallel.num_inferencers * config.batch.inference_batch_size + chunk
+        _require(len(train) >= round_size,
+                 f"{config.data.train_path} has {len(train)} prompts: one round needs num_inferencer*ibs + "
+                 f"--learner-chunk-size = {round_size}; lower -ibs or --learner-chunk-size, or add data")
     per_producer = len(train) // config.parallel.num_inferencers
     _require(per_producer >= config.batch.inference_batch_size,
              f"{config.data.train_path} has {len(train)} prompts: each of the {config.parallel.num_inferencers} "

@@ -26,6 +26,10 @@ ones, so the groups that follow are still on-policy). A step can never wait for 
 not published, so filtering cannot deadlock the two sides. Without filtering this is exactly "every
 steps_per_sync steps". Publishing is collective (sharded weights are gathered); only the sender ``ray.put``s.
 
+Learner-side generation (``--learner-chunk-size N``, see learner_generation.py): the sender also generates N
+groups of every round with the weights it has just published, puts them into the buffer before its first draw
+of the round, and refreshes its inference model from the tensors it gathers when publishing.
+
 ``set_total_groups`` tells the consumer how many groups the producers will make in all; ``step()`` returns
 None once they are all drawn and trained on. Algorithm specifics (selection, the loss, extra tensors) live
 in subclasses.
@@ -44,7 +48,7 @@ import torch
 from coati.distributed.config import RLConfig
 from coati.distributed.rollout import RolloutGroup, collate, split_micro_batches
 from coati.distributed.rollout_log import rollout_log_due, rollout_records
-from coati.distributed.weight_sync import pack_named_tensors
+from coati.distributed.weight_sync import pack_named_tensors, unpack_named_tensors
 from coati.plugins import make_plugin
 
 
@@ -73,6 +77,7 @@ class Consumer:
         self._draw_serial = 0  # draws since the start
         self._published = None  # keeps the newest weights alive in the object store
         self._published_version = 0  # the version of ``_published`` (tracked on every rank)
+        self.learner = None  # LearnerGenerator on the weight sender when --learner-chunk-size > 0
 
     def rendezvous_address(self) -> tuple[str, int]:
         """(address, port) for the trainer group's rendezvous, hosted by this actor (rank 0)."""
@@ -101,8 +106,16 @@ class Consumer:
                                   p.precision, world_size=p.num_trainers, model_config=model_config)
         model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=torch.float32)
         self.plugin.setup(model, config.algo.learning_rate)
+        if config.algo.learner_chunk_size > 0 and self.plugin.is_weight_sender:
+            from coati.distributed.learner_generation import LearnerGenerator
+
+            self.learner = LearnerGenerator(config)
         torch.manual_seed(config.run.seed + self.rank)
         self.setup_algorithm()
+
+    def learner_info(self) -> dict | None:
+        """The learner-side generator's shard (prompts, rounds per episode) on the rank that owns it, else None."""
+        return self.learner.info() if self.learner is not None else None
 
     def setup_algorithm(self) -> None:
         """Hook for subclasses (e.g. loading a reference model)."""
@@ -171,6 +184,8 @@ class Consumer:
             want = (target - len(kept)) if dynamic else (target - len(drawn))
             count = min(want, max_draw - len(drawn), per_sync - self.drawn_since_sync,
                         remaining if remaining is not None else want)
+            if self.learner is not None:  # round `version` starts: add its learner groups (once)
+                self.learner.fill(self.buffer, self.version, self.version)
             groups = self._draw(count)
             drawn.extend(groups)
             survivors, stats = self.select_groups(groups)
@@ -209,7 +224,8 @@ class Consumer:
         groups, drawn, info = self._pull()
         if groups is None:
             return None
-        wait = time.perf_counter() - start
+        learner_s = self.learner.take_time() if self.learner is not None else 0.0
+        wait = time.perf_counter() - start - learner_s
         metrics: dict = {}
         if not groups:
             reason = (f"all {len(drawn)} groups drawn this step were filtered out"
@@ -240,6 +256,8 @@ class Consumer:
         metrics.update(step_time_s=time.perf_counter() - start, buffer_wait_s=wait)
         if groups and self.rank == 0 and rollout_log_due(self.config, self.step_count):
             metrics["rollouts"] = rollout_records(self.step_count, drawn, groups, *self.rollout_tensors(groups))
+        if self.config.algo.learner_chunk_size > 0:
+            metrics.update(learner_groups=sum(g.learner for g in drawn), learner_gen_s=learner_s)
         if self.drawn_since_sync >= self.config.groups_per_sync:
             self.publish_weights()
         metrics["weight_version"] = self.version
@@ -272,9 +290,12 @@ class Consumer:
             for _ in tensors:  # non-senders yield nothing but must run the gathers
                 pass
             return
-        ref = ray.put(pack_named_tensors(tensors))
+        packed = pack_named_tensors(tensors)
+        ref = ray.put(packed)
         ray.get(self.weight_store.publish.remote(self.version, [ref]))
         self._published = ref
+        if self.learner is not None:  # after the producers got theirs: the learner's next round uses these too
+            self.learner.load_weights(unpack_named_tensors(packed))
 
     def snapshot_weights(self) -> tuple[int, list | None, bool]:
         """Collective: the current weights for an evaluation, as (newest published version, [ref] on the

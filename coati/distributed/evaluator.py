@@ -38,9 +38,10 @@ import os
 import ray
 import torch
 
-from coati.dataset.jsonl import build_prompt, load_jsonl
+from coati.dataset.jsonl import load_jsonl
 from coati.distributed.config import RLConfig
 from coati.distributed.evaluation import evaluate
+from coati.distributed.generation import tokenise_prompts
 from coati.distributed.inference_backend import SamplingParams
 from coati.distributed.weight_sync import unpack_named_tensors
 from rewards.scorer import RewardScorer
@@ -65,16 +66,9 @@ class Evaluator:
         self.tasks = {task: self._tokenise(path) for task, path in config.data.eval_paths.items()}
 
     def _tokenise(self, path: str):
-        kept, skipped = [], 0
-        tokenizer = self.backend.tokenizer
-        for example in load_jsonl(path, self.config.data.reward_type):
-            text = build_prompt(tokenizer, example.messages, self.config.data.system_prompt)
-            ids = tokenizer(text, add_special_tokens=False).input_ids
-            if len(ids) > self.config.data.max_prompt_tokens:
-                skipped += 1
-                continue
-            kept.append((example, text, ids))
-        return kept, skipped
+        data = self.config.data
+        return tokenise_prompts(self.backend.tokenizer, load_jsonl(path, data.reward_type), data.system_prompt,
+                                data.max_prompt_tokens)
 
     def evaluate(self, step: int, version: int, refs: list | None, task: str, mode: str,
                  params: SamplingParams) -> dict:

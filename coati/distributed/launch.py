@@ -56,7 +56,8 @@ def run(config: RLConfig, log=print) -> RunResult:
     # Sync mode: producers and trainers take turns on the cores; the trainer ranks share them.
     cores = max(1, os.cpu_count() or 1)
     store = ray.remote(WeightStore).options(num_cpus=0).remote()
-    buffer = ray.remote(RolloutBuffer).options(num_cpus=0).remote(2 * p.num_inferencers * config.batch.inference_batch_size)
+    # Room for two rounds: sync mode never holds more than one, so neither producers nor the learner's put block.
+    buffer = ray.remote(RolloutBuffer).options(num_cpus=0).remote(2 * config.groups_per_sync)
     producers = [ray.remote(Producer).options(num_cpus=1).remote(config, rank, buffer, store, cores)
                  for rank in range(p.num_inferencers)]
     consumers = [ray.remote(GRPOConsumer).options(num_cpus=1).remote(config, rank, buffer, store,
@@ -65,10 +66,15 @@ def run(config: RLConfig, log=print) -> RunResult:
     address, port = ray.get(consumers[0].rendezvous_address.remote())
     ray.get([consumer.setup.remote(address, port) for consumer in consumers])  # joins the group together
     infos = ray.get([producer.info.remote() for producer in producers])
+    # --learner-chunk-size: the sending trainer's generator has its own shard, and as many rounds to fill.
+    learner_infos = [info for info in ray.get([consumer.learner_info.remote() for consumer in consumers]) if info]
+    for info in learner_infos:
+        if info["skipped_too_long"]:
+            log(f"learner: skipped {info['skipped_too_long']} prompts longer than -mpt tokens")
     for rank, info in enumerate(infos):
         if info["skipped_too_long"]:
             log(f"inferencer {rank}: skipped {info['skipped_too_long']} prompts longer than -mpt tokens")
-    rounds = min(info["rounds_per_episode"] for info in infos) * config.run.num_episodes
+    rounds = min(info["rounds_per_episode"] for info in infos + learner_infos) * config.run.num_episodes
     if rounds == 0:
         raise RuntimeError("no full inference batch of prompts fits -mpt; raise -mpt/--max-prompt-tokens or lower -ibs")
     # Every trainer rank draws its share of all rounds; a step returns None once its share is used up.

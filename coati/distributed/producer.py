@@ -9,10 +9,10 @@ import random
 import ray
 import torch
 
-from coati.dataset.jsonl import build_prompt, load_jsonl
-from coati.distributed.advantage import group_advantages
+from coati.dataset.jsonl import load_jsonl
 from coati.distributed.config import RLConfig
 from coati.distributed.evaluation import evaluate
+from coati.distributed.generation import prompt_shard, rollout_groups, tokenise_prompts
 from coati.distributed.inference_backend import SamplingParams, TransformersBackend
 from coati.distributed.rollout import RolloutGroup
 from coati.distributed.weight_sync import unpack_named_tensors
@@ -47,20 +47,14 @@ class Producer:
         self.scorer = RewardScorer(config.data.reward_type, code_options)
         self.version = 0
         examples = load_jsonl(config.data.train_path, config.data.reward_type)
-        shard = len(examples) // config.parallel.num_inferencers
-        self.examples, self.skipped_long = self._tokenise(examples[rank * shard : (rank + 1) * shard])
+        start, end = prompt_shard(len(examples), config.parallel.num_inferencers, config.batch.inference_batch_size,
+                                  config.algo.learner_chunk_size, rank)
+        self.examples, self.skipped_long = self._tokenise(examples[start:end])
         self.rounds_per_episode = len(self.examples) // config.batch.inference_batch_size
 
     def _tokenise(self, examples):
-        kept, skipped = [], 0
-        for example in examples:
-            text = build_prompt(self.tokenizer, example.messages, self.config.data.system_prompt)
-            ids = self.tokenizer(text, add_special_tokens=False).input_ids
-            if len(ids) > self.config.data.max_prompt_tokens:
-                skipped += 1
-                continue
-            kept.append((example, text, ids))
-        return kept, skipped
+        return tokenise_prompts(self.tokenizer, examples, self.config.data.system_prompt,
+                                self.config.data.max_prompt_tokens)
 
     def info(self) -> dict:
         return {"prompts": len(self.examples), "skipped_too_long": self.skipped_long,
@@ -100,27 +94,7 @@ class Producer:
         return max(0, num_rounds - start_round)
 
     def _rollout(self, batch, params=None) -> list[RolloutGroup]:
-        outputs = self.backend.generate([ids for _, _, ids in batch], params or self.config.sampling)
-        groups = []
-        for (example, text, ids), completions in zip(batch, outputs):
-            texts = [c.text for c in completions]
-            results = self.scorer.score(texts, example)
-            rewards = torch.tensor([[r.reward for r in results]])
-            groups.append(RolloutGroup(
-                prompt_ids=ids,
-                responses=[c.token_ids for c in completions],
-                logprobs=[c.logprobs for c in completions],
-                rewards=rewards[0].tolist(),
-                advantages=group_advantages(rewards)[0].tolist(),
-                correct=[r.correct for r in results],
-                format_ok=[r.format_ok for r in results],
-                finish_reasons=[c.finish_reason for c in completions],
-                policy_version=self.version,
-                texts=texts,
-                prompt_text=text,
-                source=example.source,
-            ))
-        return groups
+        return rollout_groups(self.backend, self.scorer, batch, params or self.config.sampling, self.version)
 
     def evaluate(self, path: str, params: SamplingParams, latest_weights: bool = True) -> dict:
         """Accuracy on a held-out jsonl with the newest published weights; records for the eval logs."""

@@ -38,6 +38,20 @@ def test_shared_request_serves_all_readers_the_same_groups():
     asyncio.run(scenario())
 
 
+def test_shared_readers_that_wait_before_the_groups_arrive_get_one_pop():
+    """Both ranks ask for the same request before the producer has put anything: the groups are popped once
+    (a second pop would take the next round's groups and leave the trainer group waiting forever)."""
+    async def scenario():
+        buffer = RolloutBuffer(capacity=8)
+        readers = [asyncio.create_task(buffer.get(3, request_id="draw0", readers=2)) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        await buffer.put([1, 2, 3, 4])
+        assert await asyncio.wait_for(asyncio.gather(*readers), 1) == [[1, 2, 3], [1, 2, 3]]
+        assert await buffer.size() == 1 and buffer.total_got == 3
+
+    asyncio.run(scenario())
+
+
 def test_oversized_requests_fail_fast():
     async def scenario():
         buffer = RolloutBuffer(capacity=2)

@@ -188,3 +188,21 @@ def test_fsdp2_checkpoint_resumes_as_single_trainer(demo_assets, data, fsdp_refe
     assert_same_steps(reference, resumed, [4], "FSDP2x2 -> single")
     later = max(abs(resumed[step]["loss"] - reference[step]["loss"]) for step in range(5, 9))
     print(f"FSDP2x2 -> single: max |loss difference| over steps 5-8 (not asserted): {later:.3g}")
+
+
+LEARNER = ["--learner-chunk-size", "4", "-si", "1"]  # rounds of 8 producer + 4 learner groups: 3 steps each
+
+
+@pytest.mark.parametrize("step", [2, 3], ids=["mid-round", "round-boundary"])
+def test_resume_with_learner_side_generation_is_exact(demo_assets, data, tmp_path, step):
+    """The learner fills a round at the round's first draw: a checkpoint mid-round holds its groups among the
+    pending ones; one at a round boundary (step 3) must not wait for them, and the resumed learner makes them."""
+    reference = launch(demo_assets, data, tmp_path, "ref", *LEARNER)
+    assert reference.steps == 6  # 32 prompts = 2 rounds of 8 (producer) + 4 (learner) prompts
+    state = json.load(open(os.path.join(tmp_path, "ref", f"step_{step}", checkpointing.RUN_STATE)))
+    assert state["pending_groups"] == {2: 4, 3: 8}[step]
+    launch(demo_assets, data, tmp_path, "resumed", *LEARNER, "--resume", os.path.join(tmp_path, "ref", f"step_{step}"))
+    resumed = train_rows(os.path.join(tmp_path, "resumed"))
+    assert sorted(resumed) == list(range(step + 1, 7))
+    assert_same_steps(train_rows(os.path.join(tmp_path, "ref")), resumed, range(step + 1, 7), f"learner, step {step}")
+    assert sum(resumed[s]["learner_groups"] for s in resumed) == {2: 4, 3: 4}[step]
