@@ -65,7 +65,7 @@ def rollout_groups(backend, scorer, batch, sampling, version: int, learner: bool
             prompt_ids=ids,
             responses=[c.token_ids for c in completions],
             logprobs=[c.logprobs for c in completions],
-            rewards=rewards[0].tolist(),
+            rewards=[r.reward for r in results],  # as scored (the tensor is float32: 0.1 -> 0.10000000149)
             advantages=group_advantages(rewards)[0].tolist(),
             correct=[r.correct for r in results],
             format_ok=[r.format_ok for r in results],
