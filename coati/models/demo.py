@@ -58,7 +58,8 @@ class DemoAssets:
 
 
 def default_cache_dir() -> str:
-    return os.environ.get("COATI_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "coati"))
+    # An empty COATI_CACHE counts as unset (it would otherwise mean the current directory).
+    return os.environ.get("COATI_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "coati")
 
 
 def ensure_demo_assets(cache_dir: str | None = None, recipe: DemoRecipe = DemoRecipe(), log=print) -> DemoAssets:
