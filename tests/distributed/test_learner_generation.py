@@ -4,17 +4,15 @@ data accounting of real runs over Ray (GRPO with one trainer; DAPO with two, whe
 import json
 
 import pytest
-import ray
 import torch
 from transformers import AutoModelForCausalLM
 
 import rl_example
 from coati.distributed.cli import build_parser, config_from_args
-from coati.distributed.config import check_inputs
 from coati.distributed.generation import prompt_shard
 from coati.distributed.learner_generation import LearnerGenerator
-from coati.distributed.launch import run
 from coati.distributed.rollout import collate, token_logprobs
+from run_helpers import head, run_cli
 
 
 def write_rows(path, n):
@@ -90,22 +88,12 @@ def test_learner_groups_are_on_policy_with_the_loaded_weights(tiny_model_dir, tm
 
 
 def demo_run(demo_assets, tmp_path, flags):
-    train = tmp_path / "train.jsonl"
-    with open(demo_assets.train_path) as src:
-        train.write_text("".join(src.readline() for _ in range(64)))
-    evals = tmp_path / "eval.jsonl"
-    with open(demo_assets.eval_path) as src:
-        evals.write_text("".join(src.readline() for _ in range(8)))
-    argv = ["-d", str(train), "-ed", json.dumps({"add": str(evals)}), "-ibs", "8", "-imbs", "8", "-g", "4",
+    train = head(demo_assets.train_path, tmp_path / "train.jsonl", 64)
+    evals = head(demo_assets.eval_path, tmp_path / "eval.jsonl", 8)
+    argv = ["-d", train, "-ed", json.dumps({"add": evals}), "-ibs", "8", "-imbs", "8", "-g", "4",
             "-tMbs", "4", "-tmbs", "8", "-e", "1", "-sd", str(tmp_path / "runs"), "--no-progress",
             "--learner-chunk-size", "8", *flags]
-    config = config_from_args(build_parser().parse_args(argv), demo_assets)
-    check_inputs(config)
-    try:
-        result = run(config, log=lambda message: None)
-    finally:
-        ray.shutdown()
-    rows = [json.loads(line) for line in open(result.metrics_path)]
+    result, rows = run_cli(argv, demo_assets)
     return result, [r for r in rows if r["kind"] in ("train", "skipped")]
 
 

@@ -8,27 +8,22 @@ real local Ray cluster) and leaves a checkpoint plain transformers loads.
 import json
 
 import pytest
-import ray
 import torch
 from transformers import AutoModelForCausalLM
 
-from coati.distributed.cli import build_parser, config_from_args
-from coati.distributed.config import check_inputs
-from coati.distributed.launch import run
-
-from test_grpo_e2e import head
+from run_helpers import head, run_cli
 
 LAYOUTS = [
-    ("torch-fsdp2", ["-t", "2", "-zero", "2"]),
-    ("colossalai-hybrid-pp", ["-t", "2", "-pp", "2", "--plugin", "colossalai"]),
-    ("colossalai-hybrid-tp", ["-t", "2", "-tp", "2", "--plugin", "colossalai"]),
+    ("torch-fsdp2", ["-t", "2", "-zero", "2"], 2),  # (name, flags, data-parallel size)
+    ("colossalai-hybrid-pp", ["-t", "2", "-pp", "2", "--plugin", "colossalai"], 1),
+    ("colossalai-hybrid-tp", ["-t", "2", "-tp", "2", "--plugin", "colossalai"], 1),
 ]
 
 
 @pytest.mark.e2e
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("name, flags", LAYOUTS, ids=[name for name, _ in LAYOUTS])
-def test_short_run_with_a_two_rank_trainer_group(demo_assets, tmp_path, name, flags):
+@pytest.mark.parametrize("name, flags, dp", LAYOUTS, ids=[name for name, _, _ in LAYOUTS])
+def test_short_run_with_a_two_rank_trainer_group(demo_assets, tmp_path, name, flags, dp):
     if "colossalai" in flags:
         pytest.importorskip("colossalai", reason="ColossalAI not installed (bash scripts/install_colossalai.sh .venv)")
     train = head(demo_assets.train_path, tmp_path / "train.jsonl", 32)
@@ -36,16 +31,9 @@ def test_short_run_with_a_two_rank_trainer_group(demo_assets, tmp_path, name, fl
     argv = ["-d", train, "-ed", json.dumps({"add": evals}), "-ibs", "16", "-imbs", "16", "-g", "4",
             "-tbs", "8", "-tMbs", "4", "-tmbs", "8", "-e", "1", "-sd", str(tmp_path / "runs"), "-p", name,
             "--no-progress", *flags]
-    config = config_from_args(build_parser().parse_args(argv), demo_assets)
-    check_inputs(config)
-    try:
-        result = run(config, log=lambda message: None)
-    finally:
-        ray.shutdown()
+    result, rows = run_cli(argv, demo_assets)
     # 32 prompts / 16 per round = 2 rounds of 16 groups; dp * tbs groups per step
-    dp = config.parallel.dp_size
     assert result.steps == 2 * 16 // (dp * 8)
-    rows = [json.loads(line) for line in open(result.metrics_path)]
     train_rows = [r for r in rows if r["kind"] == "train"]
     assert train_rows[-1]["weight_version"] == 2
     assert all(r["policy_lag"] == 0 for r in train_rows)
