@@ -6,6 +6,17 @@ Two formats (``--reward-type``):
   nothing but whitespace around them); the answer tag's content is the answer, with or without ``\\boxed``.
 
 Equivalence is math-verify's (``1/2`` equals ``\\frac{1}{2}`` and ``0.5``), never string equality.
+
+Reading an answer: gold answers (``gt_answer``) and the model's answers are read the same way, as LaTeX the
+way MATH's own answers are written: the last ``\\boxed{}`` when the text has one, the delimited math when it
+has ``$...$``, ``\\(...\\)`` or ``\\[...\\]``, else the whole text as if it stood in a box. Only when that
+finds nothing does math-verify's plain-text extraction get a go. Reading bare text with the plain-text
+extractor first would take a prefix: "4" of ``4\\pi``, "3" of ``3\\sqrt{2}``.
+
+Speed: a group of G answers to one prompt parses its gold once (``GoldAnswer``), scores each distinct answer
+once (``score_group``), and compares plain decimal numbers exactly without sympy (``numbers_verdict``),
+leaving math-verify everything else and the few number pairs its 6-decimal rounding might call equal.
+
 math-verify guards its parsing with ``signal.alarm``, which only works in the main thread; off the main
 thread (threaded actors, thread pools) its own timeouts are turned off and the caller bounds the time.
 """
@@ -14,6 +25,8 @@ from __future__ import annotations
 
 import re
 import threading
+from fractions import Fraction
+from typing import NamedTuple
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
@@ -22,6 +35,16 @@ from rewards.types import RewardResult, combine
 _BOXED = "\\boxed{"
 _THINK_ANSWER = re.compile(r"^\s*<think>(?P<think>.*?)</think>\s*<answer>(?P<answer>.*?)</answer>\s*$", re.DOTALL)
 _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
+# An unescaped $ (``\$`` is a dollar sign), or \( or \[: the text marks its own math.
+_MATH_DELIMITER = re.compile(r"(?<!\\)\$|\\\(|\\\[")
+# The box is matched first, as math-verify's own MATH tasks read their gold answers.
+_LATEX = (LatexExtractionConfig(boxed_match_priority=0),)
+_LATEX_OR_EXPRESSION = (LatexExtractionConfig(), ExprExtractionConfig())
+# An integer (optionally with thousands commas, as GSM8K writes them) or a decimal, optionally negative.
+_PLAIN_NUMBER = re.compile(r"-?(?:[1-9]\d{0,2}(?:,\d{3})+|\d+)(?:\.\d+)?")
+# math-verify rounds to 6 decimals when a decimal is involved (``verify(float_rounding=6)``): two numbers
+# further apart than this can never round to the same value; closer ones are left to math-verify.
+_ROUNDING_GAP = Fraction(1, 10**6)
 
 
 def last_boxed(text: str) -> str | None:
@@ -46,43 +69,116 @@ def extract_think_answer(text: str) -> str | None:
     return match.group("answer").strip() if match else None
 
 
-def _timeouts() -> dict:
-    if threading.current_thread() is threading.main_thread():
-        return {}
-    return {"parsing_timeout": None}
+class PlainNumber(NamedTuple):
+    value: Fraction
+    decimal: bool  # written with a decimal point: math-verify then compares rounded floats
 
 
-def _parse_answer(answer: str) -> list:
-    configs = [LatexExtractionConfig(), ExprExtractionConfig()]
-    parsed = parse(answer, extraction_config=configs, **_timeouts())
-    if not parsed:  # bare LaTeX such as "\frac12" is only found inside math delimiters
-        parsed = parse(f"${answer}$", extraction_config=configs, **_timeouts())
+def plain_number(text: str) -> PlainNumber | None:
+    """The number an answer is when it is nothing but a plain decimal number (``1,234``, ``-0.5``)."""
+    boxed = last_boxed(text)
+    text = (text if boxed is None else boxed).strip()
+    if not _PLAIN_NUMBER.fullmatch(text):
+        return None
+    return PlainNumber(Fraction(text.replace(",", "")), "." in text)
+
+
+def numbers_verdict(gold: PlainNumber, answer: PlainNumber) -> bool | None:
+    """math-verify's verdict on two plain numbers, computed exactly; None where only its rounding can tell."""
+    if gold.value == answer.value:
+        return True
+    if not (gold.decimal or answer.decimal):
+        return False  # two integers: math-verify compares them exactly
+    gap = abs(gold.value - answer.value)
+    # the relative bound keeps the verdict safe from sympy's 15-digit floats on huge numbers
+    if gap > _ROUNDING_GAP and gap > max(abs(gold.value), abs(answer.value)) / 10**9:
+        return False
+    return None
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def parse_math(text: str) -> list:
+    """math-verify's parse of an answer (gold or model's), read as LaTeX first; see the module docstring."""
+    timeouts = {} if _in_main_thread() else {"parsing_timeout": None}
+    boxed = last_boxed(text)
+    if boxed is not None:
+        source = f"\\boxed{{{boxed}}}"
+    elif _MATH_DELIMITER.search(text):
+        source = text
+    else:
+        source = f"\\boxed{{{text}}}"
+    parsed = parse(source, extraction_config=_LATEX, **timeouts)
+    if not parsed:  # e.g. unbalanced braces
+        parsed = parse(text, extraction_config=_LATEX_OR_EXPRESSION, **timeouts)
     return parsed
 
 
-def answers_match(predicted: str, gold: str) -> bool:
+class GoldAnswer:
+    """A reference answer read once and compared with many answers. ``fast_path=False`` sends every
+    comparison through math-verify (the table test checks that both ways agree)."""
+
+    def __init__(self, text: str, fast_path: bool = True):
+        self.text = text
+        self.fast_path = fast_path
+        self.number = plain_number(text) if fast_path else None
+        self._parsed: list | None = None  # parsed on first need: plain-number groups may never need it
+
+    @property
+    def parsed(self) -> list:
+        if self._parsed is None:
+            self._parsed = parse_math(self.text)
+        return self._parsed
+
+    def matches(self, answer: str) -> bool:
+        if self.number is not None and (number := plain_number(answer)) is not None:
+            verdict = numbers_verdict(self.number, number)
+            if verdict is not None:
+                return verdict
+        if not self.parsed:
+            return False
+        answer_parsed = parse_math(answer)
+        if not answer_parsed:
+            return False
+        verify_kwargs = {} if _in_main_thread() else {"timeout_seconds": None}
+        return bool(verify(self.parsed, answer_parsed, **verify_kwargs))  # gold first: verify is asymmetric
+
+
+def answers_match(answer: str, gold: str, fast_path: bool = True) -> bool:
     """True when math-verify finds the two answers equivalent."""
-    gold_parsed = _parse_answer(gold)
-    pred_parsed = _parse_answer(predicted)
-    if not gold_parsed or not pred_parsed:
-        return False
-    verify_kwargs = {} if threading.current_thread() is threading.main_thread() else {"timeout_seconds": None}
-    return bool(verify(gold_parsed, pred_parsed, **verify_kwargs))
+    return GoldAnswer(gold, fast_path).matches(answer)
+
+
+# reward type -> (pulls the answer out of a response, reason when the response lacks the format)
+MATH_FORMATS = {
+    "boxed": (last_boxed, "no \\boxed{} answer"),
+    "think_answer_tags": (extract_think_answer, "not <think>...</think><answer>...</answer>"),
+}
+
+
+def score_group(responses: list[str], gold: GoldAnswer, reward_type: str) -> list[RewardResult]:
+    """One result per response; each distinct answer of the group is checked once."""
+    extract, format_reason = MATH_FORMATS[reward_type]
+    by_answer: dict[str, RewardResult] = {}
+    results = []
+    for response in responses:
+        answer = extract(response)
+        if answer is None:
+            results.append(RewardResult(0.0, False, False, None, format_reason))
+            continue
+        if answer not in by_answer:
+            correct = gold.matches(answer)
+            by_answer[answer] = RewardResult(combine(True, float(correct)), correct, True, answer,
+                                             "ok" if correct else "wrong answer")
+        results.append(by_answer[answer])
+    return results
 
 
 def boxed_reward(response: str, gt_answer: str) -> RewardResult:
-    answer = last_boxed(response)
-    if answer is None:
-        return RewardResult(0.0, False, False, None, "no \\boxed{} answer")
-    correct = answers_match(f"\\boxed{{{answer}}}", gt_answer)
-    return RewardResult(combine(True, float(correct)), correct, True, answer, "ok" if correct else "wrong answer")
+    return score_group([response], GoldAnswer(gt_answer), "boxed")[0]
 
 
 def think_answer_reward(response: str, gt_answer: str) -> RewardResult:
-    answer = extract_think_answer(response)
-    if answer is None:
-        return RewardResult(0.0, False, False, None, "not <think>...</think><answer>...</answer>")
-    boxed = last_boxed(answer)
-    candidate = f"\\boxed{{{boxed}}}" if boxed is not None else answer
-    correct = answers_match(candidate, gt_answer)
-    return RewardResult(combine(True, float(correct)), correct, True, answer, "ok" if correct else "wrong answer")
+    return score_group([response], GoldAnswer(gt_answer), "think_answer_tags")[0]

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from rewards.math import boxed_reward, think_answer_reward
+from rewards.math import MATH_FORMATS, GoldAnswer, score_group
 from rewards.types import RewardResult
-
-_MATH = {"boxed": boxed_reward, "think_answer_tags": think_answer_reward}
 
 
 class RewardScorer:
     def __init__(self, reward_type: str, code_options: dict | None = None):
-        if reward_type not in (*_MATH, "code"):
+        if reward_type not in (*MATH_FORMATS, "code"):
             raise ValueError(f"unknown reward type {reward_type!r}; choose think_answer_tags, boxed or code")
         self.reward_type = reward_type
         self._code = None
@@ -20,8 +18,8 @@ class RewardScorer:
             self._code = CodeRewardScorer(**(code_options or {}))
 
     def score(self, responses: list[str], example) -> list[RewardResult]:
-        """``example`` has ``gt_answer`` (math) or ``test_cases`` (code)."""
+        """``example`` has ``gt_answer`` (math) or ``test_cases`` (code). The responses are usually one
+        prompt's group: its gold answer is parsed once and each distinct answer checked once."""
         if self._code is not None:
             return self._code.score_batch(responses, [example.test_cases] * len(responses))
-        reward_fn = _MATH[self.reward_type]
-        return [reward_fn(response, example.gt_answer) for response in responses]
+        return score_group(responses, GoldAnswer(example.gt_answer), self.reward_type)
