@@ -37,6 +37,8 @@ _THINK_ANSWER = re.compile(r"^\s*<think>(?P<think>.*?)</think>\s*<answer>(?P<ans
 _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 # An unescaped $ (``\$`` is a dollar sign), or \( or \[: the text marks its own math.
 _MATH_DELIMITER = re.compile(r"(?<!\\)\$|\\\(|\\\[")
+# A full stop ending the answer ends a sentence ("\boxed{5.}"); LaTeX that ends in one fails to parse.
+_SENTENCE_END = re.compile(r"\.\s*$")
 # The box is matched first, as math-verify's own MATH tasks read their gold answers.
 _LATEX = (LatexExtractionConfig(boxed_match_priority=0),)
 _LATEX_OR_EXPRESSION = (LatexExtractionConfig(), ExprExtractionConfig())
@@ -104,12 +106,10 @@ def parse_math(text: str) -> list:
     """math-verify's parse of an answer (gold or model's), read as LaTeX first; see the module docstring."""
     timeouts = {} if _in_main_thread() else {"parsing_timeout": None}
     boxed = last_boxed(text)
-    if boxed is not None:
-        source = f"\\boxed{{{boxed}}}"
-    elif _MATH_DELIMITER.search(text):
+    if boxed is None and _MATH_DELIMITER.search(text):
         source = text
     else:
-        source = f"\\boxed{{{text}}}"
+        source = f"\\boxed{{{_SENTENCE_END.sub('', text if boxed is None else boxed)}}}"
     parsed = parse(source, extraction_config=_LATEX, **timeouts)
     if not parsed:  # e.g. unbalanced braces
         parsed = parse(text, extraction_config=_LATEX_OR_EXPRESSION, **timeouts)
