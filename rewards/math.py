@@ -137,6 +137,8 @@ class GoldAnswer:
         return self._parsed
 
     def matches(self, answer: str) -> bool:
+        if not answer.strip():
+            return False  # math-verify finds nothing in an empty answer; no need to ask it
         if self.number is not None and (number := plain_number(answer)) is not None:
             verdict = numbers_verdict(self.number, number)
             if verdict is not None:

@@ -159,6 +159,7 @@ ROWS = [
     ("10%", "10", True, "a bare percent sign in the gold (a comment in LaTeX) is still a percentage"),
     ("The area is $\\boxed{12}$ square units.", "12", True, "a whole MATH solution as gold: its last box counts"),
     ("", "5", False, "an empty gold answer matches nothing"),
+    ("5", " ", False, "an empty box answers nothing"),
 ]
 
 
