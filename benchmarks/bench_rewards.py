@@ -21,7 +21,7 @@ Both give the same verdicts (checked here on every response). Times are CPU seco
    plugin on those rollouts, and the step's 256 responses scored both ways. Target < 10% after.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_rewards.py [--groups 256] [--latex-groups 48]
-        [--demo-steps 4] [--skip-demo]
+        [--demo-steps 4] [--skip-demo] [--skip-throughput]
 """
 
 from __future__ import annotations
@@ -275,12 +275,15 @@ def main() -> None:
     parser.add_argument("--latex-groups", type=int, default=48, help="LaTeX groups of G=8 (slow: sympy parsing)")
     parser.add_argument("--demo-steps", type=int, default=4)
     parser.add_argument("--skip-demo", action="store_true")
+    parser.add_argument("--skip-throughput", action="store_true")
     args = parser.parse_args()
-    print(f"math reward speed, one process, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}, groups of G={G}")
-    print(f"{'answers/s per core':34s} {'before':>9s} {'after':>9s} {'ratio':>7s}  target        share correct")
-    for name, before, after, target, correct in throughput(args):
-        share = "" if correct is None else f"{correct:.2f}"
-        print(f"{name:34s} {before:9,.0f} {after:9,.0f} {after / before:6.1f}x  {target:13s} {share}")
+    print(f"math reward speed, one process, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}, groups of G={G}, "
+          "CPU time")
+    if not args.skip_throughput:
+        print(f"{'answers/s per core':34s} {'before':>9s} {'after':>9s} {'ratio':>7s}  target        share correct")
+        for name, before, after, target, correct in throughput(args):
+            share = "" if correct is None else f"{correct:.2f}"
+            print(f"{name:34s} {before:9,.0f} {after:9,.0f} {after / before:6.1f}x  {target:13s} {share}")
     if not args.skip_demo:
         demo = demo_step_share(args.demo_steps)
         print(f"demo step (median of {args.demo_steps}; 32 prompts x G={G}): generation {demo['generate_s']:.3f} s, "
