@@ -9,10 +9,9 @@ and off: the two must agree with each other and with the row.
 import pytest
 
 from rewards.math import GoldAnswer, numbers_verdict, plain_number, score_group
-from rewards.scorer import RewardScorer
 
 ROWS = [
-    # the issue's seven verdicts
+    # the verdicts the issue found wrong, and a plain one
     ("4\\pi", "4", False, "dropping pi changes the value"),
     ("5\\sqrt{5}", "5", False, "dropping the radical changes the value"),
     ("3\\sqrt{2}", "3\\sqrt{2}", True, "identical"),
@@ -171,7 +170,7 @@ def think_response(answer: str) -> str:
     return f"<think>We work it out step by step.</think><answer>{answer}</answer>"
 
 
-# Whole responses, where where the answer sits is the point of the row.
+# Whole responses, for rows about where in the response the answer sits.
 RESPONSE_ROWS = [
     ("4", "boxed", "First \\boxed{3}, but checking again the answer is \\boxed{4}.", True, "the last box counts"),
     ("3", "boxed", "First \\boxed{3}, but checking again the answer is \\boxed{4}.", False, "an earlier box does not"),
