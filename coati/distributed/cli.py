@@ -31,9 +31,9 @@ GRPO_CONFIG_HELP = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "rl_example.py") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="rl_example.py",
+        prog=prog,
         description="Distributed RL post-training (GRPO) over Ray. With no arguments: the embedded demo "
                     "(a tiny model learns 2-digit addition on the CPU in a few minutes, no downloads).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
