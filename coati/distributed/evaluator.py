@@ -38,7 +38,7 @@ import os
 import ray
 import torch
 
-from coati.dataset.jsonl import load_jsonl
+from coati.dataset.loader import load_examples
 from coati.distributed.config import RLConfig
 from coati.distributed.evaluation import evaluate
 from coati.distributed.generation import tokenise_prompts
@@ -67,7 +67,7 @@ class Evaluator:
 
     def _tokenise(self, path: str):
         data = self.config.data
-        return tokenise_prompts(self.backend.tokenizer, load_jsonl(path, data.reward_type), data.system_prompt,
+        return tokenise_prompts(self.backend.tokenizer, load_examples(path, data.rows), data.system_prompt,
                                 data.max_prompt_tokens)
 
     def evaluate(self, step: int, version: int, refs: list | None, task: str, mode: str,

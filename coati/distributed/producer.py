@@ -9,7 +9,7 @@ import random
 import ray
 import torch
 
-from coati.dataset.jsonl import load_jsonl
+from coati.dataset.loader import load_examples
 from coati.distributed.config import RLConfig
 from coati.distributed.evaluation import evaluate
 from coati.distributed.generation import prompt_shard, rollout_groups, tokenise_prompts
@@ -46,7 +46,7 @@ class Producer:
         code_options = config.data.code.scorer_options() if config.data.reward_type == "code" else None
         self.scorer = RewardScorer(config.data.reward_type, code_options)
         self.version = 0
-        examples = load_jsonl(config.data.train_path, config.data.reward_type)
+        examples = load_examples(config.data.train_path, config.data.rows)
         start, end = prompt_shard(len(examples), config.parallel.num_inferencers, config.batch.inference_batch_size,
                                   config.algo.learner_chunk_size, rank)
         self.examples, self.skipped_long = self._tokenise(examples[start:end])
@@ -100,7 +100,7 @@ class Producer:
         """Accuracy on a held-out jsonl with the newest published weights; records for the eval logs."""
         if latest_weights:
             self._sync_weights(0)
-        examples, skipped = self._tokenise(load_jsonl(path, self.config.data.reward_type))
+        examples, skipped = self._tokenise(load_examples(path, self.config.data.rows))
         result = evaluate(self.backend, [ids for _, _, ids in examples], [e for e, _, _ in examples],
                           self.scorer, params, prompt_texts=[text for _, text, _ in examples])
         return {"accuracy": result.accuracy, "format_rate": result.format_rate, "mean_reward": result.mean_reward,
