@@ -65,7 +65,7 @@ def _quiet_datasets():
     verbosity = ds_logging.get_verbosity()
     offline = datasets.config.HF_HUB_OFFLINE
     datasets.disable_progress_bars()
-    ds_logging.set_verbosity_error()
+    ds_logging.set_verbosity(ds_logging.CRITICAL)  # its read errors reach the user as our one DatasetError line
     datasets.config.HF_HUB_OFFLINE = True
     try:
         yield datasets
@@ -97,6 +97,8 @@ def _read_with_datasets(path: str):
         try:
             return datasets.load_dataset(builder, data_files=os.path.abspath(path), split="train")
         except Exception as err:  # noqa: BLE001
+            if "corresponds to no data" in str(err):  # datasets' words for a file without rows
+                raise DatasetError(f"{path}: no examples (the dataset has no rows)") from None
             expected = "a JSON list of objects (or JSON Lines)" if builder == "json" else "a parquet file"
             raise DatasetError(f"{path}: could not be read as {expected} ({_first_line(err)})") from None
 
