@@ -44,6 +44,7 @@ from coati.distributed.evaluation import evaluate
 from coati.distributed.generation import tokenise_prompts
 from coati.distributed.inference_backend import SamplingParams
 from coati.distributed.weight_sync import unpack_named_tensors
+from coati.utils.quiet import quiet_actor
 from rewards.scorer import RewardScorer
 
 MAX_PENDING = 2  # steps whose evals may be in flight at once (each holds one weight snapshot)
@@ -55,6 +56,7 @@ class Evaluator:
     def __init__(self, config: RLConfig, num_threads: int | None = None):
         from coati.distributed.producer import make_backend
 
+        quiet_actor()
         self.config = config
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         torch.manual_seed(config.run.seed + 2000)  # its own stream for sampled evals

@@ -16,6 +16,7 @@ from coati.distributed.generation import prompt_shard, rollout_groups, tokenise_
 from coati.distributed.inference_backend import SamplingParams, TransformersBackend
 from coati.distributed.rollout import RolloutGroup
 from coati.distributed.weight_sync import unpack_named_tensors
+from coati.utils.quiet import quiet_actor
 from rewards.scorer import RewardScorer
 
 
@@ -38,6 +39,7 @@ class Producer:
     """Runs as a Ray actor (a plain, single-threaded one: math-verify needs the main thread)."""
 
     def __init__(self, config: RLConfig, rank: int, buffer, weight_store, num_threads: int | None = None):
+        quiet_actor()
         self.config, self.rank, self.buffer, self.weight_store = config, rank, buffer, weight_store
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         torch.manual_seed(config.run.seed + 1000 + rank)

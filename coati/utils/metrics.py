@@ -61,7 +61,7 @@ class MetricsLogger:
         self._wandb = run
         if mode == "offline":
             where = getattr(getattr(run, "settings", None), "sync_dir", None) or os.path.join(run_dir, "wandb")
-            self.log_message(f"wandb logging offline to {where} (upload it with: wandb sync {where})")
+            self.log_message(f"wandb logging offline (upload: wandb sync {where})")
         else:
             self.log_message(f"wandb logging {mode} to {getattr(run, 'url', None) or run_dir}")
 

@@ -18,7 +18,7 @@ def test_offline_run_directory_that_wandb_sync_accepts(tmp_path, monkeypatch, ca
     logger.close()
     runs = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
     assert len(runs) == 1 and glob.glob(os.path.join(runs[0], "run-*.wandb"))
-    assert messages == [f"wandb logging offline to {runs[0]} (upload it with: wandb sync {runs[0]})"]
+    assert messages == [f"wandb logging offline (upload: wandb sync {runs[0]})"]
     out, err = capfd.readouterr()
     assert "wandb" not in out + err  # silent: the one line above is all the user sees
     # --dry-run reads the run's files and says what it would upload, without a network.
