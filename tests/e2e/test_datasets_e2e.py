@@ -49,27 +49,35 @@ def save(rows: list[dict], path) -> str:
     return path
 
 
-SHAPES = [  # (name, row maker, train file, eval file, key flags)
-    ("gsm8k", gsm8k, "train.jsonl", "test.json", ["--input-key", "question", "--label-key", "answer"]),
-    ("math", math, "train.parquet", "test_dir", ["--input-key", "problem", "--label-key", "solution"]),
+SHAPES = [  # (name, row maker, train file, eval file, flags, weight versions published)
+    ("gsm8k", gsm8k, "train.jsonl", "test.json", ["--input-key", "question", "--label-key", "answer"], 2),
+    # two inferencers (one round of 32 prompts) and the evaluator actor: every actor loads a model
+    ("math", math, "train.parquet", "test_dir", ["--input-key", "problem", "--label-key", "solution",
+                                                 "-i", "2", "-ei", "2"], 1),
 ]
+# What actors used to print between the progress bar and the eval lines (coati/utils/quiet.py).
+NOISE = ("Loading weights", "Writing model shards", "Ray deduplicates logs")
 
 
 @pytest.mark.e2e
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("name, make, train_name, eval_name, keys", SHAPES, ids=[shape[0] for shape in SHAPES])
-def test_gsm8k_and_math_shaped_data_train(demo_assets, tmp_path, name, make, train_name, eval_name, keys):
+@pytest.mark.parametrize("name, make, train_name, eval_name, flags, versions", SHAPES, ids=[s[0] for s in SHAPES])
+def test_gsm8k_and_math_shaped_data_train(demo_assets, tmp_path, capfd, name, make, train_name, eval_name, flags,
+                                          versions):
     train_rows = addition_rows(demo_assets.train_path, 32)
     eval_rows = addition_rows(demo_assets.eval_path, 16)
     train = save([make(*row) for row in train_rows], tmp_path / train_name)
     evals = save([make(*row) for row in eval_rows], tmp_path / eval_name)
-    argv = ["-d", train, "-ed", json.dumps({name: evals}), *keys, "-ibs", "16", "-imbs", "16", "-g", "4",
+    argv = ["-d", train, "-ed", json.dumps({name: evals}), *flags, "-ibs", "16", "-imbs", "16", "-g", "4",
             "-tbs", "8", "-tMbs", "4", "-tmbs", "8", "-e", "1", "-sd", str(tmp_path / "runs"), "-p", name,
             "--no-progress"]
+    capfd.readouterr()
     result, rows = run_cli(argv, demo_assets)
-    assert result.steps == 4  # 32 prompts / 16 per round = 2 rounds, 2 steps of 8 groups each
+    out, err = capfd.readouterr()  # the actors' output, forwarded by Ray to this process
+    assert not [noise for noise in NOISE if noise in out + err], out + err
+    assert result.steps == 4  # 32 prompts, 16 per inferencer round: 4 steps of 8 groups
     train_metrics = [r for r in rows if r["kind"] == "train"]
-    assert len(train_metrics) == 4 and train_metrics[-1]["weight_version"] == 2
+    assert len(train_metrics) == 4 and train_metrics[-1]["weight_version"] == versions
     # The warm-started model adds correctly about half the time: scored against the labels' final answers,
     # rollouts and evals find correct answers (a whole solution taken as the gold would never match).
     assert sum(r["accuracy"] for r in train_metrics) > 0
