@@ -58,8 +58,12 @@ def load_examples(path: str, fmt: RowFormat = RowFormat()) -> list[Example]:
 def _quiet_datasets():
     """No progress bars or info logs from ``datasets`` while we read (restored after: the user's code may
     want them). Hub access off for the same span: a local file needs none."""
-    import datasets
-    from datasets.utils import logging as ds_logging
+    try:
+        import datasets
+        from datasets.utils import logging as ds_logging
+    except ImportError as err:
+        raise DatasetError(f"reading .json, .parquet and save_to_disk datasets needs Hugging Face datasets ({err}); "
+                           "install it with bash scripts/setup.sh or pip install -r requirements/base.txt") from None
 
     bars_were_off = datasets.is_progress_bar_enabled() is False
     verbosity = ds_logging.get_verbosity()

@@ -2,6 +2,7 @@
 only); every bad dataset or row is one line naming the file and the line or row."""
 
 import json
+import sys
 
 import pytest
 
@@ -114,3 +115,11 @@ def test_the_cli_checks_keys_and_rows_at_start_up(tiny_model_dir, tmp_path, caps
         assert rl_example.main(base + flags) == 2
         err = capsys.readouterr().err.strip()
         assert message in err and "\n" not in err, err
+
+
+def test_without_datasets_installed_jsonl_still_loads_and_the_rest_says_how_to_install(tmp_path, monkeypatch):
+    jsonl, parquet = write(tmp_path, "g.jsonl", ROWS), write(tmp_path, "g.parquet", ROWS)
+    monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets raises ImportError (fault injected)
+    assert pairs(load_examples(jsonl, GSM8K)) == WANT
+    with pytest.raises(DatasetError, match="needs Hugging Face datasets .*bash scripts/setup.sh"):
+        load_examples(parquet, GSM8K)
