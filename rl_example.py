@@ -1,50 +1,15 @@
 """Distributed RL post-training over Ray: ``python rl_example.py --help`` lists the flags.
 
-With no arguments it runs the embedded demo: a tiny Qwen2 (built and warm-started locally, cached) learns
-2-digit addition with GRPO, and held-out accuracy is printed before and after.
+The same program as ``coati train`` (coati/train.py). With no arguments it runs the embedded demo: a tiny
+Qwen2 (built and warm-started locally, cached) learns 2-digit addition with GRPO, and held-out accuracy is
+printed before and after.
 """
 
 from __future__ import annotations
 
 import sys
 
-
-def main(argv: list[str] | None = None) -> int:
-    from coati.distributed.cli import build_parser, config_from_args
-    from coati.distributed.config import ConfigError, check_inputs
-
-    args = build_parser().parse_args(argv)
-    demo = None
-    try:
-        if args.model is None:
-            config_from_args(args, demo=_placeholder_demo())  # reject bad flags before building anything
-            from coati.models.demo import ensure_demo_assets
-
-            demo = ensure_demo_assets()
-        config = config_from_args(args, demo)
-        check_inputs(config)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-
-    from coati.distributed.launch import run
-
-    result = run(config)
-    print()
-    print(f"trained {result.steps} steps in {result.wall_s:.0f} s; final model: {result.final_model_dir}")
-    print(f"metrics: {result.metrics_path}")
-    for key in result.eval_after:
-        before, after = result.eval_before[key], result.eval_after[key]
-        print(f"held-out accuracy {key}: {before:.3f} -> {after:.3f} ({100 * (after - before):+.1f} points)")
-    return 0
-
-
-def _placeholder_demo():
-    from coati.models.demo import DemoAssets
-
-    return DemoAssets(model_dir="<demo>", train_path="<demo>", eval_path="<demo>", report={},
-                      code_train_path="<demo>", code_eval_path="<demo>")
-
+from coati.train import main, placeholder_demo as _placeholder_demo  # noqa: F401 - tests build configs with it
 
 if __name__ == "__main__":
     sys.exit(main())

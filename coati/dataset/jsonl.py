@@ -1,89 +1,45 @@
-"""Loading prompt datasets from jsonl, with errors that name the file and line.
+"""Reading JSON Lines datasets, with errors that name the file and line; building the prompt text.
 
-Math rows: ``{"messages": {"role": "user", "content": ...}, "gt_answer": "3"}``; ``messages`` may also be a
-list of role/content dicts. Code rows (PRIME format) carry ``test_cases`` with equal-length string lists
-``inputs`` and ``outputs`` instead of ``gt_answer``.
+Rows map onto examples as coati/dataset/rows.py says (by default ``{"messages": ..., "gt_answer": "3"}`` for
+math, PRIME ``test_cases`` for code). Other formats (.json, .parquet, save_to_disk directories): loader.py.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
-from typing import Any, Callable
 
-_ROLES = ("system", "user", "assistant")
+from coati.dataset.rows import DatasetError, Example, RowFormat, check_rows, row_to_example
 
-
-class DatasetError(ValueError):
-    """A dataset file is missing or malformed; the message names the file, the line and the fix."""
+__all__ = ["DatasetError", "Example", "RowFormat", "build_prompt", "load_jsonl"]
 
 
-@dataclass(frozen=True)
-class Example:
-    messages: tuple[dict, ...]  # role/content dicts, in order
-    gt_answer: str | None = None  # math tasks
-    test_cases: dict | None = field(default=None, compare=False)  # code tasks
-    source: str = ""  # "file:line", for messages about this example
+def load_jsonl(path: str, fmt: RowFormat | str = RowFormat()) -> list[Example]:
+    """Read and check every row; bad rows raise one DatasetError naming the first ``path:line``.
 
-
-def _normalise_messages(raw: Any) -> tuple[dict, ...]:
-    messages = [raw] if isinstance(raw, dict) else raw
-    if not isinstance(messages, list) or not messages:
-        raise ValueError('"messages" must be a role/content object or a non-empty list of them')
-    out = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("content"), str):
-            raise ValueError(f'"messages"[{i}] must be an object with a string "content"')
-        if message.get("role") not in _ROLES:
-            raise ValueError(f'"messages"[{i}].role must be one of {", ".join(_ROLES)}, got {message.get("role")!r}')
-        out.append({"role": message["role"], "content": message["content"]})
-    if out[-1]["role"] != "user":
-        raise ValueError('the last message must have role "user" (it is the prompt the model answers)')
-    return tuple(out)
-
-
-def _math_fields(row: dict) -> dict:
-    answer = row.get("gt_answer")
-    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
-        answer = str(answer)
-    if not isinstance(answer, str) or not answer.strip():
-        raise ValueError('missing "gt_answer" (a non-empty string such as "42"), needed by math rewards')
-    return {"gt_answer": answer}
-
-
-def _code_fields(row: dict) -> dict:
-    from rewards.code import validate_test_cases  # imported lazily: math users need no sandbox
-
-    problem = validate_test_cases(row.get("test_cases"))
-    if problem:
-        raise ValueError(problem)
-    return {"test_cases": row["test_cases"]}
-
-
-def load_jsonl(path: str, reward_type: str) -> list[Example]:
-    """Read and validate every row; the first bad row raises DatasetError naming ``path:line``."""
+    ``fmt`` is a RowFormat, or a reward type name for the default field names.
+    """
+    if isinstance(fmt, str):
+        fmt = RowFormat(reward_type=fmt)
     if not os.path.isfile(path):
         raise DatasetError(f"dataset file not found: {path} (pass an existing .jsonl file)")
-    fields: Callable[[dict], dict] = _code_fields if reward_type == "code" else _math_fields
-    examples = []
+    examples, problems, rows = [], [], 0
     with open(path, encoding="utf-8") as handle:
         for line_no, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
+            rows += 1
             where = f"{path}:{line_no}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
-                raise DatasetError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+                problems.append((where, f"not valid JSON ({err.msg} at column {err.colno})"))
+                continue
             try:
-                if not isinstance(row, dict):
-                    raise ValueError("each line must be a JSON object")
-                if "messages" not in row:
-                    raise ValueError('missing "messages"')
-                examples.append(Example(messages=_normalise_messages(row["messages"]), source=where, **fields(row)))
+                examples.append(row_to_example(row, fmt, where))
             except ValueError as err:
-                raise DatasetError(f"{where}: {err}") from None
+                problems.append((where, str(err)))
+    check_rows(problems, rows)
     if not examples:
         raise DatasetError(f"{path}: no examples (the file is empty)")
     return examples

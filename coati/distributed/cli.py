@@ -31,18 +31,28 @@ GRPO_CONFIG_HELP = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "rl_example.py") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="rl_example.py",
+        prog=prog,
         description="Distributed RL post-training (GRPO) over Ray. With no arguments: the embedded demo "
                     "(a tiny model learns 2-digit addition on the CPU in a few minutes, no downloads).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     a = parser.add_argument
     a("-m", "--model", default=None, help="local HF model directory (default: the embedded demo model)")
-    a("-d", "--dataset", default=None, help="training jsonl (default: the embedded addition task)")
+    a("-d", "--dataset", default=None,
+      help="training data: .jsonl, .json (a list of objects), .parquet or a datasets save_to_disk directory, "
+           "local only (default: the embedded addition task)")
     a("-ed", "--eval-dataset", default=None,
-      help='JSON mapping task name -> jsonl, e.g. \'{"math": "eval.jsonl"}\' (default: the demo\'s held-out split)')
+      help='JSON mapping task name -> dataset (same formats as -d), e.g. \'{"math": "eval.parquet"}\' '
+           "(default: the demo's held-out split)")
+    a("--input-key", default="messages",
+      help="row field holding the prompt: a string, a role/content object or a chat list ending with the user's "
+           "turn (e.g. --input-key question for GSM8K, problem for MATH)")
+    a("--label-key", default=None,
+      help="row field holding the answer; for math rewards a plain answer, or a solution ending in "
+           "'#### 72' (GSM8K) or \\boxed{...} (MATH, the last box counts), e.g. --label-key answer / solution "
+           "(default: gt_answer; test_cases with -rt code)")
     a("-p", "--project", default="demo",
       help="run name: outputs go to <save-dir>/<project>/ (metrics.jsonl always); also the wandb project, logged "
            "offline unless WANDB_MODE=online, when wandb is installed")
@@ -165,7 +175,7 @@ def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
     config = RLConfig(
         model=ModelConfig(path=demo.model_dir if embedded else args.model, is_embedded_demo=embedded),
         data=DataConfig(train_path=train_path, eval_paths=eval_paths, reward_type=args.reward_type,
-                        system_prompt=system_prompt,
+                        system_prompt=system_prompt, input_key=args.input_key, label_key=args.label_key,
                         max_prompt_tokens=_given(args.max_prompt_tokens, defaults["max_prompt_tokens"]),
                         code=CodeRewardConfig(all_or_nothing=args.code_all_or_nothing, cpu_seconds=args.code_cpu_seconds,
                                               wall_seconds=args.code_wall_seconds, memory_mb=args.code_memory_mb,

@@ -11,6 +11,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from coati.dataset.rows import RowFormat
 from coati.distributed.inference_backend import SamplingParams
 from coati.distributed.advantage import ADVANTAGES
 from coati.distributed.loss import LOSS_VARIATIONS, OBJECTIVES, PolicyLossConfig
@@ -52,11 +53,17 @@ class CodeRewardConfig:
 @dataclass(frozen=True)
 class DataConfig:
     train_path: str
-    eval_paths: dict[str, str]  # task name -> jsonl
+    eval_paths: dict[str, str]  # task name -> dataset (see coati.dataset.loader for the formats)
     reward_type: str = "boxed"
     system_prompt: str = ""
     max_prompt_tokens: int = 512
     code: CodeRewardConfig = CodeRewardConfig()
+    input_key: str = "messages"  # the row field holding the prompt
+    label_key: str | None = None  # the row field holding the answer; None: gt_answer (math) / test_cases (code)
+
+    @property
+    def rows(self) -> RowFormat:
+        return RowFormat(reward_type=self.reward_type, input_key=self.input_key, label_key=self.label_key)
 
 
 @dataclass(frozen=True)
@@ -218,7 +225,7 @@ def parse_eval_datasets(text: str | None) -> dict[str, str]:
         _require(bool(re.fullmatch(r"[A-Za-z0-9._-]+", name)) and name not in (".", ".."),
                  f"{flag} task name {name!r} is not a valid file name (use letters, digits, . _ -)")
         _require(isinstance(path, str) and path != "", f"{flag} path for task {name!r} must be a non-empty string")
-        _require(os.path.isfile(path), f"{flag} file for task {name!r} not found: {path}")
+        _require(os.path.exists(path), f"{flag} file for task {name!r} not found: {path}")
     return mapping
 
 
@@ -369,6 +376,7 @@ def validate(config: RLConfig) -> None:
     """Cheap checks of the settings themselves (no file is opened here)."""
     p, b, s, d = config.parallel, config.batch, config.sampling, config.data
     _require(d.reward_type in REWARD_TYPES, f"unknown reward type {d.reward_type!r}; choose one of {', '.join(REWARD_TYPES)}")
+    _validate_keys(d)
     if d.reward_type == "code":
         _require(d.code.workers is None or d.code.workers >= 1, "--code-workers must be at least 1")
         try:
@@ -421,6 +429,15 @@ def validate(config: RLConfig) -> None:
     _validate_logs(config)
     if p.backend == "vllm":  # the environment, checked here so the error comes before any build or actor
         _check_vllm(p.producer_tensor_parallel_size)
+
+
+def _validate_keys(d: DataConfig) -> None:
+    """--input-key/--label-key: non-empty and different (whether rows have them: check_inputs)."""
+    for flag, key in (("--input-key", d.input_key), ("--label-key", d.label_key)):
+        _require(key is None or (isinstance(key, str) and key.strip() == key and key != ""),
+                 f"{flag} must be a field name without surrounding spaces, e.g. {flag} question; got {key!r}")
+    _require(d.input_key != d.rows.label_field,
+             f"--input-key and --label-key both name {d.input_key!r}: the prompt and the answer need their own fields")
 
 
 def _validate_logs(config: RLConfig) -> None:
@@ -496,7 +513,7 @@ def _check_model_layout(config: RLConfig) -> None:
 
 def check_inputs(config: RLConfig) -> None:
     """Checks that open files: the model directory and every dataset (parsed in full, line by line)."""
-    from coati.dataset.jsonl import DatasetError, load_jsonl
+    from coati.dataset.loader import DatasetError, load_examples
 
     path = config.model.path
     _require(os.path.isdir(path), f"model directory not found: {path} (pass -m/--model a local HF model directory)")
@@ -510,12 +527,12 @@ def check_inputs(config: RLConfig) -> None:
         except SandboxUnavailable as err:
             raise ConfigError(str(err)) from None
     try:
-        train = load_jsonl(config.data.train_path, config.data.reward_type)
+        train = load_examples(config.data.train_path, config.data.rows)
     except DatasetError as err:
         raise ConfigError(str(err)) from None
     for name, eval_path in config.data.eval_paths.items():
         try:
-            load_jsonl(eval_path, config.data.reward_type)
+            load_examples(eval_path, config.data.rows)
         except DatasetError as err:
             raise ConfigError(f"-ed/--eval-dataset task {name!r}: {err}") from None
     _check_model_layout(config)

@@ -50,6 +50,7 @@ from coati.distributed.rollout import RolloutGroup, collate, split_micro_batches
 from coati.distributed.rollout_log import rollout_log_due, rollout_records
 from coati.distributed.weight_sync import pack_named_tensors, unpack_named_tensors
 from coati.plugins import make_plugin
+from coati.utils.quiet import quiet_actor
 
 
 def share_bounds(count: int, parts: int, index: int) -> tuple[int, int]:
@@ -64,6 +65,7 @@ class Consumer:
     summed_stats: tuple[str, ...] = ()
 
     def __init__(self, config: RLConfig, rank: int, buffer, weight_store, num_threads: int | None = None):
+        quiet_actor()
         self.config, self.rank, self.buffer, self.weight_store = config, rank, buffer, weight_store
         self.num_threads = num_threads or os.cpu_count() or 1
         torch.set_num_threads(self.num_threads)

@@ -28,6 +28,7 @@ def evaluate(backend: InferenceBackend, prompts: list[list[int]], examples, scor
         result = scorer.score([completion.text], example)[0]
         records.append({
             "prompt": prompt_texts[i] if prompt_texts else None,
+            "gt_answer": example.gt_answer,  # the gold answer as scored (GSM8K/MATH labels: their final answer)
             "response": completion.text,
             "extracted": result.extracted,
             "reward": result.reward,

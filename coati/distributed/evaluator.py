@@ -38,12 +38,13 @@ import os
 import ray
 import torch
 
-from coati.dataset.jsonl import load_jsonl
+from coati.dataset.loader import load_examples
 from coati.distributed.config import RLConfig
 from coati.distributed.evaluation import evaluate
 from coati.distributed.generation import tokenise_prompts
 from coati.distributed.inference_backend import SamplingParams
 from coati.distributed.weight_sync import unpack_named_tensors
+from coati.utils.quiet import quiet_actor
 from rewards.scorer import RewardScorer
 
 MAX_PENDING = 2  # steps whose evals may be in flight at once (each holds one weight snapshot)
@@ -55,6 +56,7 @@ class Evaluator:
     def __init__(self, config: RLConfig, num_threads: int | None = None):
         from coati.distributed.producer import make_backend
 
+        quiet_actor()
         self.config = config
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         torch.manual_seed(config.run.seed + 2000)  # its own stream for sampled evals
@@ -67,7 +69,7 @@ class Evaluator:
 
     def _tokenise(self, path: str):
         data = self.config.data
-        return tokenise_prompts(self.backend.tokenizer, load_jsonl(path, data.reward_type), data.system_prompt,
+        return tokenise_prompts(self.backend.tokenizer, load_examples(path, data.rows), data.system_prompt,
                                 data.max_prompt_tokens)
 
     def evaluate(self, step: int, version: int, refs: list | None, task: str, mode: str,

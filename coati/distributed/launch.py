@@ -13,6 +13,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 
 import ray
+from ray.util.debug import log_once
 
 from coati.distributed.checkpointing import check_resume, restore_run, save_checkpoint, trim_metrics
 from coati.distributed.config import RLConfig
@@ -40,6 +41,9 @@ def init_ray(config: RLConfig) -> None:
     if ray.is_initialized():
         return
     kwargs = dict(include_dashboard=False, logging_level="ERROR", log_to_driver=True)
+    # Actors' repeated lines still fold into one "[repeated Nx across cluster]"; the one-time notice explaining
+    # that (with a link) is used up here, so it never lands between the progress bar and the eval lines.
+    log_once("log_dedup_warning")
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], **kwargs)
         return
@@ -51,6 +55,8 @@ def run(config: RLConfig, log=print) -> RunResult:
     from tqdm import tqdm
 
     start = time.time()
+    if log is print:  # lines printed while the progress bar is up go above it, not through it
+        log = tqdm.write
     init_ray(config)
     p = config.parallel
     # Sync mode: producers and trainers take turns on the cores; the trainer ranks share them.

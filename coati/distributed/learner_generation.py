@@ -23,7 +23,7 @@ import time
 import ray
 import torch
 
-from coati.dataset.jsonl import load_jsonl
+from coati.dataset.loader import load_examples
 from coati.distributed.config import RLConfig
 from coati.distributed.generation import prompt_shard, rollout_groups, tokenise_prompts
 from coati.distributed.inference_backend import TransformersBackend
@@ -44,7 +44,7 @@ class LearnerGenerator:
         self.scorer = RewardScorer(config.data.reward_type, code_options)
         # The learner's shard comes after every producer's; its shuffle stream index likewise.
         self.stream = config.parallel.num_inferencers
-        examples = load_jsonl(config.data.train_path, config.data.reward_type)
+        examples = load_examples(config.data.train_path, config.data.rows)
         start, end = prompt_shard(len(examples), config.parallel.num_inferencers, config.batch.inference_batch_size,
                                   self.chunk, self.stream)
         self.examples, self.skipped_long = tokenise_prompts(self.backend.tokenizer, examples[start:end],

@@ -9,13 +9,14 @@ import random
 import ray
 import torch
 
-from coati.dataset.jsonl import load_jsonl
+from coati.dataset.loader import load_examples
 from coati.distributed.config import RLConfig
 from coati.distributed.evaluation import evaluate
 from coati.distributed.generation import prompt_shard, rollout_groups, tokenise_prompts
 from coati.distributed.inference_backend import SamplingParams, TransformersBackend
 from coati.distributed.rollout import RolloutGroup
 from coati.distributed.weight_sync import unpack_named_tensors
+from coati.utils.quiet import quiet_actor
 from rewards.scorer import RewardScorer
 
 
@@ -38,6 +39,7 @@ class Producer:
     """Runs as a Ray actor (a plain, single-threaded one: math-verify needs the main thread)."""
 
     def __init__(self, config: RLConfig, rank: int, buffer, weight_store, num_threads: int | None = None):
+        quiet_actor()
         self.config, self.rank, self.buffer, self.weight_store = config, rank, buffer, weight_store
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         torch.manual_seed(config.run.seed + 1000 + rank)
@@ -46,7 +48,7 @@ class Producer:
         code_options = config.data.code.scorer_options() if config.data.reward_type == "code" else None
         self.scorer = RewardScorer(config.data.reward_type, code_options)
         self.version = 0
-        examples = load_jsonl(config.data.train_path, config.data.reward_type)
+        examples = load_examples(config.data.train_path, config.data.rows)
         start, end = prompt_shard(len(examples), config.parallel.num_inferencers, config.batch.inference_batch_size,
                                   config.algo.learner_chunk_size, rank)
         self.examples, self.skipped_long = self._tokenise(examples[start:end])
@@ -100,7 +102,7 @@ class Producer:
         """Accuracy on a held-out jsonl with the newest published weights; records for the eval logs."""
         if latest_weights:
             self._sync_weights(0)
-        examples, skipped = self._tokenise(load_jsonl(path, self.config.data.reward_type))
+        examples, skipped = self._tokenise(load_examples(path, self.config.data.rows))
         result = evaluate(self.backend, [ids for _, _, ids in examples], [e for e, _, _ in examples],
                           self.scorer, params, prompt_texts=[text for _, text, _ in examples])
         return {"accuracy": result.accuracy, "format_rate": result.format_rate, "mean_reward": result.mean_reward,

@@ -1,9 +1,11 @@
-"""Metrics sinks: a jsonl file per run (always) and wandb when it is installed.
+"""Metrics sinks: a jsonl file per run (always) and wandb (installed by scripts/setup.sh).
 
-wandb runs offline (files under the run directory, ``wandb sync`` uploads them later) unless the user asks
-for online with ``WANDB_MODE=online``: offline never waits on a network. wandb is never required and never
-stops the run: if it is not installed, cannot be imported, fails to start, or fails while logging, one
-message says so and the metrics keep going to the jsonl file.
+wandb runs offline (``<run dir>/wandb/offline-run-*``, which ``wandb sync DIR`` uploads later) unless the
+user asks for online with ``WANDB_MODE=online``; ``WANDB_MODE=disabled`` turns it off. Offline never waits on
+a network. wandb prints nothing of its own and leaves stdout alone (the progress bar and eval lines stay
+readable): one line says where the run went. It never stops the run: if it is not installed, cannot be
+imported, fails to start, or fails while logging, one message says so and the metrics keep going to the
+jsonl file.
 
 Eval rows arrive after later training rows (the evaluator runs beside training), and wandb drops a value
 logged at a step older than its latest, so eval metrics use their own x-axis ``eval/step``
@@ -44,15 +46,24 @@ class MetricsLogger:
                              "metrics go to the jsonl file only")
             return
         mode = os.environ.get("WANDB_MODE", "offline")
+        if mode == "disabled":
+            self.log_message("wandb is off (WANDB_MODE=disabled): metrics go to the jsonl file only")
+            return
         try:
-            run = wandb.init(project=project, dir=run_dir, mode=mode, config=config or {})
+            # silent: no banner or summary of its own; console off: it does not wrap this process's stdout.
+            run = wandb.init(project=project, dir=run_dir, mode=mode, config=config or {},
+                             settings={"silent": True, "console": "off", "init_timeout": 60})
             run.define_metric("eval/step")
             run.define_metric("eval/*", step_metric="eval/step")
         except Exception as err:  # noqa: BLE001 - any wandb failure degrades to jsonl only
             self.log_message(f"wandb could not start ({type(err).__name__}: {err}); metrics go to the jsonl file only")
             return
         self._wandb = run
-        self.log_message(f"wandb logging {mode} to {run_dir}" + (" (wandb sync uploads it)" if mode == "offline" else ""))
+        if mode == "offline":
+            where = getattr(getattr(run, "settings", None), "sync_dir", None) or os.path.join(run_dir, "wandb")
+            self.log_message(f"wandb logging offline (upload: wandb sync {where})")
+        else:
+            self.log_message(f"wandb logging {mode} to {getattr(run, 'url', None) or run_dir}")
 
     def log(self, step: int, metrics: dict, kind: str = "train") -> None:
         row = {"step": step, "kind": kind, "time_s": round(time.time() - self._start, 3), **metrics}

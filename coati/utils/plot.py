@@ -109,8 +109,8 @@ def plot_run(run_dir: str) -> list[str]:
     return written
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m coati.plot", description=__doc__,
+def main(argv: list[str] | None = None, prog: str = "python -m coati.plot") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", help="a run directory: <save-dir>/<project>")
     args = parser.parse_args(argv)
