@@ -72,6 +72,7 @@ class ParallelConfig:
     precision: str = "fp32"  # trainer precision (mixed bf16/fp16 needs the colossalai family)
     vllm_kv_cache_gb: float = 1.0  # -b vllm on CPU: KV-cache memory per inferencer
     vllm_gpu_memory_utilization: float = 0.7  # -b vllm on GPU: fraction of the device vLLM may take
+    max_staleness: int = 0  # -nb: producers may run this many weight versions ahead (0: sync mode)
 
     @property
     def dp_size(self) -> int:
@@ -185,6 +186,13 @@ class RLConfig:
         Equal to steps_per_sync * dp * tbs without filtering; dynamic batching syncs on this count, not on steps.
         """
         return self.parallel.num_inferencers * self.batch.inference_batch_size + self.algo.learner_chunk_size
+
+    @property
+    def schedule(self):
+        """The rollout protocol (coati.distributed.schedule): which version a round needs, when to publish."""
+        from coati.distributed.schedule import RolloutSchedule
+
+        return RolloutSchedule(self.groups_per_sync, self.parallel.max_staleness)
 
 
 def _require(condition: bool, message: str) -> None:

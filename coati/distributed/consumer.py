@@ -173,16 +173,16 @@ class Consumer:
         groups_config = self.config.algo.groups
         dynamic = groups_config.dynamic_batching
         max_draw = target * groups_config.max_draw_multiple if dynamic else target
-        per_sync = self.config.groups_per_sync
+        schedule = self.config.schedule
         kept, drawn, counters, self._draws = [], [], {}, 0
         while len(kept) < target and len(drawn) < max_draw:
             remaining = None if self.total_groups is None else self.total_groups - self.drawn_total
             if remaining == 0:
                 break
-            if self.drawn_since_sync >= per_sync:  # the round is used up: producers need new weights first
+            if schedule.publish_due(self.drawn_since_sync):  # the round is used up: producers need new weights
                 self.publish_weights()
             want = (target - len(kept)) if dynamic else (target - len(drawn))
-            count = min(want, max_draw - len(drawn), per_sync - self.drawn_since_sync,
+            count = min(want, max_draw - len(drawn), schedule.draw_limit(self.drawn_since_sync),
                         remaining if remaining is not None else want)
             if self.learner is not None:  # round `version` starts: add its learner groups (once)
                 self.learner.fill(self.buffer, self.version, self.version)
@@ -258,7 +258,7 @@ class Consumer:
             metrics["rollouts"] = rollout_records(self.step_count, drawn, groups, *self.rollout_tensors(groups))
         if self.config.algo.learner_chunk_size > 0:
             metrics.update(learner_groups=sum(g.learner for g in drawn), learner_gen_s=learner_s)
-        if self.drawn_since_sync >= self.config.groups_per_sync:
+        if self.config.schedule.publish_due(self.drawn_since_sync):
             self.publish_weights()
         metrics["weight_version"] = self.version
         return metrics

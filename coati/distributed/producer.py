@@ -87,10 +87,10 @@ class Producer:
             episode, position = divmod(round_index, self.rounds_per_episode)
             if position == 0 or order is None:
                 order = self._episode_order(episode)
-            self._sync_weights(round_index)
+            self._sync_weights(self.config.schedule.min_version(round_index))
             batch = [self.examples[i] for i in order[position * ibs : (position + 1) * ibs]]
             params = dataclasses.replace(self.config.sampling, seed=round_seed(self.config.run.seed, self.rank, round_index))
-            ray.get(self.buffer.put.remote(self._rollout(batch, params)))
+            ray.get(self.buffer.put.remote(self._rollout(batch, params), self.rank, round_index))
         return max(0, num_rounds - start_round)
 
     def _rollout(self, batch, params=None) -> list[RolloutGroup]:

@@ -52,22 +52,23 @@ class SimulatedStore:
 
 
 class SimulatedBuffer:
-    """Rounds of groups; round r becomes available when the store holds version >= r (sync-mode producers)."""
+    """Rounds of groups; round r becomes available once the schedule admits it (sync mode: version >= r)."""
 
-    def __init__(self, rounds: list[list[RolloutGroup]], store: SimulatedStore):
-        self.rounds, self.store = rounds, store
+    def __init__(self, rounds: list[list[RolloutGroup]], store: SimulatedStore, schedule):
+        self.rounds, self.store, self.schedule = rounds, store, schedule
         self.queue, self.released = [], 0
         self.get = Remote(self._get)
         self.requests = []
 
     def _get(self, count, request_id=None, readers=1):
         self.requests.append(count)
-        while len(self.queue) < count and self.released < len(self.rounds) and self.released <= self.store.version:
+        while (len(self.queue) < count and self.released < len(self.rounds)
+               and self.schedule.may_start(self.released, self.store.version)):
             self.queue.extend(self.rounds[self.released])
             self.released += 1
         if len(self.queue) < count:
             raise Deadlock(f"waiting for {count} groups; {len(self.queue)} queued, round {self.released} needs "
-                           f"weights v{self.released}, store has v{self.store.version}")
+                           f"weights v{self.schedule.min_version(self.released)}, store has v{self.store.version}")
         out, self.queue = self.queue[:count], self.queue[count:]
         return out
 
@@ -92,7 +93,7 @@ def build(tiny_dir, monkeypatch, pattern, num_rounds, *flags, ibs=8, tbs=4, tmbs
     config = config_from_args(build_parser().parse_args(argv))
     store = SimulatedStore()
     rounds = [[make_group(pattern[(r * ibs + i) % len(pattern)], r) for i in range(ibs)] for r in range(num_rounds)]
-    buffer = SimulatedBuffer(rounds, store)
+    buffer = SimulatedBuffer(rounds, store, config.schedule)
     consumer = GRPOConsumer(config, 0, buffer, store, num_threads=1)
     consumer.setup()
     consumer.set_total_groups(num_rounds * config.groups_per_sync)
