@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from coati.distributed.inference_backend import SamplingParams
 from coati.distributed.advantage import ADVANTAGES
-from coati.distributed.loss import LOSS_VARIATIONS, OBJECTIVES, PolicyLossConfig
+from coati.distributed.loss import CORRECTIONS, LOSS_VARIATIONS, OBJECTIVES, PolicyLossConfig
 from rewards import REWARD_TYPES, STOP_STRINGS
 
 ALGOS = ("GRPO", "DAPO", "PG")
@@ -323,9 +323,11 @@ def _is_type(value, kind) -> bool:
 
 
 def build_algo_config(name: str, learning_rate: float, max_grad_norm: float, max_new_tokens: int,
-                      overrides: dict | None = None, kl_coeff: float | None = None, **flags) -> AlgoConfig:
+                      overrides: dict | None = None, kl_coeff: float | None = None, correction: str = "behaviour",
+                      tis_cap: float = 2.0, **flags) -> AlgoConfig:
     """Preset of ``name`` <- --grpo-config ``overrides`` <- dedicated flags (``kl_coeff`` = -kl, and
     ``ppo_epochs``, ``topk_samples``, ``learner_chunk_size``): later wins; a flag left at None does not override.
+    ``correction`` and ``tis_cap``: the off-policy correction of the loss (--off-policy-correction, --tis-cap).
     """
     values = algo_preset(name, 0.0 if kl_coeff is None else kl_coeff, max_new_tokens)
     values.update(overrides or {})
@@ -337,7 +339,8 @@ def build_algo_config(name: str, learning_rate: float, max_grad_norm: float, max
         _require(len(filter_range) == 2 and all(_is_type(v, float) for v in filter_range),
                  f"--grpo-config filter_range must be [low, high] (two numbers), got {json.dumps(filter_range)}")
         filter_range = (float(filter_range[0]), float(filter_range[1]))
-    loss = PolicyLossConfig(**{field_name: values[key] for key, field_name in _LOSS_KEYS.items()})
+    loss = PolicyLossConfig(**{field_name: values[key] for key, field_name in _LOSS_KEYS.items()},
+                            correction=correction, tis_cap=tis_cap)
     groups = GroupConfig(**{key: values[key] for key in _GROUP_KEYS if key != "filter_range"}, filter_range=filter_range)
     return AlgoConfig(name=name, learning_rate=learning_rate, max_grad_norm=max_grad_norm, loss=loss, groups=groups,
                       ppo_epochs=values["ppo_epochs"], learner_chunk_size=values["learner_chunk_size"])
@@ -371,6 +374,14 @@ def _validate_algo(config: RLConfig) -> None:
              f"--topk-samples must lie in [1, -g={G}] (samples kept per group), got {g.topk_samples}")
     _require(a.ppo_epochs >= 1, f"--ppo-epochs must be at least 1, got {a.ppo_epochs}")
     _require(a.learner_chunk_size >= 0, f"--learner-chunk-size must be >= 0 (0: off), got {a.learner_chunk_size}")
+    _require(loss.correction in CORRECTIONS,
+             f"--off-policy-correction must be one of {', '.join(CORRECTIONS)}, got {loss.correction!r}")
+    _require(loss.tis_cap >= 1, f"--tis-cap must be >= 1 (a cap below 1 would shrink on-policy tokens), got {loss.tis_cap}")
+    staleness = config.parallel.max_staleness
+    _require(staleness >= 0, f"-nb/--max-staleness must be >= 0 (0: sync mode), got {staleness}")
+    _require(staleness == 0 or a.learner_chunk_size == 0,
+             "--learner-chunk-size needs -nb/--max-staleness 0: the learner generates each round with the weights it "
+             "has just published, which is the sync protocol; drop one of the two")
 
 
 def validate(config: RLConfig) -> None:
