@@ -8,6 +8,7 @@ from coati.distributed.config import (ALGOS, BACKENDS, GRPO_CONFIG_KEYS, BatchCo
                                       ModelConfig, ParallelConfig, RLConfig, RunConfig, build_algo_config,
                                       parse_eval_datasets, parse_grpo_config, validate)
 from coati.distributed.inference_backend import SamplingParams
+from coati.distributed.loss import CORRECTIONS
 from rewards import REWARD_TYPES, STOP_STRINGS, default_system_prompt
 
 # Defaults that differ between the embedded demo (no --model) and a user's model.
@@ -92,6 +93,14 @@ def build_parser(prog: str = "rl_example.py") -> argparse.ArgumentParser:
       help="learner-side generation: the weight-sending trainer also generates N prompts (x G samples) per round "
            "with the just-published weights while it would otherwise wait for the producers; a round then holds "
            "num_inferencer*ibs + N groups, which must be a multiple of dp*tbs (default 0: off)")
+    a("-nb", "--n-behind", "--max-staleness", dest="max_staleness", type=int, default=0, metavar="S",
+      help="async rollouts: producers may generate round r once weights version r - S are published, so generation "
+           "overlaps training and every trained group is at most S versions old (never dropped); 0: sync mode")
+    a("--off-policy-correction", choices=CORRECTIONS, default=None,
+      help="behaviour: PPO ratio against the producer's logprobs; decoupled: ratio against the trainer's policy at "
+           "the start of the step, each token weighted by min(pi_prox / pi_behaviour, --tis-cap). "
+           "Default: decoupled when -nb > 0, else behaviour")
+    a("--tis-cap", type=float, default=2.0, help="cap C of the truncated importance weight (decoupled correction)")
     a("-lr", "--learning-rate", type=float, default=None, help="AdamW learning rate; default: 3e-4 for the demo, else 1e-6")
     a("-kl", "--kl-coeff", type=float, default=None,
       help="weight (beta) of the k3 KL to the initial model; default: 0 (no reference model), as in every preset")
@@ -187,7 +196,8 @@ def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
                                 producer_tensor_parallel_size=args.producer_tensor_parallel_size,
                                 backend=args.backend, plugin=args.plugin, precision=args.precision,
                                 vllm_kv_cache_gb=args.vllm_kv_cache_gb,
-                                vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization),
+                                vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+                                max_staleness=args.max_staleness),
         batch=BatchConfig(num_generations=args.num_generations, inference_batch_size=args.inference_batch_size,
                           inference_microbatch_size=args.inference_microbatch_size,
                           train_batch_size=args.train_batch_size, train_minibatch_size=args.train_minibatch_size,
@@ -195,7 +205,10 @@ def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
         algo=build_algo_config(args.algo, _given(args.learning_rate, defaults["learning_rate"]), args.max_grad_norm,
                                max_new_tokens, parse_grpo_config(args.grpo_config), kl_coeff=args.kl_coeff,
                                ppo_epochs=args.ppo_epochs, topk_samples=args.topk_samples,
-                               learner_chunk_size=args.learner_chunk_size),
+                               learner_chunk_size=args.learner_chunk_size,
+                               correction=args.off_policy_correction or ("decoupled" if args.max_staleness > 0
+                                                                         else "behaviour"),
+                               tis_cap=args.tis_cap),
         run=RunConfig(project=args.project, num_episodes=_given(args.num_episodes, defaults["num_episodes"]), seed=args.seed, save_dir=args.save_dir,
                       save_interval=args.save_interval, eval_interval=args.eval_interval,
                       eval_save_dir=args.eval_save_dir, rollout_save_dir=args.rollout_save_dir,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from coati.dataset.rows import RowFormat
 from coati.distributed.inference_backend import SamplingParams
 from coati.distributed.advantage import ADVANTAGES
-from coati.distributed.loss import LOSS_VARIATIONS, OBJECTIVES, PolicyLossConfig
+from coati.distributed.loss import CORRECTIONS, LOSS_VARIATIONS, OBJECTIVES, PolicyLossConfig
 from rewards import REWARD_TYPES, STOP_STRINGS
 
 ALGOS = ("GRPO", "DAPO", "PG")
@@ -79,6 +79,7 @@ class ParallelConfig:
     precision: str = "fp32"  # trainer precision (mixed bf16/fp16 needs the colossalai family)
     vllm_kv_cache_gb: float = 1.0  # -b vllm on CPU: KV-cache memory per inferencer
     vllm_gpu_memory_utilization: float = 0.7  # -b vllm on GPU: fraction of the device vLLM may take
+    max_staleness: int = 0  # -nb: producers may run this many weight versions ahead (0: sync mode)
 
     @property
     def dp_size(self) -> int:
@@ -192,6 +193,13 @@ class RLConfig:
         Equal to steps_per_sync * dp * tbs without filtering; dynamic batching syncs on this count, not on steps.
         """
         return self.parallel.num_inferencers * self.batch.inference_batch_size + self.algo.learner_chunk_size
+
+    @property
+    def schedule(self):
+        """The rollout protocol (coati.distributed.schedule): which version a round needs, when to publish."""
+        from coati.distributed.schedule import RolloutSchedule
+
+        return RolloutSchedule(self.groups_per_sync, self.parallel.max_staleness)
 
 
 def _require(condition: bool, message: str) -> None:
@@ -322,9 +330,11 @@ def _is_type(value, kind) -> bool:
 
 
 def build_algo_config(name: str, learning_rate: float, max_grad_norm: float, max_new_tokens: int,
-                      overrides: dict | None = None, kl_coeff: float | None = None, **flags) -> AlgoConfig:
+                      overrides: dict | None = None, kl_coeff: float | None = None, correction: str = "behaviour",
+                      tis_cap: float = 2.0, **flags) -> AlgoConfig:
     """Preset of ``name`` <- --grpo-config ``overrides`` <- dedicated flags (``kl_coeff`` = -kl, and
     ``ppo_epochs``, ``topk_samples``, ``learner_chunk_size``): later wins; a flag left at None does not override.
+    ``correction`` and ``tis_cap``: the off-policy correction of the loss (--off-policy-correction, --tis-cap).
     """
     values = algo_preset(name, 0.0 if kl_coeff is None else kl_coeff, max_new_tokens)
     values.update(overrides or {})
@@ -336,7 +346,8 @@ def build_algo_config(name: str, learning_rate: float, max_grad_norm: float, max
         _require(len(filter_range) == 2 and all(_is_type(v, float) for v in filter_range),
                  f"--grpo-config filter_range must be [low, high] (two numbers), got {json.dumps(filter_range)}")
         filter_range = (float(filter_range[0]), float(filter_range[1]))
-    loss = PolicyLossConfig(**{field_name: values[key] for key, field_name in _LOSS_KEYS.items()})
+    loss = PolicyLossConfig(**{field_name: values[key] for key, field_name in _LOSS_KEYS.items()},
+                            correction=correction, tis_cap=tis_cap)
     groups = GroupConfig(**{key: values[key] for key in _GROUP_KEYS if key != "filter_range"}, filter_range=filter_range)
     return AlgoConfig(name=name, learning_rate=learning_rate, max_grad_norm=max_grad_norm, loss=loss, groups=groups,
                       ppo_epochs=values["ppo_epochs"], learner_chunk_size=values["learner_chunk_size"])
@@ -370,6 +381,14 @@ def _validate_algo(config: RLConfig) -> None:
              f"--topk-samples must lie in [1, -g={G}] (samples kept per group), got {g.topk_samples}")
     _require(a.ppo_epochs >= 1, f"--ppo-epochs must be at least 1, got {a.ppo_epochs}")
     _require(a.learner_chunk_size >= 0, f"--learner-chunk-size must be >= 0 (0: off), got {a.learner_chunk_size}")
+    _require(loss.correction in CORRECTIONS,
+             f"--off-policy-correction must be one of {', '.join(CORRECTIONS)}, got {loss.correction!r}")
+    _require(loss.tis_cap >= 1, f"--tis-cap must be >= 1 (a cap below 1 would shrink on-policy tokens), got {loss.tis_cap}")
+    staleness = config.parallel.max_staleness
+    _require(staleness >= 0, f"-nb/--max-staleness must be >= 0 (0: sync mode), got {staleness}")
+    _require(staleness == 0 or a.learner_chunk_size == 0,
+             "--learner-chunk-size needs -nb/--max-staleness 0: the learner generates each round with the weights it "
+             "has just published, which is the sync protocol; drop one of the two")
 
 
 def validate(config: RLConfig) -> None:

@@ -61,8 +61,10 @@ def share_bounds(count: int, parts: int, index: int) -> tuple[int, int]:
 
 
 class Consumer:
-    # Statistics that are counts (summed over data-parallel ranks); the others are normalised (averaged).
+    # Statistics that are counts (summed over data-parallel ranks), and maxima (the largest over micro-batches,
+    # epochs and ranks); the others are normalised (summed over micro-batches, averaged over ranks and epochs).
     summed_stats: tuple[str, ...] = ()
+    max_stats: tuple[str, ...] = ()
 
     def __init__(self, config: RLConfig, rank: int, buffer, weight_store, num_threads: int | None = None):
         quiet_actor()
@@ -80,6 +82,9 @@ class Consumer:
         self._published = None  # keeps the newest weights alive in the object store
         self._published_version = 0  # the version of ``_published`` (tracked on every rank)
         self.learner = None  # LearnerGenerator on the weight sender when --learner-chunk-size > 0
+        self.epoch = 0  # the ppo epoch being trained (the loss keeps the first epoch's logprobs, see GRPOConsumer)
+        self.publish_s = 0.0  # seconds spent publishing weights since the last step's metrics
+        self._staleness: list[int] = []  # per trained group of the current step: versions behind the trainer
 
     def rendezvous_address(self) -> tuple[str, int]:
         """(address, port) for the trainer group's rendezvous, hosted by this actor (rank 0)."""
@@ -175,16 +180,16 @@ class Consumer:
         groups_config = self.config.algo.groups
         dynamic = groups_config.dynamic_batching
         max_draw = target * groups_config.max_draw_multiple if dynamic else target
-        per_sync = self.config.groups_per_sync
-        kept, drawn, counters, self._draws = [], [], {}, 0
+        schedule = self.config.schedule
+        kept, drawn, counters, self._draws, self._staleness = [], [], {}, 0, []
         while len(kept) < target and len(drawn) < max_draw:
             remaining = None if self.total_groups is None else self.total_groups - self.drawn_total
             if remaining == 0:
                 break
-            if self.drawn_since_sync >= per_sync:  # the round is used up: producers need new weights first
+            if schedule.publish_due(self.drawn_since_sync):  # the round is used up: producers need new weights
                 self.publish_weights()
             want = (target - len(kept)) if dynamic else (target - len(drawn))
-            count = min(want, max_draw - len(drawn), per_sync - self.drawn_since_sync,
+            count = min(want, max_draw - len(drawn), schedule.draw_limit(self.drawn_since_sync),
                         remaining if remaining is not None else want)
             if self.learner is not None:  # round `version` starts: add its learner groups (once)
                 self.learner.fill(self.buffer, self.version, self.version)
@@ -192,6 +197,7 @@ class Consumer:
             drawn.extend(groups)
             survivors, stats = self.select_groups(groups)
             kept.extend(survivors)
+            self._staleness += [schedule.staleness(self.version, g.policy_version) for g in survivors]
             for name, value in stats.items():
                 counters[name] = counters.get(name, 0) + value
         if not drawn:
@@ -227,7 +233,7 @@ class Consumer:
         if groups is None:
             return None
         learner_s = self.learner.take_time() if self.learner is not None else 0.0
-        wait = time.perf_counter() - start - learner_s
+        wait = time.perf_counter() - start - learner_s - self.publish_s  # mid-step publishes are not waiting
         metrics: dict = {}
         if not groups:
             reason = (f"all {len(drawn)} groups drawn this step were filtered out"
@@ -240,28 +246,35 @@ class Consumer:
             epochs = self.config.algo.ppo_epochs
             totals: dict[str, float] = {}
             grad_norms = []
-            for _ in range(epochs):
+            train_start = time.perf_counter()
+            for self.epoch in range(epochs):
                 stats: list[dict] = []
                 for batch in batches:
                     stats += self.plugin.forward_backward(split_micro_batches(batch, self._micro_batch_samples()),
                                                           self.loss_fn)
                 grad_norms.append(self.plugin.optimizer_step(self.config.algo.max_grad_norm))
                 for name in stats[0]:
-                    totals[name] = totals.get(name, 0.0) + sum(float(s[name]) for s in stats)
+                    values = [float(s[name]) for s in stats]
+                    if name in self.max_stats:
+                        totals[name] = max([totals.get(name, float("-inf"))] + values)
+                    else:
+                        totals[name] = totals.get(name, 0.0) + sum(values)
             totals = self._reduce_stats(totals)
-            # Per-epoch means; grad_norm is the first epoch's (later epochs see the same data again).
-            metrics.update({name: value / epochs for name, value in totals.items()})
-            metrics.update(grad_norm=grad_norms[0], optimizer_steps=epochs)
+            # Per-epoch means (maxima as they are); grad_norm is the first epoch's (later epochs see the same data).
+            metrics.update({name: value if name in self.max_stats else value / epochs for name, value in totals.items()})
+            metrics.update(grad_norm=grad_norms[0], optimizer_steps=epochs, train_s=time.perf_counter() - train_start)
+            metrics.update(staleness_mean=sum(self._staleness) / len(self._staleness), staleness_max=max(self._staleness))
             self.step_count += 1
         metrics.update(info)
         metrics.update(rollout_metrics(drawn, self.version))
-        metrics.update(step_time_s=time.perf_counter() - start, buffer_wait_s=wait)
+        if self.config.schedule.publish_due(self.drawn_since_sync):
+            self.publish_weights()
+        metrics.update(step_time_s=time.perf_counter() - start, buffer_wait_s=wait, publish_s=self.publish_s)
+        self.publish_s = 0.0
         if groups and self.rank == 0 and rollout_log_due(self.config, self.step_count):
             metrics["rollouts"] = rollout_records(self.step_count, drawn, groups, *self.rollout_tensors(groups))
         if self.config.algo.learner_chunk_size > 0:
             metrics.update(learner_groups=sum(g.learner for g in drawn), learner_gen_s=learner_s)
-        if self.drawn_since_sync >= self.config.groups_per_sync:
-            self.publish_weights()
         metrics["weight_version"] = self.version
         return metrics
 
@@ -274,16 +287,29 @@ class Consumer:
 
         from coati.plugins.dist import device_type
 
-        names = sorted(totals)
+        names = sorted(name for name in totals if name not in self.max_stats)
         values = torch.tensor([totals[name] for name in names], dtype=torch.float64, device=device_type())
         dist.all_reduce(values)  # model-parallel peers hold equal values: divide them out
         values = values.cpu() / self.plugin.model_parallel_size
         dp = self.plugin.dp_size
-        return {name: float(value) if name in self.summed_stats else float(value) / dp
-                for name, value in zip(names, values)}
+        out = {name: float(value) if name in self.summed_stats else float(value) / dp
+               for name, value in zip(names, values)}
+        maxima = sorted(name for name in totals if name in self.max_stats)
+        if maxima:
+            peak = torch.tensor([totals[name] for name in maxima], dtype=torch.float64, device=device_type())
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+            out.update({name: float(value) for name, value in zip(maxima, peak.cpu())})
+        return out
 
     def publish_weights(self) -> None:
         """Collective: every rank takes part in gathering the full weights; the sender puts them in the store."""
+        start = time.perf_counter()
+        try:
+            self._publish()
+        finally:
+            self.publish_s += time.perf_counter() - start
+
+    def _publish(self) -> None:
         self.version += 1
         self.drawn_since_sync = 0
         self._published_version = self.version  # on every rank (``_published`` lives on the sender only)
@@ -357,4 +383,7 @@ def rollout_metrics(groups: list[RolloutGroup], current_version: int) -> dict:
         "response_length": sum(lengths) / n,
         "truncation_rate": sum(f == "length" for g in groups for f in g.finish_reasons) / n,
         "policy_lag": current_version - min((g.policy_version for g in groups), default=current_version),
+        # producer seconds that made these groups (generation and scoring run beside training in async mode)
+        "generate_s": sum(g.generate_s for g in groups),
+        "score_s": sum(g.score_s for g in groups),
     }

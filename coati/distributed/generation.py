@@ -9,6 +9,8 @@ generator then has the same number of rounds per episode.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from coati.dataset.jsonl import build_prompt
@@ -55,11 +57,15 @@ def tokenise_prompts(tokenizer, examples, system_prompt: str, max_prompt_tokens:
 def rollout_groups(backend, scorer, batch, sampling, version: int, learner: bool = False) -> list[RolloutGroup]:
     """Generate ``sampling.n`` completions for each (example, text, ids) of ``batch`` with ``backend``, score
     them, and build one group per prompt tagged with the weights ``version`` that generated it."""
+    start = time.perf_counter()
     outputs = backend.generate([ids for _, _, ids in batch], sampling)
+    generate_s = (time.perf_counter() - start) / max(1, len(batch))
     groups = []
     for (example, text, ids), completions in zip(batch, outputs):
         texts = [c.text for c in completions]
+        start = time.perf_counter()
         results = scorer.score(texts, example)
+        score_s = time.perf_counter() - start
         rewards = torch.tensor([[r.reward for r in results]])
         groups.append(RolloutGroup(
             prompt_ids=ids,
@@ -75,5 +81,7 @@ def rollout_groups(backend, scorer, batch, sampling, version: int, learner: bool
             prompt_text=text,
             source=example.source,
             learner=learner,
+            generate_s=generate_s,
+            score_s=score_s,
         ))
     return groups

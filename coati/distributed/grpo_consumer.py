@@ -10,8 +10,12 @@ Per step, on the groups drawn from the buffer:
    algorithm lives here, the producer only generates and scores. Raw rewards and accuracy stay in the
    groups, so rollout metrics report them unshaped. The loss normaliser covers the whole step's batch;
    reference logprobs (beta > 0) are computed here, once per rollout batch, and reused by every ppo epoch.
-3. ``loss_fn``: the policy loss of loss.py (clip-higher, token/sample-level, skip_threshold, k3 KL) and the
-   mean token entropy of the policy, taken from the logits the loss already has.
+3. ``loss_fn``: the policy loss of loss.py (clip-higher, token/sample-level, skip_threshold, k3 KL, the
+   off-policy correction) and the mean token entropy of the policy, taken from the logits the loss already has.
+   Proximal logprobs (the trainer's policy at the start of the step, for the decoupled correction and the
+   mismatch metrics) cost no extra forward pass: within the first ppo epoch no optimizer step has happened
+   yet, so the loss's own logprobs, detached, are exactly those; with several epochs they are kept per
+   micro-batch (in call order, which every epoch repeats) and reused by the later epochs.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import torch
 from coati.distributed.advantage import (compute_advantages, group_accuracy_in_range, overlong_penalty,
                                          sample_loss_mask)
 from coati.distributed.consumer import Consumer
-from coati.distributed.loss import aggregate, normaliser_from_counts, policy_loss, token_entropy
+from coati.distributed.loss import MAX_STATS, aggregate, normaliser_from_counts, policy_loss, token_entropy
 from coati.distributed.rollout import RolloutGroup, collate, split_micro_batches, token_logprobs
 
 
@@ -39,11 +43,14 @@ def shaped_group_tensors(groups: list[RolloutGroup], groups_config, max_new_toke
 
 class GRPOConsumer(Consumer):
     summed_stats = ("skipped_samples",)
+    max_stats = MAX_STATS
 
     def setup_algorithm(self) -> None:
         self.loss_config = self.config.algo.loss
         self.groups_config = self.config.algo.groups
         self.temperature = self.config.sampling.temperature
+        self._prox: list[torch.Tensor] = []  # first-epoch logprobs per micro-batch, for later ppo epochs
+        self._prox_epoch, self._prox_at = 0, 0
         self.reference = None
         if self.loss_config.kl_coeff > 0:
             from transformers import AutoModelForCausalLM
@@ -106,17 +113,31 @@ class GRPOConsumer(Consumer):
 
     def step(self):
         self._step_stats = {}
+        self._prox, self._prox_epoch, self._prox_at = [], 0, 0
         metrics = super().step()
         if metrics is not None:
             metrics.update(self._step_stats)
         return metrics
+
+    def _proximal(self, logprobs: torch.Tensor) -> torch.Tensor:
+        """The policy's logprobs at the start of the step for this micro-batch (see the module docstring)."""
+        if self.epoch == 0:
+            prox = logprobs.detach()
+            if self.config.algo.ppo_epochs > 1:
+                self._prox.append(prox)
+            return prox
+        if self.epoch != self._prox_epoch:
+            self._prox_epoch, self._prox_at = self.epoch, 0
+        prox = self._prox[self._prox_at]
+        self._prox_at += 1
+        return prox
 
     def loss_fn(self, logits, micro_batch):
         logprobs = token_logprobs(logits, micro_batch["input_ids"], self.temperature)
         normaliser = float(micro_batch["normaliser"][0])
         loss, stats = policy_loss(logprobs, micro_batch["old_logprobs"], micro_batch["advantages"],
                                   micro_batch["action_mask"], self.loss_config, normaliser,
-                                  micro_batch.get("ref_logprobs"))
+                                  micro_batch.get("ref_logprobs"), prox_logprobs=self._proximal(logprobs))
         entropy = token_entropy(logits, self.temperature)
         stats["entropy"] = aggregate(entropy, micro_batch["action_mask"], self.loss_config.loss_variation, normaliser)
         return loss, stats

@@ -20,6 +20,7 @@ from coati.distributed.config import RLConfig
 from coati.distributed.eval_schedule import EvalSchedule
 from coati.distributed.grpo_consumer import GRPOConsumer
 from coati.distributed.producer import Producer
+from coati.distributed.schedule import thread_budgets
 from coati.distributed.weight_sync import WeightStore
 from coati.distributed.buffer import RolloutBuffer
 from coati.utils.metrics import MetricsLogger
@@ -58,16 +59,14 @@ def run(config: RLConfig, log=print) -> RunResult:
     if log is print:  # lines printed while the progress bar is up go above it, not through it
         log = tqdm.write
     init_ray(config)
-    p = config.parallel
-    # Sync mode: producers and trainers take turns on the cores; the trainer ranks share them.
+    p, schedule = config.parallel, config.schedule
     cores = max(1, os.cpu_count() or 1)
+    producer_threads, trainer_threads = thread_budgets(cores, p.num_inferencers, p.num_trainers, schedule.is_async)
     store = ray.remote(WeightStore).options(num_cpus=0).remote()
-    # Room for two rounds: sync mode never holds more than one, so neither producers nor the learner's put block.
-    buffer = ray.remote(RolloutBuffer).options(num_cpus=0).remote(2 * config.groups_per_sync)
-    producers = [ray.remote(Producer).options(num_cpus=1).remote(config, rank, buffer, store, cores)
+    buffer = ray.remote(RolloutBuffer).options(num_cpus=0).remote(schedule.buffer_capacity, schedule.groups_per_round)
+    producers = [ray.remote(Producer).options(num_cpus=1).remote(config, rank, buffer, store, producer_threads)
                  for rank in range(p.num_inferencers)]
-    consumers = [ray.remote(GRPOConsumer).options(num_cpus=1).remote(config, rank, buffer, store,
-                                                                      max(1, cores // p.num_trainers))
+    consumers = [ray.remote(GRPOConsumer).options(num_cpus=1).remote(config, rank, buffer, store, trainer_threads)
                  for rank in range(p.num_trainers)]
     address, port = ray.get(consumers[0].rendezvous_address.remote())
     ray.get([consumer.setup.remote(address, port) for consumer in consumers])  # joins the group together
@@ -95,7 +94,9 @@ def run(config: RLConfig, log=print) -> RunResult:
     if resume and trim_metrics(config.run.run_dir, state["step"]):
         log(f"metrics.jsonl: dropped the rows after step {state['step']}, which this resumed run redoes")
     logger = MetricsLogger(config.run.run_dir, config.run.project, _jsonable(config), log, resume=bool(resume))
-    evals = EvalSchedule(config, producers[0], consumers, logger, log, num_threads=max(1, cores // 2),
+    # The evaluator runs beside training: half the cores in sync mode, a producer's share in async mode.
+    evals = EvalSchedule(config, producers[0], consumers, logger, log,
+                         num_threads=producer_threads if schedule.is_async else max(1, cores // 2),
                          resume=bool(resume))
     rollouts = None
     if config.run.rollout_save_dir:
@@ -103,12 +104,12 @@ def run(config: RLConfig, log=print) -> RunResult:
                                  resume=bool(resume))
     if resume:
         log(f"resuming from {resume}: step {state['step']}, weights v{state['policy_version']}, "
-            f"{state['pending_groups']} pending groups, producers from round {state['next_round']}")
+            f"{state['pending_groups']} pending groups, producers from rounds {state['producer_rounds']}")
         evals.restore_before(state["eval_before"])
     else:
         evals.submit(0)
-    start_round = state["next_round"] if resume else 0
-    generation = [producer.run.remote(rounds, start_round) for producer in producers]
+    start_rounds = state["producer_rounds"] if resume else [0] * len(producers)
+    generation = [producer.run.remote(rounds, start) for producer, start in zip(producers, start_rounds)]
     step, skipped = (state["step"], state["skipped"]) if resume else (0, 0)
     # (path, skipped steps) of the newest checkpoint of this state: the final save does not repeat it
     last_saved = (os.path.join(config.run.run_dir, f"step_{step}"), skipped) if resume else None
@@ -118,8 +119,7 @@ def run(config: RLConfig, log=print) -> RunResult:
         path = os.path.join(config.run.run_dir, f"step_{at_step}")
         if (path, skipped) != last_saved or not os.path.isdir(path):
             save_checkpoint(path, consumers, buffer, config,
-                            {"step": at_step, "skipped": skipped, "eval_before": evals.before_accuracy()},
-                            total_groups)
+                            {"step": at_step, "skipped": skipped, "eval_before": evals.before_accuracy()})
         return path
 
     while True:

@@ -96,7 +96,7 @@ class LearnerGenerator:
         """Generate the round's groups (once per round) and put them into the shared buffer."""
         if round_index <= self.last_round:
             return
-        ray.get(buffer.put.remote(self.generate(round_index, version)))
+        ray.get(buffer.put.remote(self.generate(round_index, version), "learner", round_index))
 
     def take_time(self) -> float:
         spent, self.time_s = self.time_s, 0.0

@@ -14,6 +14,16 @@ exp(logp - old_logp) over its valid tokens; a sample whose ratio exceeds the thr
 loss (its mask is zeroed) and counted. The normaliser is fixed before the forward pass (micro-batching
 stays exact), so a skipped sample still counts in the denominator: it contributes zero, it does not
 re-weight the others.
+
+Off-policy correction (``PolicyLossConfig.correction``), for groups sampled by older weights (async mode):
+- ``behaviour``: the ratio is taken against the behaviour policy (the producer's logprobs), as in sync PPO.
+- ``decoupled`` (decoupled PPO; truncated importance sampling): the ratio is taken against the *proximal*
+  policy (the trainer's weights at the start of the step, no gradient) and every token is weighted by the
+  truncated importance weight min(pi_prox / pi_behaviour, tis_cap) (no gradient). The trust region is then
+  around the trainer's own recent policy, and the weight corrects for the behaviour policy being older.
+  ``skip_threshold`` and the clip statistics then refer to the proximal ratio.
+Both modes report the importance weights and the behaviour-vs-proximal mismatch (k3 and max |diff|); with
+fresh groups the mismatch is the numeric difference of the two engines' logprobs.
 """
 
 from __future__ import annotations
@@ -24,6 +34,9 @@ import torch
 
 LOSS_VARIATIONS = ("token_level", "sample_level")
 OBJECTIVES = ("ppo_clip", "reinforce")
+CORRECTIONS = ("behaviour", "decoupled")
+# Statistics that are maxima over the step (not sums over micro-batches, not means over ranks).
+MAX_STATS = ("is_weight_max", "mismatch_max_abs")
 
 
 @dataclass(frozen=True)
@@ -34,6 +47,8 @@ class PolicyLossConfig:
     loss_variation: str = "sample_level"
     objective: str = "ppo_clip"
     skip_threshold: float | None = None  # None: off; else > 1
+    correction: str = "behaviour"  # off-policy correction: behaviour | decoupled
+    tis_cap: float = 2.0  # decoupled: cap C of the truncated importance weight min(pi_prox / pi_behaviour, C)
 
 
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -93,6 +108,19 @@ def skip_mask(logprobs, old_logprobs, mask, threshold: float | None) -> torch.Te
     return has_tokens & (sample_ratio(logprobs.detach(), old_logprobs, mask) > threshold)
 
 
+def truncated_importance_weight(prox_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor,
+                                cap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per token (min(exp(prox - behaviour), cap), 1 where the cap binds); no gradient flows through either."""
+    ratio = torch.exp(prox_logprobs.detach() - behaviour_logprobs.detach())
+    return ratio.clamp(max=cap), (ratio > cap).to(ratio.dtype)
+
+
+def masked_max(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Largest of ``values`` where ``mask`` is set (0 when nothing is)."""
+    masked = torch.where(mask > 0, values, torch.full_like(values, float("-inf")))
+    return masked.max().clamp(min=0.0) if mask.any() else values.new_zeros(())
+
+
 def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Entropy of the next-token distribution at every position of ``logits[:, :-1]``: shape [B, L-1].
 
@@ -138,30 +166,48 @@ def normaliser_from_counts(valid_tokens: torch.Tensor, variation: str) -> float:
 
 
 def policy_loss(logprobs, old_logprobs, advantages, mask, config: PolicyLossConfig, normaliser: float,
-                ref_logprobs: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                ref_logprobs: torch.Tensor | None = None,
+                prox_logprobs: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO/DAPO/PG loss of one micro-batch and detached per-batch statistics (summed, same normaliser).
 
+    ``old_logprobs``: the behaviour policy's (the producer's). ``prox_logprobs``: the trainer's at the start of
+    the step (default: ``logprobs`` detached, exact when the batch gets one optimizer step).
     Statistics: loss, clip_fraction (= clip_fraction_low + clip_fraction_high), kl_behaviour (k3 of the
-    current policy against the behaviour policy), kl (to the reference, only when kl_coeff > 0), and
-    skipped_samples (a count, not normalised).
+    current policy against the behaviour policy), kl (to the reference, only when kl_coeff > 0), skipped_samples
+    (a count, not normalised), is_weight / is_truncated (mean truncated importance weight, fraction capped),
+    mismatch_k3 (k3 of proximal vs behaviour), and the maxima is_weight_max and mismatch_max_abs.
     """
-    skipped = skip_mask(logprobs, old_logprobs, mask, config.skip_threshold)
+    if config.correction not in CORRECTIONS:
+        raise ValueError(f"unknown off-policy correction {config.correction!r}; choose one of {CORRECTIONS}")
+    prox = logprobs.detach() if prox_logprobs is None else prox_logprobs.detach()
+    decoupled = config.correction == "decoupled"
+    anchor = prox if decoupled else old_logprobs  # what the ratio is taken against
+    skipped = skip_mask(logprobs, anchor, mask, config.skip_threshold)
     mask = mask * (~skipped).to(mask.dtype).unsqueeze(1)
     variation = config.loss_variation
     if config.objective == "ppo_clip":
-        per_token, _ = clipped_surrogate(logprobs, old_logprobs, advantages, config.clip_eps_low, config.clip_eps_high)
-        low, high = clip_indicators(torch.exp(logprobs.detach() - old_logprobs), advantages,
+        per_token, _ = clipped_surrogate(logprobs, anchor, advantages, config.clip_eps_low, config.clip_eps_high)
+        low, high = clip_indicators(torch.exp(logprobs.detach() - anchor), advantages,
                                     config.clip_eps_low, config.clip_eps_high)
     elif config.objective == "reinforce":
         per_token = reinforce_surrogate(logprobs, advantages)
         low = high = torch.zeros_like(logprobs)
     else:
         raise ValueError(f"unknown objective {config.objective!r}; choose one of {OBJECTIVES}")
+    weight, truncated = truncated_importance_weight(prox, old_logprobs, config.tis_cap)
+    if decoupled:
+        per_token = per_token * weight
     clip_low = aggregate(low, mask, variation, normaliser).detach()
     clip_high = aggregate(high, mask, variation, normaliser).detach()
+    valid = mask > 0
     stats = {"clip_fraction": clip_low + clip_high, "clip_fraction_low": clip_low, "clip_fraction_high": clip_high,
              "kl_behaviour": aggregate(kl_k3(logprobs.detach(), old_logprobs), mask, variation, normaliser),
-             "skipped_samples": skipped.sum().float()}
+             "skipped_samples": skipped.sum().float(),
+             "is_weight": aggregate(weight, mask, variation, normaliser),
+             "is_truncated": aggregate(truncated, mask, variation, normaliser),
+             "is_weight_max": masked_max(weight, valid),
+             "mismatch_k3": aggregate(kl_k3(prox, old_logprobs), mask, variation, normaliser),
+             "mismatch_max_abs": masked_max((prox - old_logprobs).abs(), valid)}
     if config.kl_coeff > 0:
         if ref_logprobs is None:
             raise ValueError("kl_coeff > 0 needs reference logprobs")

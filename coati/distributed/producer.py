@@ -75,24 +75,44 @@ class Producer:
             random.Random(self.config.run.seed * 7919 + past * 31 + self.rank).shuffle(order)
         return order
 
-    def run(self, num_rounds: int, start_round: int = 0) -> int:
-        """Generate rounds ``start_round`` .. ``num_rounds - 1``; round r (sync mode) waits for weights version r.
+    def _refresh_weights(self) -> None:
+        """Load the newest published weights if they are newer than ours; never waits (async mode)."""
+        version, refs = ray.get(self.weight_store.latest.remote())
+        if version > self.version and refs:
+            self.backend.load_weights(unpack_named_tensors(ray.get(refs[0])))
+            self.version = version
 
-        Each round samples with a seed of its own (seed, rank, round), so a run resumed at a round samples
-        what the uninterrupted run did there.
+    def run(self, num_rounds: int, start_round: int = 0) -> int:
+        """Generate rounds ``start_round`` .. ``num_rounds - 1`` and put each, whole, into the buffer.
+
+        Round r starts once the schedule admits it (weights version >= r - S; sync mode: exactly r). Each
+        round samples with a seed of its own (seed, rank, round), so a resumed sync run samples what the
+        uninterrupted run did there. In async mode a round is generated ``-imbs`` prompts per call, and newer
+        weights published meanwhile are loaded between calls: a round may mix versions, each group records
+        its own.
         """
         from coati.distributed.checkpointing import round_seed
 
-        ibs = self.config.batch.inference_batch_size
+        ibs, imbs = self.config.batch.inference_batch_size, self.config.batch.inference_microbatch_size
+        schedule = self.config.schedule
         order = None
         for round_index in range(start_round, num_rounds):
             episode, position = divmod(round_index, self.rounds_per_episode)
             if position == 0 or order is None:
                 order = self._episode_order(episode)
-            self._sync_weights(round_index)
+            self._sync_weights(schedule.min_version(round_index))
             batch = [self.examples[i] for i in order[position * ibs : (position + 1) * ibs]]
-            params = dataclasses.replace(self.config.sampling, seed=round_seed(self.config.run.seed, self.rank, round_index))
-            ray.get(self.buffer.put.remote(self._rollout(batch, params)))
+            seed = round_seed(self.config.run.seed, self.rank, round_index)
+            if not schedule.is_async:  # one call: the backend splits it into -imbs micro-batches itself
+                groups = self._rollout(batch, dataclasses.replace(self.config.sampling, seed=seed))
+            else:
+                groups = []
+                for chunk, start in enumerate(range(0, len(batch), imbs)):
+                    if chunk:
+                        self._refresh_weights()
+                    params = dataclasses.replace(self.config.sampling, seed=round_seed(seed, self.rank, chunk))
+                    groups += self._rollout(batch[start : start + imbs], params)
+            ray.get(self.buffer.put.remote(groups, self.rank, round_index))
         return max(0, num_rounds - start_round)
 
     def _rollout(self, batch, params=None) -> list[RolloutGroup]:

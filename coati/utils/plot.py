@@ -22,6 +22,9 @@ TRAIN_PANELS = (
     ("clip_fraction", "clipped token fraction"),
     ("grad_norm", "gradient norm"),
     ("truncation_rate", "truncated responses"),
+    ("staleness_mean", "staleness of trained groups (versions)"),
+    ("mismatch_k3", "behaviour vs trainer logprobs (k3)"),
+    ("is_truncated", "importance weights capped (fraction)"),
 )
 
 

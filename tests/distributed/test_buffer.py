@@ -63,18 +63,39 @@ def test_oversized_requests_fail_fast():
     asyncio.run(scenario())
 
 
-def test_peek_waits_and_leaves_groups_in_place():
+def test_snapshot_counts_whole_rounds_per_source_and_restore_continues_them():
     async def scenario():
-        buffer = RolloutBuffer(capacity=4)
-        await buffer.put([1])
-        peeker = asyncio.create_task(buffer.peek(2))
+        buffer = RolloutBuffer(capacity=8, round_size=4)
+        await buffer.put([1, 2], source=0, round_index=0)
+        await buffer.put([3, 4], source=1, round_index=0)
+        await buffer.put([5, 6], source=0, round_index=1)
+        assert await buffer.get(3) == [1, 2, 3]
+        state = await buffer.snapshot()
+        assert state["items"] == [(0, 4), (1, 5), (1, 6)] and state["rounds_put"] == {0: 2, 1: 1}
+        assert await buffer.size() == 3  # nothing was popped
+        resumed = RolloutBuffer(capacity=8, round_size=4)
+        await resumed.restore(state)
+        await resumed.put([7, 8], source=1, round_index=1)
+        again = await resumed.snapshot()
+        assert again["items"] == [(0, 4), (1, 5), (1, 6), (1, 7), (1, 8)] and again["rounds_put"] == {0: 2, 1: 2}
+        assert await resumed.get(5) == [4, 5, 6, 7, 8]
+
+    asyncio.run(scenario())
+
+
+def test_rounds_are_drawn_in_order_when_one_producer_runs_ahead():
+    """Producer 0 puts rounds 0 and 1 before producer 1 puts round 0: round 1 waits behind round 0."""
+    async def scenario():
+        buffer = RolloutBuffer(capacity=8, round_size=4)
+        await buffer.put(["a0", "a0"], source=0, round_index=0)
+        await buffer.put(["a1", "a1"], source=0, round_index=1)
+        assert await buffer.get(2) == ["a0", "a0"]  # the open round's groups are drawable at once
+        getter = asyncio.create_task(buffer.get(2))
         await asyncio.sleep(0.01)
-        assert not peeker.done()  # waits until the rest of the round has arrived
-        await buffer.put([2, 3])
-        assert await peeker == [1, 2]
-        assert await buffer.size() == 3
-        assert await buffer.get(3) == [1, 2, 3]  # nothing was popped
-        assert await buffer.peek(0) == []
+        assert not getter.done()  # round 1 is held: round 0 is not complete
+        await buffer.put(["b0", "b0"], source=1, round_index=0)
+        assert await getter == ["b0", "b0"]
+        assert await buffer.get(2) == ["a1", "a1"]
 
     asyncio.run(scenario())
 

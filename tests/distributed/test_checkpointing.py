@@ -1,10 +1,10 @@
-"""Pure parts of run checkpoints: round seeds, the data order of a resumed producer, pending counts, metrics."""
+"""Pure parts of run checkpoints: round seeds, the data order of a resumed producer, next rounds, metrics."""
 
 import json
 import random
 from types import SimpleNamespace
 
-from coati.distributed.checkpointing import pending_count, round_seed, trim_metrics
+from coati.distributed.checkpointing import producer_rounds, round_seed, trim_metrics
 from coati.distributed.producer import Producer
 
 
@@ -25,19 +25,9 @@ def test_resumed_producer_rebuilds_the_episode_order():
         assert producer._episode_order(episode) == order
 
 
-def test_pending_count_is_the_rest_of_the_round_and_zero_at_the_end():
-    config = SimpleNamespace(groups_per_sync=8, algo=SimpleNamespace(learner_chunk_size=0))
-    assert pending_count({"drawn_since_sync": 4, "drawn_total": 12}, config, total_groups=32) == 4
-    assert pending_count({"drawn_since_sync": 0, "drawn_total": 16}, config, total_groups=32) == 8
-    assert pending_count({"drawn_since_sync": 0, "drawn_total": 32}, config, total_groups=32) == 0
-
-
-def test_pending_count_leaves_out_learner_groups_not_generated_yet():
-    # 8 producer groups + 2 learner groups per round; the learner fills a round at the round's first draw
-    config = SimpleNamespace(groups_per_sync=10, algo=SimpleNamespace(learner_chunk_size=2))
-    assert pending_count({"drawn_since_sync": 0, "drawn_total": 10}, config, total_groups=40) == 8
-    assert pending_count({"drawn_since_sync": 4, "drawn_total": 14}, config, total_groups=40) == 6
-    assert pending_count({"drawn_since_sync": 0, "drawn_total": 40}, config, total_groups=40) == 0
+def test_producer_rounds_from_the_buffer_counts():
+    assert producer_rounds({0: 3, 1: 2}, 3) == [3, 2, 0]  # producer 2 has put nothing yet
+    assert producer_rounds({}, 1) == [0]
 
 
 def test_trim_metrics_drops_the_rows_a_resumed_run_redoes(tmp_path):

@@ -7,7 +7,7 @@ import torch
 
 from coati.distributed.loss import (PolicyLossConfig, aggregate, batch_normaliser, clip_indicators,
                                     clipped_surrogate, kl_k3, policy_loss, reinforce_surrogate, sample_ratio,
-                                    skip_mask, token_entropy)
+                                    skip_mask, token_entropy, truncated_importance_weight)
 
 
 def approx(value, expected, tol=1e-5):
@@ -188,3 +188,66 @@ def test_aggregate_rejects_unknown_variation_and_objective():
     with pytest.raises(ValueError, match="unknown objective"):
         policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1),
                     PolicyLossConfig(objective="dpo"), 1.0)
+
+
+# Off-policy corrections. One sample, A = +1, two valid tokens, token_level (normaliser 2).
+# Behaviour (producer) probabilities 0.2, 0.3; the trainer's proximal probabilities 0.6, 0.3.
+BEHAVIOUR = torch.log(torch.tensor([[0.2, 0.3]]))
+PROX = torch.log(torch.tensor([[0.6, 0.3]]))
+ONE = torch.tensor([[1.0, 1.0]])
+DECOUPLED = PolicyLossConfig(loss_variation="token_level", correction="decoupled", tis_cap=2.0)
+
+
+def test_truncated_importance_weight_by_hand():
+    prox = torch.log(torch.tensor([[0.6, 0.3, 0.1]]))
+    behaviour = torch.log(torch.tensor([[0.2, 0.3, 0.4]]))
+    weight, truncated = truncated_importance_weight(prox, behaviour, cap=2.0)
+    assert torch.allclose(weight, torch.tensor([[2.0, 1.0, 0.25]]))  # 0.6/0.2 = 3 is capped at 2
+    assert truncated.tolist() == [[1.0, 0.0, 0.0]]
+
+
+def test_decoupled_loss_with_the_current_policy_as_proximal_by_hand():
+    """One optimizer step per batch: the proximal logprobs are the loss's own, detached; ratio 1, no clip."""
+    logp = PROX.clone().requires_grad_(True)
+    loss, stats = policy_loss(logp, BEHAVIOUR, torch.tensor([1.0]), ONE, DECOUPLED, 2.0)
+    # per token -w * ratio * A = -2 * 1 and -1 * 1: (-2 - 1) / 2
+    assert approx(loss, -1.5)
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-1.0, -0.5]]))  # d/dlogp of -w*exp(logp - prox)*A / 2
+    assert approx(stats["is_weight"], 1.5) and approx(stats["is_truncated"], 0.5)
+    assert approx(stats["is_weight_max"], 2.0) and approx(stats["clip_fraction"], 0.0)
+    # k3(prox, behaviour) on token 1: exp(-ln 3) + ln 3 - 1 = 0.431946; token 2: 0; over 2 tokens
+    assert approx(stats["mismatch_k3"], 0.431946 / 2) and approx(stats["mismatch_max_abs"], math.log(3))
+
+
+def test_behaviour_correction_takes_the_ratio_against_the_producer_by_hand():
+    config = PolicyLossConfig(loss_variation="token_level", correction="behaviour")
+    loss, stats = policy_loss(PROX, BEHAVIOUR, torch.tensor([1.0]), ONE, config, 2.0)
+    # ratios 3 and 1 against the behaviour policy: -min(3, 1.2) = -1.2 (clipped high), -1: (-1.2 - 1) / 2
+    assert approx(loss, -1.1) and approx(stats["clip_fraction_high"], 0.5)
+    assert approx(stats["is_weight"], 1.5)  # reported, not applied
+
+
+def test_decoupled_loss_with_a_separate_proximal_policy_by_hand():
+    """A later ppo epoch: the policy has moved to 0.9 on token 1; the ratio is against the proximal 0.6."""
+    logp = torch.log(torch.tensor([[0.9, 0.3]])).requires_grad_(True)
+    loss, stats = policy_loss(logp, BEHAVIOUR, torch.tensor([1.0]), ONE, DECOUPLED, 2.0, prox_logprobs=PROX)
+    # ratio 1.5 -> -min(1.5, 1.2) = -1.2 (clipped) * w 2 = -2.4; token 2: -1 * w 1: (-2.4 - 1) / 2
+    assert approx(loss, -1.7) and approx(stats["clip_fraction_high"], 0.5)
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[0.0, -0.5]]))  # the clipped token has no gradient
+    loss, _ = policy_loss(logp, BEHAVIOUR, torch.tensor([-1.0]), ONE, DECOUPLED, 2.0, prox_logprobs=PROX)
+    # A = -1: -min(-1.5, -1.2) = 1.5 (not clipped) * 2 = 3; token 2: 1 * 1: (3 + 1) / 2
+    assert approx(loss, 2.0)
+
+
+def test_decoupled_reinforce_weights_the_policy_gradient():
+    config = PolicyLossConfig(loss_variation="token_level", objective="reinforce", correction="decoupled")
+    loss, _ = policy_loss(PROX, BEHAVIOUR, torch.tensor([1.0]), ONE, config, 2.0)
+    # -A * logp * w: -(ln 0.6 * 2 + ln 0.3 * 1) / 2
+    assert approx(loss, -(math.log(0.6) * 2 + math.log(0.3)) / 2)
+
+
+def test_unknown_correction_fails():
+    with pytest.raises(ValueError, match="off-policy correction"):
+        policy_loss(PROX, BEHAVIOUR, torch.tensor([1.0]), ONE, PolicyLossConfig(correction="nope"), 2.0)

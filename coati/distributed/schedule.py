@@ -1,0 +1,84 @@
+"""The one owner of the rollout protocol between producers and the trainer group (pure, no Ray).
+
+A *round* is one ``-ibs`` batch of prompts from every producer plus the learner's ``--learner-chunk-size``
+prompts: ``groups_per_round`` groups. Weight *version* v is the v-th set of weights the trainer group has
+published; it publishes each time it has drawn a whole round's worth of groups, so after version v is
+published exactly v rounds' worth of groups have been drawn.
+
+Staleness bound ``S`` (``--max-staleness``, ColossalChat's ``-nb``): a producer may start round r once
+version >= r - S is published (admission control: it waits, nothing is ever discarded). Rounds r - S .. r
+can then be generated or buffered while rounds < r - S are drawn, so
+
+- at most S + 1 rounds are in flight or buffered, and the buffer needs room for S + 1 rounds;
+- a group of round r generated with version g >= r - S is drawn while the trainer holds version r (it
+  draws round r only after rounds 0 .. r - 1, i.e. after publishing version r); its staleness r - g <= S.
+  Producers that pick up a newer version between generate calls only lower it.
+
+S = 0 is the synchronous protocol: round r is generated with exactly version r, trained on at version r.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RolloutSchedule:
+    groups_per_round: int
+    max_staleness: int = 0
+
+    def __post_init__(self):
+        if self.groups_per_round < 1:
+            raise ValueError(f"a round must hold at least one group, got {self.groups_per_round}")
+        if self.max_staleness < 0:
+            raise ValueError(f"max staleness must be >= 0, got {self.max_staleness}")
+
+    @property
+    def is_async(self) -> bool:
+        return self.max_staleness > 0
+
+    def min_version(self, round_index: int) -> int:
+        """The oldest published weight version a producer may start ``round_index`` with."""
+        return max(0, round_index - self.max_staleness)
+
+    def may_start(self, round_index: int, published_version: int) -> bool:
+        return published_version >= self.min_version(round_index)
+
+    def publish_due(self, drawn_since_publish: int) -> bool:
+        """Whether the trainer group must publish before drawing more: it has drawn a whole round since the
+        last publish (also in the middle of a step, so that a step never waits for a round whose weights it
+        has not published: filtering cannot deadlock the two sides)."""
+        return drawn_since_publish >= self.groups_per_round
+
+    def draw_limit(self, drawn_since_publish: int) -> int:
+        """How many groups the trainer may draw before the next publish is due."""
+        return self.groups_per_round - drawn_since_publish
+
+    @property
+    def rounds_in_flight(self) -> int:
+        """Rounds that may be generating or buffered at once."""
+        return self.max_staleness + 1
+
+    @property
+    def buffer_capacity(self) -> int:
+        """Groups the rollout buffer must hold so that no admitted producer ever blocks on a put."""
+        return self.rounds_in_flight * self.groups_per_round
+
+    def staleness(self, trainer_version: int, group_version: int) -> int:
+        """Publishes between the weights that generated a group and the trainer's at the time it is drawn."""
+        return trainer_version - group_version
+
+
+def thread_budgets(cores: int, num_producers: int, num_trainers: int, concurrent: bool) -> tuple[int, int]:
+    """torch threads for (each producer, each trainer rank).
+
+    Sync mode: producers and trainers take turns, so each side may use every core (the trainer ranks of one
+    group run together and share them). Async mode: they all run at once; torch's OpenMP threads spin on
+    descheduled cores (measured here: 2 threads next to one other busy process ran ~20x slower), so the
+    cores are split evenly and nobody gets more than its share (at least 1 thread).
+    """
+    cores = max(1, cores)
+    if not concurrent:
+        return cores, max(1, cores // num_trainers)
+    share = max(1, cores // (num_producers + num_trainers))
+    return share, share

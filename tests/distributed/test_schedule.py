@@ -1,0 +1,117 @@
+"""The rollout protocol (coati.distributed.schedule): hand-checked answers, then a property test that drives
+producers and a trainer at random relative speeds through the schedule object alone."""
+
+import random
+
+import pytest
+
+from coati.distributed.schedule import RolloutSchedule, thread_budgets
+
+
+def test_sync_mode_answers():
+    schedule = RolloutSchedule(groups_per_round=8)
+    assert [schedule.min_version(r) for r in range(4)] == [0, 1, 2, 3]  # round r needs exactly version r
+    assert not schedule.is_async and schedule.rounds_in_flight == 1 and schedule.buffer_capacity == 8
+    assert not schedule.publish_due(7) and schedule.publish_due(8)
+    assert schedule.draw_limit(3) == 5
+
+
+def test_staleness_two_answers():
+    schedule = RolloutSchedule(groups_per_round=8, max_staleness=2)
+    assert [schedule.min_version(r) for r in range(5)] == [0, 0, 0, 1, 2]
+    assert schedule.may_start(3, 1) and not schedule.may_start(4, 1)
+    assert schedule.rounds_in_flight == 3 and schedule.buffer_capacity == 24
+    assert schedule.staleness(trainer_version=5, group_version=3) == 2
+
+
+def test_bad_schedules_fail():
+    with pytest.raises(ValueError, match="max staleness"):
+        RolloutSchedule(8, -1)
+    with pytest.raises(ValueError, match="at least one group"):
+        RolloutSchedule(0)
+
+
+def test_thread_budgets_never_oversubscribe_in_async_mode():
+    assert thread_budgets(2, 1, 1, concurrent=False) == (2, 2)  # sync: they take turns
+    assert thread_budgets(16, 2, 4, concurrent=False) == (16, 4)
+    assert thread_budgets(2, 1, 1, concurrent=True) == (1, 1)
+    assert thread_budgets(16, 2, 2, concurrent=True) == (4, 4)
+    assert thread_budgets(2, 2, 2, concurrent=True) == (1, 1)  # more actors than cores: one thread each
+
+
+def simulate(schedule, producers, rounds, chunks, rng):
+    """Producers generate rounds chunk by chunk (admitted by ``min_version``, picking up the newest version
+    between chunks) and put whole rounds, released in round order as RolloutBuffer does; the trainer draws
+    random-sized batches, publishing when due. Actors act in random order, each at its own random speed.
+    Returns (max staleness, max buffer size, groups drawn)."""
+    per_round = schedule.groups_per_round
+    total = rounds * per_round
+    chunk_size = per_round // producers // chunks
+    version, drawn, since_publish = 0, [], 0
+    buffer, held, put_count, open_round = [], {}, {}, 0  # the RolloutBuffer's round-ordered release
+    state = [{"round": 0, "chunk": 0, "groups": []} for _ in range(producers)]
+    speeds = [rng.uniform(0.05, 1.0) for _ in range(producers + 1)]
+    max_stale = max_buffer = 0
+    for _ in range(100_000):
+        if len(drawn) == total:
+            return max_stale, max_buffer, drawn
+        actor = rng.choices(range(producers + 1), weights=speeds)[0]
+        if actor < producers:
+            p = state[actor]
+            if p["round"] == rounds:
+                continue
+            if p["chunk"] == 0 and not schedule.may_start(p["round"], version):
+                continue  # admission control: wait for weights
+            p["groups"] += [(actor, p["round"], p["chunk"], i, version) for i in range(chunk_size)]
+            p["chunk"] += 1
+            if p["chunk"] == chunks:
+                r = p["round"]
+                if r == open_round:
+                    buffer += p["groups"]
+                else:
+                    held.setdefault(r, []).extend(p["groups"])
+                put_count[r] = put_count.get(r, 0) + len(p["groups"])
+                while put_count.get(open_round, 0) == per_round:
+                    open_round += 1
+                    buffer += held.pop(open_round, [])
+                size = len(buffer) + sum(len(g) for g in held.values())
+                assert size <= schedule.buffer_capacity, "an admitted put would block"
+                max_buffer = max(max_buffer, size)
+                p.update(round=r + 1, chunk=0, groups=[])
+        else:
+            if schedule.publish_due(since_publish):
+                version, since_publish = version + 1, 0
+            want = min(rng.randint(1, per_round), schedule.draw_limit(since_publish), total - len(drawn))
+            if len(buffer) < want:
+                continue  # the trainer waits for groups
+            batch, buffer = buffer[:want], buffer[want:]
+            since_publish += want
+            drawn += batch
+            max_stale = max([max_stale] + [schedule.staleness(version, g[4]) for g in batch])
+    raise AssertionError("deadlock: nobody could make progress")
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 2, 3])
+def test_staleness_never_exceeds_the_bound_under_random_speeds(staleness):
+    for seed in range(40):
+        rng = random.Random(seed * 10 + staleness)
+        producers, chunks = rng.randint(1, 3), rng.randint(1, 3)
+        schedule = RolloutSchedule(producers * chunks * rng.randint(1, 3), staleness)
+        rounds = rng.randint(staleness + 1, 8)
+        max_stale, max_buffer, drawn = simulate(schedule, producers, rounds, chunks, rng)
+        assert max_stale <= staleness
+        assert max_buffer <= schedule.buffer_capacity
+        assert len(set(drawn)) == len(drawn) == rounds * schedule.groups_per_round  # each group once
+
+
+def test_the_bound_is_reached_when_producers_are_fast():
+    """Not a loose bound: a fast producer next to a slow trainer does train on S-versions-old groups."""
+    schedule = RolloutSchedule(groups_per_round=4, max_staleness=2)
+    seen = set()
+    for seed in range(20):
+        rng = random.Random(seed)
+        max_stale, max_buffer, _ = simulate(schedule, 1, 6, 2, rng)
+        seen.add(max_stale)
+        if max_stale == 2:
+            assert max_buffer <= 12
+    assert 2 in seen
