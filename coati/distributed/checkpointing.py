@@ -7,7 +7,8 @@
   sharded plugins; ``coati.plugins.state``);
 - ``consumer_state/rank_R.pt``: each trainer rank's counters (steps, groups drawn, draw serial, weight version)
   and RNG states;
-- ``pending_rollouts.json``: the groups producers had put into the buffer that were not drawn yet;
+- ``pending_rollouts.json``: the groups producers had put into the buffer that were not drawn yet, with their
+  (round, slot) places in the draw order;
 - ``run_state.json``: the driver's step and skipped-step counts, the weight version, each producer's next round,
   the held-out results before training, and the settings a resumed run must share;
 - ``checkpoint_complete.json``, written last; the directory is staged beside its final name and renamed into
@@ -40,7 +41,7 @@ import torch
 from coati.distributed.rollout import RolloutGroup
 from coati.utils.checkpoint import COMPLETE_MARKER, atomic_directory
 
-FORMAT = 2  # 2: per-producer next rounds (producer_rounds)
+FORMAT = 2  # 2: per-producer next rounds (producer_rounds), pending groups by (round, slot)
 RUN_STATE = "run_state.json"
 PENDING = "pending_rollouts.json"
 TRAINER_STATE = "trainer_state"
@@ -111,13 +112,13 @@ def save_checkpoint(path: str, consumers, buffer, config, driver: dict) -> str:
         counters = ray.get([c.save_checkpoint.remote(staging) for c in consumers])[0]
         snapshot = ray.get(buffer.snapshot.remote())
         with open(os.path.join(staging, PENDING), "w") as handle:
-            json.dump([{"round": round_index, "group": asdict(group)} for round_index, group in snapshot["items"]],
-                      handle)
+            json.dump([{"round": round_index, "slot": slot, "group": asdict(group)}
+                       for round_index, slot, group in snapshot["items"]], handle)
         next_rounds = producer_rounds(snapshot["rounds_put"], config.parallel.num_inferencers)
         write_run_state(staging, {"format": FORMAT, **driver, "policy_version": counters["version"],
                                   "producer_rounds": next_rounds, "next_round": min(next_rounds),
-                                  "pending_groups": len(snapshot["items"]), "open_round": snapshot["open_round"],
-                                  "put_count": snapshot["put_count"], "consumer": counters,
+                                  "pending_groups": len(snapshot["items"]), "next_draw": snapshot["next"],
+                                  "consumer": counters,
                                   "layout": _layout(config), "round_settings": round_settings(config)})
         with open(os.path.join(staging, COMPLETE_MARKER), "w") as handle:
             json.dump({"step": driver["step"], "policy_version": counters["version"]}, handle)
@@ -134,14 +135,14 @@ def read_run_state(path: str) -> dict:
         return json.load(handle)
 
 
-def pending_rollouts(path: str) -> list[tuple[int | None, RolloutGroup]]:
-    """The checkpoint's undrawn groups with their rounds, in draw order."""
+def pending_rollouts(path: str) -> list[tuple[int | None, int | None, RolloutGroup]]:
+    """The checkpoint's undrawn groups with their rounds and slots, in draw order."""
     with open(os.path.join(path, PENDING)) as handle:
-        return [(row["round"], RolloutGroup(**row["group"])) for row in json.load(handle)]
+        return [(row["round"], row["slot"], RolloutGroup(**row["group"])) for row in json.load(handle)]
 
 
 def pending_groups(path: str) -> list[RolloutGroup]:
-    return [group for _, group in pending_rollouts(path)]
+    return [group for _, _, group in pending_rollouts(path)]
 
 
 def _layout(config) -> dict:
@@ -210,6 +211,6 @@ def restore_run(path: str, consumers, buffer) -> dict:
     publishes its weights again), and the pending groups go back into the buffer first. The run state."""
     state = read_run_state(path)
     ray.get([c.load_checkpoint.remote(path) for c in consumers])
-    ray.get(buffer.restore.remote({"items": pending_rollouts(path), "rounds_put": dict(enumerate(state["producer_rounds"])),
-                                   "open_round": state["open_round"], "put_count": state["put_count"]}))
+    ray.get(buffer.restore.remote({"items": pending_rollouts(path), "next": state["next_draw"],
+                                   "rounds_put": dict(enumerate(state["producer_rounds"]))}))
     return state

@@ -199,7 +199,8 @@ class RLConfig:
         """The rollout protocol (coati.distributed.schedule): which version a round needs, when to publish."""
         from coati.distributed.schedule import RolloutSchedule
 
-        return RolloutSchedule(self.groups_per_sync, self.parallel.max_staleness)
+        return RolloutSchedule.for_run(self.parallel.num_inferencers, self.batch.inference_batch_size,
+                                       self.algo.learner_chunk_size, self.parallel.max_staleness)
 
 
 def _require(condition: bool, message: str) -> None:

@@ -63,7 +63,7 @@ def run(config: RLConfig, log=print) -> RunResult:
     cores = max(1, os.cpu_count() or 1)
     producer_threads, trainer_threads = thread_budgets(cores, p.num_inferencers, p.num_trainers, schedule.is_async)
     store = ray.remote(WeightStore).options(num_cpus=0).remote()
-    buffer = ray.remote(RolloutBuffer).options(num_cpus=0).remote(schedule.buffer_capacity, schedule.groups_per_round)
+    buffer = ray.remote(RolloutBuffer).options(num_cpus=0).remote(schedule.buffer_capacity, schedule.slots())
     producers = [ray.remote(Producer).options(num_cpus=1).remote(config, rank, buffer, store, producer_threads)
                  for rank in range(p.num_inferencers)]
     consumers = [ray.remote(GRPOConsumer).options(num_cpus=1).remote(config, rank, buffer, store, trainer_threads)

@@ -28,6 +28,7 @@ from coati.distributed.config import RLConfig
 from coati.distributed.generation import prompt_shard, rollout_groups, tokenise_prompts
 from coati.distributed.inference_backend import TransformersBackend
 from coati.distributed.rollout import RolloutGroup
+from coati.distributed.schedule import LEARNER
 from coati.distributed.weight_sync import load_named_tensors
 from rewards.scorer import RewardScorer
 
@@ -96,7 +97,7 @@ class LearnerGenerator:
         """Generate the round's groups (once per round) and put them into the shared buffer."""
         if round_index <= self.last_round:
             return
-        ray.get(buffer.put.remote(self.generate(round_index, version), "learner", round_index))
+        ray.get(buffer.put.remote(self.generate(round_index, version), LEARNER, round_index))
 
     def take_time(self) -> float:
         spent, self.time_s = self.time_s, 0.0

@@ -15,23 +15,50 @@ can then be generated or buffered while rounds < r - S are drawn, so
   Producers that pick up a newer version between generate calls only lower it.
 
 S = 0 is the synchronous protocol: round r is generated with exactly version r, trained on at version r.
+
+Draw order: a round's groups are drawn in a fixed order of *slots*, whatever the order they arrive in: the
+learner's groups first (it makes them in the trainer's own process right before the round's first draw), then
+each producer's in rank order (``sources``, ``slots``). Which groups a step trains on then never depends on
+which actor finished first, so a sync run is reproducible and resumes exactly.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+LEARNER = "learner"  # the source name of learner-side generation (--learner-chunk-size)
+
 
 @dataclass(frozen=True)
 class RolloutSchedule:
     groups_per_round: int
     max_staleness: int = 0
+    # (source, groups it puts per round) in draw order; empty: one anonymous source of the whole round
+    sources: tuple = ()
 
     def __post_init__(self):
         if self.groups_per_round < 1:
             raise ValueError(f"a round must hold at least one group, got {self.groups_per_round}")
         if self.max_staleness < 0:
             raise ValueError(f"max staleness must be >= 0, got {self.max_staleness}")
+        if self.sources and sum(count for _, count in self.sources) != self.groups_per_round:
+            raise ValueError(f"the sources' groups {list(self.sources)} do not add up to a round of "
+                             f"{self.groups_per_round}")
+
+    @classmethod
+    def for_run(cls, num_producers: int, groups_per_producer: int, learner_groups: int = 0,
+                max_staleness: int = 0) -> "RolloutSchedule":
+        sources = ((LEARNER, learner_groups),) if learner_groups else ()
+        sources += tuple((rank, groups_per_producer) for rank in range(num_producers))
+        return cls(num_producers * groups_per_producer + learner_groups, max_staleness, sources)
+
+    def slots(self) -> dict:
+        """source -> (first slot, count) of its groups within a round, in the fixed draw order."""
+        layout, offset = {}, 0
+        for source, count in self.sources:
+            layout[source] = (offset, count)
+            offset += count
+        return layout
 
     @property
     def is_async(self) -> bool:

@@ -1,10 +1,12 @@
 """The rollout protocol (coati.distributed.schedule): hand-checked answers, then a property test that drives
-producers and a trainer at random relative speeds through the schedule object alone."""
+producers and a trainer at random relative speeds through the schedule object and the real buffer."""
 
+import asyncio
 import random
 
 import pytest
 
+from coati.distributed.buffer import RolloutBuffer
 from coati.distributed.schedule import RolloutSchedule, thread_budgets
 
 
@@ -41,14 +43,18 @@ def test_thread_budgets_never_oversubscribe_in_async_mode():
 
 def simulate(schedule, producers, rounds, chunks, rng):
     """Producers generate rounds chunk by chunk (admitted by ``min_version``, picking up the newest version
-    between chunks) and put whole rounds, released in round order as RolloutBuffer does; the trainer draws
+    between chunks) and put whole rounds into a real RolloutBuffer laid out by the schedule; the trainer draws
     random-sized batches, publishing when due. Actors act in random order, each at its own random speed.
     Returns (max staleness, max buffer size, groups drawn)."""
+    return asyncio.run(_simulate(schedule, producers, rounds, chunks, rng))
+
+
+async def _simulate(schedule, producers, rounds, chunks, rng):
     per_round = schedule.groups_per_round
     total = rounds * per_round
     chunk_size = per_round // producers // chunks
+    buffer = RolloutBuffer(schedule.buffer_capacity, schedule.slots())
     version, drawn, since_publish = 0, [], 0
-    buffer, held, put_count, open_round = [], {}, {}, 0  # the RolloutBuffer's round-ordered release
     state = [{"round": 0, "chunk": 0, "groups": []} for _ in range(producers)]
     speeds = [rng.uniform(0.05, 1.0) for _ in range(producers + 1)]
     max_stale = max_buffer = 0
@@ -65,26 +71,17 @@ def simulate(schedule, producers, rounds, chunks, rng):
             p["groups"] += [(actor, p["round"], p["chunk"], i, version) for i in range(chunk_size)]
             p["chunk"] += 1
             if p["chunk"] == chunks:
-                r = p["round"]
-                if r == open_round:
-                    buffer += p["groups"]
-                else:
-                    held.setdefault(r, []).extend(p["groups"])
-                put_count[r] = put_count.get(r, 0) + len(p["groups"])
-                while put_count.get(open_round, 0) == per_round:
-                    open_round += 1
-                    buffer += held.pop(open_round, [])
-                size = len(buffer) + sum(len(g) for g in held.values())
-                assert size <= schedule.buffer_capacity, "an admitted put would block"
-                max_buffer = max(max_buffer, size)
-                p.update(round=r + 1, chunk=0, groups=[])
+                assert await buffer.size() + len(p["groups"]) <= schedule.buffer_capacity, "an admitted put would block"
+                await buffer.put(p["groups"], actor, p["round"])
+                max_buffer = max(max_buffer, await buffer.size())
+                p.update(round=p["round"] + 1, chunk=0, groups=[])
         else:
             if schedule.publish_due(since_publish):
                 version, since_publish = version + 1, 0
             want = min(rng.randint(1, per_round), schedule.draw_limit(since_publish), total - len(drawn))
-            if len(buffer) < want:
+            if not buffer._drawable(want):
                 continue  # the trainer waits for groups
-            batch, buffer = buffer[:want], buffer[want:]
+            batch = await buffer.get(want)
             since_publish += want
             drawn += batch
             max_stale = max([max_stale] + [schedule.staleness(version, g[4]) for g in batch])
@@ -96,7 +93,7 @@ def test_staleness_never_exceeds_the_bound_under_random_speeds(staleness):
     for seed in range(40):
         rng = random.Random(seed * 10 + staleness)
         producers, chunks = rng.randint(1, 3), rng.randint(1, 3)
-        schedule = RolloutSchedule(producers * chunks * rng.randint(1, 3), staleness)
+        schedule = RolloutSchedule.for_run(producers, chunks * rng.randint(1, 3), max_staleness=staleness)
         rounds = rng.randint(staleness + 1, 8)
         max_stale, max_buffer, drawn = simulate(schedule, producers, rounds, chunks, rng)
         assert max_stale <= staleness
@@ -106,7 +103,7 @@ def test_staleness_never_exceeds_the_bound_under_random_speeds(staleness):
 
 def test_the_bound_is_reached_when_producers_are_fast():
     """Not a loose bound: a fast producer next to a slow trainer does train on S-versions-old groups."""
-    schedule = RolloutSchedule(groups_per_round=4, max_staleness=2)
+    schedule = RolloutSchedule.for_run(1, 4, max_staleness=2)
     seen = set()
     for seed in range(20):
         rng = random.Random(seed)
@@ -115,3 +112,12 @@ def test_the_bound_is_reached_when_producers_are_fast():
         if max_stale == 2:
             assert max_buffer <= 12
     assert 2 in seen
+
+
+def test_round_layout_puts_the_learner_first_then_producers_by_rank():
+    schedule = RolloutSchedule.for_run(num_producers=2, groups_per_producer=8, learner_groups=4, max_staleness=1)
+    assert schedule.groups_per_round == 20 and schedule.buffer_capacity == 40
+    assert schedule.slots() == {"learner": (0, 4), 0: (4, 8), 1: (12, 8)}
+    assert RolloutSchedule.for_run(1, 8).slots() == {0: (0, 8)}
+    with pytest.raises(ValueError, match="do not add up"):
+        RolloutSchedule(9, 0, ((0, 8),))
