@@ -1,4 +1,4 @@
-"""Async rollouts on the demo: sync (S=0) against -nb 1 and -nb 2, 1 producer + 1 trainer, same rollouts.
+"""Async rollouts on the demo: sync (S=0) against -nb 1 and -nb 2 (each off-policy correction), same rollouts.
 
 Every run trains the embedded demo for the same episodes (the same prompts in the same order, the same number
 of rollouts) and saves a checkpoint every ``--save-every`` steps. After all runs, each checkpoint is evaluated
@@ -8,8 +8,10 @@ step), wall time from the first step to held-out sampled accuracy ``--target``, 
 final held-out accuracy, staleness and logprob mismatch, and the mean seconds per step of every stage
 (trainer: buffer wait, train, publish; producer: generate, score of the groups a step trained on).
 
-    python benchmarks/bench_async.py                # S = 0, 1, 2; 3 episodes (192 steps each)
-    python benchmarks/bench_async.py --episodes 1   # quicker
+    python benchmarks/bench_async.py                # S = 0, 1, 2 with both corrections; 3 episodes (192 steps)
+    python benchmarks/bench_async.py --runs 0 1:behaviour --episodes 1   # quicker
+
+A run is ``S`` (the default correction for S) or ``S:correction`` (``--off-policy-correction``).
 
 The load average (``uptime``) is printed before and after: on a shared machine it bounds what the ratios mean.
 """
@@ -32,15 +34,18 @@ def load() -> str:
     return "load average " + ", ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
-def train(staleness: int, episodes: int, save_every: int, out_dir: str, demo) -> dict:
+def train(label: str, episodes: int, save_every: int, out_dir: str, demo) -> dict:
     import ray
 
     from coati.distributed.cli import build_parser, config_from_args
     from coati.distributed.config import check_inputs
     from coati.distributed.launch import run
 
-    argv = ["-nb", str(staleness), "-e", str(episodes), "-si", str(save_every), "-sd", out_dir, "-p", f"nb{staleness}",
-            "--no-progress"]
+    staleness, _, correction = label.partition(":")
+    project = f"nb{staleness}" + (f"_{correction}" if correction else "")
+    argv = ["-nb", staleness, "-e", str(episodes), "-si", str(save_every), "-sd", out_dir, "-p", project, "--no-progress"]
+    if correction:
+        argv += ["--off-policy-correction", correction]
     config = config_from_args(build_parser().parse_args(argv), demo)
     check_inputs(config)
     try:
@@ -49,7 +54,7 @@ def train(staleness: int, episodes: int, save_every: int, out_dir: str, demo) ->
         ray.shutdown()
     rows = [json.loads(line) for line in open(result.metrics_path)]
     return {"result": result, "train": [r for r in rows if r["kind"] == "train"], "config": config,
-            "run_dir": os.path.join(out_dir, f"nb{staleness}")}
+            "run_dir": os.path.join(out_dir, project)}
 
 
 def evaluate_checkpoints(run_dir: str, config, seed: int) -> dict[int, float]:
@@ -76,14 +81,15 @@ def evaluate_checkpoints(run_dir: str, config, seed: int) -> dict[int, float]:
     return accuracy
 
 
-def summarise(staleness: int, run: dict, accuracy: dict[int, float], target: float) -> dict:
+def summarise(label: str, run: dict, accuracy: dict[int, float], target: float) -> dict:
     train = run["train"]
     start = train[0]["time_s"] - train[0]["step_time_s"]  # when the first step began
     span = train[-1]["time_s"] - train[0]["time_s"]
     reached = [step for step in sorted(accuracy) if accuracy[step] >= target]
     time_at = {row["step"]: row["time_s"] - start for row in train}
     return {
-        "S": staleness, "steps": len(train), "steps_per_s": (len(train) - 1) / span if span > 0 else float("nan"),
+        "S": label if ":" in label else f"{label}:{run['config'].algo.loss.correction}", "steps": len(train),
+        "steps_per_s": (len(train) - 1) / span if span > 0 else float("nan"),
         "train_wall_s": train[-1]["time_s"] - start,
         "time_to_target_s": time_at[reached[0]] if reached else None, "step_at_target": reached[0] if reached else None,
         "final_sampled": accuracy[max(accuracy)], "curve": accuracy,
@@ -96,7 +102,8 @@ def summarise(staleness: int, run: dict, accuracy: dict[int, float], target: flo
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--runs", nargs="+", default=["0", "1:behaviour", "1:decoupled", "2:behaviour", "2:decoupled"],
+                        help="S or S:correction per run; the first is the baseline of the ratios")
     parser.add_argument("--episodes", type=int, default=3)
     parser.add_argument("--save-every", type=int, default=16)
     parser.add_argument("--target", type=float, default=0.6, help="held-out sampled accuracy to time")
@@ -111,11 +118,10 @@ def main() -> int:
     out_dir = args.out or tempfile.mkdtemp(prefix="bench_async_")
     print(f"cores {os.cpu_count()}; {load()} before; runs in {out_dir}")
     runs = {}
-    for staleness in args.staleness:
+    for label in args.runs:
         began = time.time()
-        runs[staleness] = train(staleness, args.episodes, args.save_every, out_dir, demo)
-        print(f"S={staleness}: {len(runs[staleness]['train'])} steps in {time.time() - began:.0f} s ({load()})",
-              flush=True)
+        runs[label] = train(label, args.episodes, args.save_every, out_dir, demo)
+        print(f"S={label}: {len(runs[label]['train'])} steps in {time.time() - began:.0f} s ({load()})", flush=True)
     print(f"{load()} after training")
     import torch
 

@@ -1,4 +1,8 @@
-"""Verifiable rewards. ``score(reward_type, response, example)`` is the single entry point the producers use."""
+"""Verifiable rewards: math (math.py: boxed, think/answer tags) and code (code.py: programs run in a sandbox).
+
+``rewards.scorer.RewardScorer`` is the entry point the producers, the learner and the evaluators use; this
+package names the reward types, their stop strings and their default system prompts.
+"""
 
 from __future__ import annotations
 

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 
+import pytest
 import ray
+
+import coati.distributed.checkpointing as checkpointing
 
 from coati.distributed.cli import build_parser, config_from_args
 from coati.distributed.config import check_inputs
@@ -29,3 +33,24 @@ def run_cli(argv: list[str], demo_assets):
     finally:
         ray.shutdown()
     return result, [json.loads(line) for line in open(result.metrics_path)]
+
+
+class Killed(BaseException):
+    """The process 'dies' (not an Exception: nothing on the way may catch it)."""
+
+
+@contextmanager
+def killed_while_saving(monkeypatch, step: int):
+    """The run dies while saving checkpoint ``step``: after the trainer ranks wrote their state, before the
+    run state and the completion marker. Expects the run inside to die so."""
+    write = checkpointing.write_run_state
+
+    def dies(staging, state):
+        if state["step"] == step:
+            raise Killed(f"killed while saving step {step}")
+        write(staging, state)
+
+    monkeypatch.setattr(checkpointing, "write_run_state", dies)
+    with pytest.raises(Killed):
+        yield
+    monkeypatch.undo()

@@ -96,10 +96,11 @@ def build_parser(prog: str = "rl_example.py") -> argparse.ArgumentParser:
     a("-nb", "--n-behind", "--max-staleness", dest="max_staleness", type=int, default=0, metavar="S",
       help="async rollouts: producers may generate round r once weights version r - S are published, so generation "
            "overlaps training and every trained group is at most S versions old (never dropped); 0: sync mode")
-    a("--off-policy-correction", choices=CORRECTIONS, default=None,
+    a("--off-policy-correction", choices=CORRECTIONS, default="behaviour",
       help="behaviour: PPO ratio against the producer's logprobs; decoupled: ratio against the trainer's policy at "
            "the start of the step, each token weighted by min(pi_prox / pi_behaviour, --tis-cap). "
-           "Default: decoupled when -nb > 0, else behaviour")
+           "Default: behaviour (with one optimizer step per batch, decoupled learned clearly worse under -nb: "
+           "benchmarks/bench_async.py)")
     a("--tis-cap", type=float, default=2.0, help="cap C of the truncated importance weight (decoupled correction)")
     a("-lr", "--learning-rate", type=float, default=None, help="AdamW learning rate; default: 3e-4 for the demo, else 1e-6")
     a("-kl", "--kl-coeff", type=float, default=None,
@@ -206,8 +207,7 @@ def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
                                max_new_tokens, parse_grpo_config(args.grpo_config), kl_coeff=args.kl_coeff,
                                ppo_epochs=args.ppo_epochs, topk_samples=args.topk_samples,
                                learner_chunk_size=args.learner_chunk_size,
-                               correction=args.off_policy_correction or ("decoupled" if args.max_staleness > 0
-                                                                         else "behaviour"),
+                               correction=args.off_policy_correction,
                                tis_cap=args.tis_cap),
         run=RunConfig(project=args.project, num_episodes=_given(args.num_episodes, defaults["num_episodes"]), seed=args.seed, save_dir=args.save_dir,
                       save_interval=args.save_interval, eval_interval=args.eval_interval,

@@ -340,7 +340,8 @@ def test_staleness_zero_equals_the_sync_implementation(tiny_dir, monkeypatch, na
 def test_async_rounds_train_with_bounded_staleness(tiny_dir, monkeypatch, flags):
     """-nb 2: producers run two rounds ahead (the simulated buffer releases round r at version r - 2), so a step
     trains on groups two versions old, with the decoupled correction; every group is drawn once, no deadlock."""
-    consumer, buffer, store = build(tiny_dir, monkeypatch, [1, 2, 3, 0, 4], 5, *flags, "-lr", "1e-2", "-nb", "2")
+    consumer, buffer, store = build(tiny_dir, monkeypatch, [1, 2, 3, 0, 4], 5, *flags, "-lr", "1e-2", "-nb", "2",
+                                    "--off-policy-correction", "decoupled")
     assert consumer.loss_config.correction == "decoupled"
     rows = run_all(consumer)
     trained = [r for r in rows if "loss" in r]

@@ -21,16 +21,10 @@ from coati.distributed.cli import build_parser, config_from_args
 from coati.distributed.config import ConfigError, check_inputs
 from coati.distributed.launch import run
 from coati.utils.checkpoint import COMPLETE_MARKER, list_checkpoints, resolve_resume
+from run_helpers import head, killed_while_saving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 TOL = 1e-5
-
-
-def head(src, dst, n):
-    with open(src) as f_in, open(dst, "w") as f_out:
-        for _ in range(n):
-            f_out.write(f_in.readline())
-    return str(dst)
 
 
 @pytest.fixture(scope="module")
@@ -115,20 +109,8 @@ def test_crash_during_save_keeps_previous_checkpoint_and_resume_latest(demo_asse
                                                                        tmp_path, monkeypatch):
     """The save of step 6 dies after the trainers wrote their state, before the marker: step_3 stays the
     newest complete checkpoint, ``--resume latest`` continues from it, and the result equals the reference."""
-    write = checkpointing.write_run_state
-
-    class Killed(BaseException):
-        pass
-
-    def dies_at_step_6(staging, state):
-        if state["step"] == 6:
-            raise Killed("killed while saving step 6")
-        write(staging, state)
-
-    monkeypatch.setattr(checkpointing, "write_run_state", dies_at_step_6)
-    with pytest.raises(Killed):
+    with killed_while_saving(monkeypatch, 6):
         launch(demo_assets, data, tmp_path, "crash")
-    monkeypatch.undo()
     run_dir = os.path.join(tmp_path, "crash")
     assert [step for step, _ in list_checkpoints(run_dir)] == [3]
     assert not os.path.exists(os.path.join(run_dir, "step_6"))
