@@ -15,7 +15,10 @@ extractor first would take a prefix: "4" of ``4\\pi``, "3" of ``3\\sqrt{2}``.
 
 Speed: a group of G answers to one prompt parses its gold once (``GoldAnswer``), scores each distinct answer
 once (``score_group``), and compares plain decimal numbers exactly without sympy (``numbers_verdict``),
-leaving math-verify everything else and the few number pairs its 6-decimal rounding might call equal;
+leaving math-verify everything else and the few number pairs its 6-decimal rounding might call equal; parsed
+answers that cannot equal the gold (numbers far apart, a non-constant polynomial against a number) are wrong
+without math-verify's costly simplification (``provably_different``); an answer written exactly as the gold
+is gets the gold's verdict against itself, computed once;
 math-verify's LaTeX parser runs in ANTLR's two-stage mode (``rewards/latex_parsing.py``).
 
 math-verify guards its parsing with ``signal.alarm``, which only works in the main thread; off the main
@@ -102,6 +105,54 @@ def numbers_verdict(gold: PlainNumber, answer: PlainNumber) -> bool | None:
     return None
 
 
+def _plain_expression(item) -> bool:
+    """A sympy expression without free symbols or percentages (math-verify compares ``9%`` with ``9``)."""
+    import sympy
+
+    return isinstance(item, sympy.Expr) and not item.free_symbols and not item.has(sympy.UnevaluatedExpr)
+
+
+def _expressions_differ(gold, answer) -> bool:
+    """True only when math-verify's comparison of the two expressions is certainly False."""
+    import sympy
+
+    if not _plain_expression(gold) or not isinstance(answer, sympy.Expr) or answer.has(sympy.UnevaluatedExpr):
+        return False
+    if answer.free_symbols:
+        # a polynomial in free symbols that is not constant (``14q9`` -> 126*q) equals no number: math-verify's
+        # structural, numeric and simplified comparisons all fail
+        symbols = sorted(answer.free_symbols, key=str)
+        return answer.is_polynomial(*symbols) and not sympy.Poly(answer, *symbols).is_ground
+    # two numbers: math-verify rounds floats to 6 decimals and evaluates the rest (symbolically at worst);
+    # values further apart than rounding or 15-digit floats can bridge are different for it too
+    gap = sympy.Abs((gold - answer).evalf(30))
+    scale = sympy.Max(sympy.Abs(gold.evalf(30)), sympy.Abs(answer.evalf(30)))
+    if not (gap.is_Number and scale.is_Number and gap.is_finite and scale.is_finite):
+        return False
+    return bool(gap > sympy.Float("1e-6") and gap > scale * sympy.Float("1e-9"))
+
+
+def provably_different(parsed_gold: list, parsed_answer: list) -> bool:
+    """True when math-verify's ``verify`` of the two parses is certainly False, decided in a few ms where its
+    own ``simplify`` takes 0.1-3 s: every pair it would compare is two different strings, a string and an
+    expression (never equal for it), or two expressions that ``_expressions_differ``. False means "ask
+    math-verify", never "equal"."""
+    for gold in parsed_gold:
+        for answer in parsed_answer:
+            if isinstance(gold, str) and isinstance(answer, str):
+                if gold.strip() and gold.strip() == answer.strip():
+                    return False
+            elif isinstance(gold, str) or isinstance(answer, str):
+                continue
+            else:
+                try:
+                    if not _expressions_differ(gold, answer):
+                        return False
+                except Exception:  # sympy could not tell: math-verify decides
+                    return False
+    return True
+
+
 def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
@@ -129,12 +180,17 @@ class GoldAnswer:
         self.fast_path = fast_path
         self.number = plain_number(text) if fast_path else None
         self._parsed: list | None = None  # parsed on first need: plain-number groups may never need it
+        self._self_match: bool | None = None  # math-verify's verdict on the gold's own text as an answer
 
     @property
     def parsed(self) -> list:
         if self._parsed is None:
             self._parsed = parse_math(self.text)
         return self._parsed
+
+    def _verify(self, answer_parsed: list) -> bool:
+        verify_kwargs = {} if _in_main_thread() else {"timeout_seconds": None}
+        return bool(verify(self.parsed, answer_parsed, **verify_kwargs))  # gold first: verify is asymmetric
 
     def matches(self, answer: str) -> bool:
         if not answer.strip():
@@ -143,13 +199,19 @@ class GoldAnswer:
             verdict = numbers_verdict(self.number, number)
             if verdict is not None:
                 return verdict
+        if self.fast_path and answer == self.text:
+            # the same text parses the same: math-verify's verdict is the gold's against itself, asked once
+            if self._self_match is None:
+                self._self_match = bool(self.parsed) and self._verify(self.parsed)
+            return self._self_match
         if not self.parsed:
             return False
         answer_parsed = parse_math(answer)
         if not answer_parsed:
             return False
-        verify_kwargs = {} if _in_main_thread() else {"timeout_seconds": None}
-        return bool(verify(self.parsed, answer_parsed, **verify_kwargs))  # gold first: verify is asymmetric
+        if self.fast_path and provably_different(self.parsed, answer_parsed):
+            return False
+        return self._verify(answer_parsed)
 
 
 def answers_match(answer: str, gold: str, fast_path: bool = True) -> bool:

@@ -8,7 +8,7 @@ and off: the two must agree with each other and with the row.
 
 import pytest
 
-from rewards.math import GoldAnswer, numbers_verdict, plain_number, score_group
+from rewards.math import GoldAnswer, numbers_verdict, parse_math, plain_number, provably_different, score_group
 
 ROWS = [
     # the verdicts the issue found wrong, and a plain one
@@ -157,6 +157,15 @@ ROWS = [
     ("$\\frac{1}{2}$", "0.5", True, "the gold in math delimiters"),
     ("10%", "10", True, "a bare percent sign in the gold (a comment in LaTeX) is still a percentage"),
     ("The area is $\\boxed{12}$ square units.", "12", True, "a whole MATH solution as gold: its last box counts"),
+    # what a small policy writes early in training: letters among the digits parse to polynomials
+    ("118", "1u85", False, "a product with a free symbol (85u) is never a number"),
+    ("126", "14q9", False, "126q is not 126"),
+    ("10", "10n", False, "10n is not 10"),
+    ("4", "x^2+4", False, "a polynomial with a non-constant part"),
+    ("6", "x(x+1)-x^2-x+6", True, "a polynomial whose symbols cancel is the constant"),
+    ("1", "\\sin^2 x + \\cos^2 x", True, "not a polynomial: math-verify's simplification decides"),
+    ("11", "11e", False, "e is Euler's number: 11e is a number, and not 11"),
+    ("y", "Y", True, "a symbol gold is not a plain number: math-verify compares the letters"),
     ("", "5", False, "an empty gold answer matches nothing"),
     ("5", " ", False, "an empty box answers nothing"),
 ]
@@ -218,3 +227,20 @@ def test_fast_path_decides_the_plain_number_rows():
     decided = [(g, a) for g, a, _, _ in ROWS if (gn := plain_number(g)) and (an := plain_number(a))
                and numbers_verdict(gn, an) is not None]
     assert len(decided) >= 12, decided
+
+
+def test_answers_that_cannot_equal_the_gold_skip_math_verify():
+    # The agreement above means something only if the shortcut actually decided rows, and never a right one.
+    def differs(gold, answer):
+        return provably_different(parse_math(gold), parse_math(answer))
+
+    assert differs("126", "14q9") and differs("126", "x^2+4") and differs("4\\pi", "4")
+    assert differs("5\\sqrt{5}", "5") and differs("\\frac{1}{3}", "0.33") and differs("2^{10}", "1000")
+    assert not differs("126", "x(x+1)-x^2-x+126")  # cancels to the number
+    assert not differs("1", "\\sin^2 x + \\cos^2 x")  # not a polynomial
+    assert not differs("\\frac{1}{3}", "0.333333")  # math-verify's 6-decimal rounding may call it equal
+    assert not differs("10\\%", "10") and not differs("2^{10}", "1024") and not differs("x=5", "5")
+    decided = [(g, a) for g, a, expected, _ in ROWS if (p := parse_math(g)) and (q := parse_math(a))
+               and provably_different(p, q)]
+    assert len(decided) >= 20, decided
+    assert not [(g, a) for g, a in decided if (g, a, True) in {(r[0], r[1], r[2]) for r in ROWS}]
