@@ -22,6 +22,7 @@ def test_sft_and_preference_rows_load_from_jsonl_and_a_json_list(tmp_path):
     rows = load_sft(path)
     assert [r.completion for r in rows] == ["2", "4"] and rows[1].messages[0]["role"] == "system"
     assert rows[0].messages == ({"role": "user", "content": "1+1="},) and rows[0].source == f"{path}:1"
+    pytest.importorskip("datasets", reason="a .json list is read through Hugging Face datasets (scripts/setup.sh)")
     listing = tmp_path / "pairs.json"
     listing.write_text(json.dumps([{"prompt": "1+1=", "chosen": "2", "rejected": "3"},
                                    {"prompt": {"role": "user", "content": "hi"}, "chosen": "a", "rejected": "b"}]))
