@@ -14,7 +14,7 @@ from coati.distributed.config import PLUGIN_FAMILIES, ConfigError, plugin_for
 from coati.utils.dataclass_cli import option
 
 # Defaults that differ between the embedded demo (no --model) and a user's model (TRL/OpenRLHF-like values).
-DEMO_LR = {"sft": 1e-3, "rm": 3e-4}
+DEMO_LR = {"sft": 1e-3, "rm": 5e-4}
 MODEL_LR = {"sft": 2e-5, "rm": 9e-6}
 
 
@@ -32,7 +32,7 @@ class StageConfig:
     epochs: int = option(1, "passes over the training rows", "-e")
     batch_size: int = option(32, "rows per optimizer step, all data-parallel trainers together", "-tbs")
     micro_batch_size: int = option(8, "rows per forward/backward on one trainer", "-tmbs")
-    learning_rate: float | None = option(None, "AdamW learning rate (default: 1e-3 sft / 3e-4 rm on the embedded "
+    learning_rate: float | None = option(None, "AdamW learning rate (default: 1e-3 sft / 5e-4 rm on the embedded "
                                                "model, else 2e-5 sft / 9e-6 rm)", "-lr")
     max_grad_norm: float = option(1.0, "gradient clipping (0: off)")
     max_length: int = option(512, "rows longer than this many tokens (prompt + response) are skipped and counted",

@@ -4,7 +4,7 @@
 - ``sft.jsonl`` / ``sft_eval.jsonl``: ``{"prompt": "37+58=", "completion": "\\boxed{95}"}``;
 - ``preferences.jsonl`` / ``preferences_eval.jsonl``: the correct sum chosen over a wrong one,
   ``{"prompt": "37+58=", "chosen": "\\boxed{95}", "rejected": "\\boxed{131}"}``, the wrong one being the sum of
-  another random pair (a learnable preference: right answers over wrong ones);
+  another random pair at least 10 away (a learnable preference: right answers over clearly wrong ones);
 - ``prompts.jsonl`` / ``prompts_eval.jsonl``: math rows (``{"messages": ..., "gt_answer": "95"}``) for the RL stage.
 The held-out files use the GRPO demo's held-out problems (the same split, seed 0), which no training file
 contains. ``python -m coati.rlhf.dummy OUT_DIR`` writes them.
@@ -22,12 +22,19 @@ from coati.dataset.demo_task import completion_text, make_splits, prompt_text, w
 DEMO_SPLIT = {"num_train": 2048, "num_eval": 512, "seed": 0, "digits": 2}  # the GRPO demo's (DemoRecipe)
 
 
+MIN_ERROR = 10  # a rejected sum is at least this far from the right one: its tens (or hundreds) digit differs
+
+
 def wrong_sum(a: int, b: int, rng: random.Random, digits: int = 2) -> int:
-    """The sum of another random pair of ``digits``-digit numbers, never a + b."""
+    """The sum of another random pair of ``digits``-digit numbers, at least ``MIN_ERROR`` away from a + b.
+
+    Sums off by less (a wrong units digit) need the exact addition checked; the 2-layer demo model's reward
+    head got 93% of held-out pairs right with them included after 3 epochs (94.5% without, after 2), and the quickstart is meant to show a
+    reward model that clearly prefers right answers in a minute or two of CPU."""
     low, high = 10 ** (digits - 1), 10**digits - 1
     while True:
         wrong = rng.randint(low, high) + rng.randint(low, high)
-        if wrong != a + b:
+        if abs(wrong - (a + b)) >= MIN_ERROR:
             return wrong
 
 
@@ -37,7 +44,7 @@ def _write(rows: list[dict], path: str) -> None:
             handle.write(json.dumps(row) + "\n")
 
 
-def write_dummy_data(out_dir: str, num_sft: int = 8192, num_pairs: int = 4096, num_eval: int = 256,
+def write_dummy_data(out_dir: str, num_sft: int = 8192, num_pairs: int = 4096, num_eval: int = 512,
                      seed: int = 0) -> dict[str, str]:
     """Write the six files into ``out_dir``; returns their paths by name (``sft``, ``sft_eval``, ...)."""
     os.makedirs(out_dir, exist_ok=True)

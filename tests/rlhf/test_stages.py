@@ -56,14 +56,16 @@ def test_sft_on_the_addition_task_lowers_the_loss(tmp_path):
     assert reloaded.config.architectures == ["Qwen2ForCausalLM"]
 
 
+@pytest.mark.e2e
 def test_reward_model_ranks_held_out_pairs(tmp_path, demo_assets):
+    """From the demo's warm-started model, 2 epochs of 4096 generated pairs (256 steps): measured 0.945 held-out
+    pairwise accuracy (0.49 before), about 1-2 minutes on one core."""
     config = RMConfig(model=demo_assets.model_dir, save_dir=str(tmp_path), batch_size=32, micro_batch_size=32,
-                      epochs=2, learning_rate=3e-4, progress_bar=False)
+                      epochs=2, learning_rate=5e-4, progress_bar=False)
     from coati.rlhf.dummy import write_dummy_data
 
     paths = write_dummy_data(str(tmp_path / "data"))
-    result = run_stage(config, paths["preferences"], paths["preferences_eval"], config.model, log=print)
-    print(result.before, result.after)
+    result = run_stage(config, paths["preferences"], paths["preferences_eval"], config.model, log=lambda line: None)
     assert result.after["eval_accuracy"] >= 0.9, result.after
     assert result.after["eval_loss"] < result.before["eval_loss"]
     # the saved directory is a transformers reward model: it scores the held-out pairs the same way
@@ -94,14 +96,16 @@ def sft_steps(tmp_path, model_dir, data, flags: dict):
     result = run_stage(config, data, None, model_dir, log=lambda line: None)
     from transformers import AutoModelForCausalLM
 
-    weights = dict(AutoModelForCausalLM.from_pretrained(result.model_dir).named_parameters())
+    weights = {name: p.detach() for name, p in AutoModelForCausalLM.from_pretrained(result.model_dir).named_parameters()}
     return result.losses, weights
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("label, flags", [("torch DDP x2", {"num_trainers": 2}),
                                           ("torch FSDP2 x2", {"num_trainers": 2, "zero_stage": 2})])
 def test_sft_layout_matches_one_process(tmp_path, local_ray, tiny_model_dir, label, flags):
-    """Two steps of 8 rows with uneven completion lengths (the token normaliser spans both ranks)."""
+    """Two steps of 8 rows with uneven completion lengths (the token normaliser spans both ranks); the saved
+    HF directories are compared (FSDP2's is gathered from the shards)."""
     data = tmp_path / "sft.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{a}+{a + 1}=", "completion": "\\boxed{" + str(2 * a + 1) * (a % 3 + 1)
                                         + "}"}) + "\n" for a in range(10, 26)))
