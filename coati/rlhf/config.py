@@ -131,9 +131,9 @@ def validate(config: StageConfig) -> None:
              f"/ -tmbs = {-(-share // config.micro_batch_size)}; lower -tmbs")
     if config.stage == "rm":
         # the scalar head is not in the pipeline stage builders or ColossalAI's causal-LM shard policies
-        _require(config.pipeline_parallel_size == 1 and not (config.plugin == "colossalai" and config.tensor_parallel_size > 1),
-                 "the reward model trains with data parallelism, FSDP2/ZeRO or torch tensor parallelism; "
-                 "-pp and ColossalAI -tp have no policy for its scalar head: drop -pp, or use --plugin torch -tp")
+        _require(config.pipeline_parallel_size == 1 and config.tensor_parallel_size == 1,
+                 "the reward model trains with data parallelism and FSDP2/ZeRO (-t, -zero); the -tp/-pp stage and "
+                 "shard policies only know the LM head, not its scalar head: drop -tp/-pp")
     layout = ParallelLayout(tp_size=config.tensor_parallel_size, pp_size=config.pipeline_parallel_size,
                             zero_stage=config.zero_stage, precision=config.precision)
     try:

@@ -90,28 +90,34 @@ def local_ray():
     ray.shutdown()
 
 
-def sft_steps(tmp_path, model_dir, data, flags: dict):
-    config = SFTConfig(model=model_dir, save_dir=str(tmp_path), batch_size=8, micro_batch_size=2, eval_fraction=0,
-                       learning_rate=1e-4, progress_bar=False, **flags)
+def stage_steps(tmp_path, model_dir, data, cls, flags: dict):
+    config = cls(model=model_dir, save_dir=str(tmp_path), batch_size=8, micro_batch_size=2, eval_fraction=0,
+                 learning_rate=1e-4, progress_bar=False, **flags)
     result = run_stage(config, data, None, model_dir, log=lambda line: None)
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    weights = {name: p.detach() for name, p in AutoModelForCausalLM.from_pretrained(result.model_dir).named_parameters()}
+    auto = AutoModelForCausalLM if cls is SFTConfig else AutoModelForSequenceClassification
+    weights = {name: p.detach() for name, p in auto.from_pretrained(result.model_dir).named_parameters()}
     return result.losses, weights
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("label, flags", [("torch DDP x2", {"num_trainers": 2}),
-                                          ("torch FSDP2 x2", {"num_trainers": 2, "zero_stage": 2})])
-def test_sft_layout_matches_one_process(tmp_path, local_ray, tiny_model_dir, label, flags):
-    """Two steps of 8 rows with uneven completion lengths (the token normaliser spans both ranks); the saved
-    HF directories are compared (FSDP2's is gathered from the shards)."""
-    data = tmp_path / "sft.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{a + 1}=", "completion": "\\boxed{" + str(2 * a + 1) * (a % 3 + 1)
-                                        + "}"}) + "\n" for a in range(10, 26)))
-    reference = sft_steps(tmp_path / "one", tiny_model_dir, str(data), {})
-    candidate = sft_steps(tmp_path / "two", tiny_model_dir, str(data), flags)
+@pytest.mark.parametrize("label, cls, flags", [("SFT torch DDP x2", SFTConfig, {"num_trainers": 2}),
+                                               ("SFT torch FSDP2 x2", SFTConfig, {"num_trainers": 2, "zero_stage": 2}),
+                                               ("RM torch FSDP2 x2", RMConfig, {"num_trainers": 2, "zero_stage": 2})])
+def test_stage_layout_matches_one_process(tmp_path, local_ray, tiny_model_dir, label, cls, flags):
+    """Two steps of 8 rows with uneven lengths (SFT's token normaliser spans both ranks); the saved HF
+    directories are compared (FSDP2's is gathered from the shards; the reward model's with its head)."""
+    data = tmp_path / "rows.jsonl"
+    rows = []
+    for a in range(10, 26):
+        right, wrong = "\\boxed{" + str(2 * a + 1) * (a % 3 + 1) + "}", "\\boxed{" + str(a) + "}"
+        rows.append({"prompt": f"{a}+{a + 1}=", "completion": right, "chosen": right, "rejected": wrong})
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    reference = stage_steps(tmp_path / "one", tiny_model_dir, str(data), cls, {})
+    candidate = stage_steps(tmp_path / "two", tiny_model_dir, str(data), cls, flags)
     assert len(reference[0]) == 2
     assert candidate[0] == pytest.approx(reference[0], abs=1e-6), label
+    assert candidate[1].keys() == reference[1].keys()
     diff = max(float((candidate[1][n] - reference[1][n]).abs().max()) for n in reference[1])
     assert diff <= 1e-5, f"{label}: weights differ by {diff:.2e}"
