@@ -63,6 +63,7 @@ class StageTrainer:
             torch.set_num_threads(num_threads)
         self.plugin = None
         self._eval_model = None
+        self._order = (None, None)  # (epoch, its permutation of the training rows)
 
     def rendezvous_address(self) -> tuple[str, int]:
         import socket
@@ -112,7 +113,10 @@ class StageTrainer:
     def batch_items(self, step: int) -> list:
         """The rows of global step ``step`` (0-based): a slice of its epoch's seeded permutation."""
         epoch, index = divmod(step, self.steps_per_epoch)
-        order = torch.randperm(len(self.train), generator=torch.Generator().manual_seed(self.config.seed + epoch))
+        if self._order[0] != epoch:  # one permutation per epoch, drawn once
+            generator = torch.Generator().manual_seed(self.config.seed + epoch)
+            self._order = (epoch, torch.randperm(len(self.train), generator=generator))
+        order = self._order[1]
         size = self.config.batch_size
         return [self.train[i] for i in order[index * size : (index + 1) * size].tolist()]
 
@@ -265,7 +269,9 @@ def run_stage(config: StageConfig, train_path: str, eval_path: str | None, model
         def evaluate(step: int) -> dict:
             result = next((r for r in group.call("evaluate") if r is not None), None) or {}
             if result:
-                logger.log(step, {"task": config.stage, "mode": "held_out", **result}, kind="eval")
+                # kind "eval" rows name metrics without the prefix (coati plot draws their accuracy)
+                logger.log(step, {"task": config.stage, "mode": "held_out",
+                                  **{k.removeprefix("eval_"): v for k, v in result.items()}}, kind="eval")
                 log(f"eval step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in result.items()))
             return result
 
