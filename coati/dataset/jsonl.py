@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any, Callable, TypeVar
 
 from coati.dataset.rows import DatasetError, Example, RowFormat, check_rows, row_to_example
 
-__all__ = ["DatasetError", "Example", "RowFormat", "build_prompt", "load_jsonl"]
+__all__ = ["DatasetError", "Example", "RowFormat", "build_prompt", "load_jsonl", "read_jsonl"]
+T = TypeVar("T")
 
 
 def load_jsonl(path: str, fmt: RowFormat | str = RowFormat()) -> list[Example]:
@@ -21,9 +23,15 @@ def load_jsonl(path: str, fmt: RowFormat | str = RowFormat()) -> list[Example]:
     """
     if isinstance(fmt, str):
         fmt = RowFormat(reward_type=fmt)
+    return read_jsonl(path, lambda row, where: row_to_example(row, fmt, where))
+
+
+def read_jsonl(path: str, convert: Callable[[Any, str], T]) -> list[T]:
+    """``convert(row, "path:line")`` of every row (it raises ValueError for a bad row); all problems are
+    collected and reported as one DatasetError naming the first bad ``path:line``."""
     if not os.path.isfile(path):
         raise DatasetError(f"dataset file not found: {path} (pass an existing .jsonl file)")
-    examples, problems, rows = [], [], 0
+    items, problems, rows = [], [], 0
     with open(path, encoding="utf-8") as handle:
         for line_no, line in enumerate(handle, start=1):
             if not line.strip():
@@ -36,13 +44,13 @@ def load_jsonl(path: str, fmt: RowFormat | str = RowFormat()) -> list[Example]:
                 problems.append((where, f"not valid JSON ({err.msg} at column {err.colno})"))
                 continue
             try:
-                examples.append(row_to_example(row, fmt, where))
+                items.append(convert(row, where))
             except ValueError as err:
                 problems.append((where, str(err)))
     check_rows(problems, rows)
-    if not examples:
+    if not items:
         raise DatasetError(f"{path}: no examples (the file is empty)")
-    return examples
+    return items
 
 
 def build_prompt(tokenizer, messages: tuple[dict, ...], system_prompt: str | None) -> str:

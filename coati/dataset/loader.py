@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+from typing import Any, Callable, TypeVar
 
-from coati.dataset.jsonl import load_jsonl
+from coati.dataset.jsonl import read_jsonl
 from coati.dataset.rows import DatasetError, Example, RowFormat, check_rows, row_to_example
 
 FORMATS = ".jsonl, .json (a list of objects), .parquet, or a directory written by datasets' save_to_disk"
 _JSONL = (".jsonl", ".ndjson")
 _BUILDERS = {".json": "json", ".parquet": "parquet"}  # extension -> datasets' packaged builder
+T = TypeVar("T")
 
 
 def dataset_problem(path: str) -> str | None:
@@ -35,23 +37,29 @@ def dataset_problem(path: str) -> str | None:
 
 def load_examples(path: str, fmt: RowFormat = RowFormat()) -> list[Example]:
     """Every row of the dataset at ``path`` as an Example; any problem raises one DatasetError line."""
+    return load_rows(path, lambda row, where: row_to_example(row, fmt, where))
+
+
+def load_rows(path: str, convert: Callable[[Any, str], T]) -> list[T]:
+    """``convert(row, where)`` of every row of the dataset at ``path`` (any of the formats above); ``convert``
+    raises ValueError for a bad row, and all bad rows become one DatasetError naming the first ``where``."""
     problem = dataset_problem(path)
     if problem:
         raise DatasetError(problem)
     if os.path.splitext(path)[1].lower() in _JSONL and not os.path.isdir(path):
-        return load_jsonl(path, fmt)
+        return read_jsonl(path, convert)
     table = _read_with_datasets(path)
-    examples, problems = [], []
+    items, problems = [], []
     for index, row in enumerate(table):
         where = f"{path}:row {index}"
         try:
-            examples.append(row_to_example(row, fmt, where))
+            items.append(convert(row, where))
         except ValueError as err:
             problems.append((where, str(err)))
     check_rows(problems, len(table))
-    if not examples:
+    if not items:
         raise DatasetError(f"{path}: no examples (the dataset has no rows)")
-    return examples
+    return items
 
 
 @contextlib.contextmanager

@@ -1,44 +1,95 @@
-"""Pure functions on rewards: group advantages, group filters, reward shaping, sample selection.
+"""Pure functions on rewards: advantage estimators (a registry chosen by name), group filters, reward shaping,
+sample selection, and the token-level RLHF pieces (KL-in-reward, GAE, returns, whitening).
 
-No I/O, no state. Rewards are [groups, G] tensors (one row per prompt, G completions each).
+No I/O, no state. Group rewards are [groups, G] tensors (one row per prompt, G completions each); token-level
+tensors are [batch, T] with a 0/1 ``mask`` of the response tokens (aligned with ``token_logprobs``).
+
+Advantage estimators register themselves by name (``@register_adv_est("name", inputs=...)``); a config names
+one (``--grpo-config advantage``) and the trainer calls ``get_adv_estimator(name)``. ``inputs`` says what an
+estimator reads: ``"group"`` ones take the [groups, G] rewards of a rollout batch (GRPO, DAPO, PG);
+``"token_values"`` ones take per-token rewards and a critic's values (PPO) and return (advantages, returns).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 
 ADVANTAGE_EPS = 1e-6
-ADVANTAGES = ("group_norm", "group_mean")
+WHITEN_EPS = 1e-8
+ESTIMATOR_INPUTS = ("group", "token_values")
 
 
+@dataclass(frozen=True)
+class AdvEstimator:
+    name: str
+    fn: Callable
+    inputs: str  # one of ESTIMATOR_INPUTS
+
+
+ADV_ESTIMATORS: dict[str, AdvEstimator] = {}
+
+
+def register_adv_est(name: str, inputs: str = "group"):
+    """Decorator: make ``fn`` the advantage estimator called ``name`` (a name is registered once)."""
+    if inputs not in ESTIMATOR_INPUTS:
+        raise ValueError(f"advantage estimator inputs must be one of {ESTIMATOR_INPUTS}, got {inputs!r}")
+
+    def decorate(fn):
+        if name in ADV_ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} is already registered")
+        ADV_ESTIMATORS[name] = AdvEstimator(name, fn, inputs)
+        return fn
+
+    return decorate
+
+
+def adv_estimator_names(inputs: str | None = None) -> tuple[str, ...]:
+    """Registered names, in registration order; only those reading ``inputs`` when given."""
+    return tuple(name for name, est in ADV_ESTIMATORS.items() if inputs is None or est.inputs == inputs)
+
+
+def get_adv_estimator(name: str) -> AdvEstimator:
+    if name not in ADV_ESTIMATORS:
+        raise ValueError(f"unknown advantage {name!r}; choose one of {', '.join(ADV_ESTIMATORS)}")
+    return ADV_ESTIMATORS[name]
+
+
+def _check_groups(rewards: torch.Tensor) -> None:
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be [groups, G], got shape {tuple(rewards.shape)}")
+
+
+@register_adv_est("group_norm")
 def group_advantages(rewards: torch.Tensor, eps: float = ADVANTAGE_EPS) -> torch.Tensor:
     """GRPO advantages for rewards of shape [groups, G]: (r - group mean) / (group std + eps).
 
     The std is the unbiased sample std (as in the GRPO paper's reference code); a group whose rewards are
     all equal gets zero advantage everywhere, so it contributes no policy gradient.
     """
-    if rewards.dim() != 2:
-        raise ValueError(f"rewards must be [groups, G], got shape {tuple(rewards.shape)}")
+    _check_groups(rewards)
     rewards = rewards.float()
     mean = rewards.mean(dim=1, keepdim=True)
     std = rewards.std(dim=1, keepdim=True, unbiased=True) if rewards.shape[1] > 1 else torch.zeros_like(mean)
     return (rewards - mean) / (std + eps)
 
 
+@register_adv_est("group_mean")
 def group_mean_advantages(rewards: torch.Tensor) -> torch.Tensor:
     """REINFORCE with a group-mean baseline (PG): r - group mean, not scaled."""
-    if rewards.dim() != 2:
-        raise ValueError(f"rewards must be [groups, G], got shape {tuple(rewards.shape)}")
+    _check_groups(rewards)
     rewards = rewards.float()
     return rewards - rewards.mean(dim=1, keepdim=True)
 
 
 def compute_advantages(rewards: torch.Tensor, kind: str) -> torch.Tensor:
-    if kind == "group_norm":
-        return group_advantages(rewards)
-    if kind == "group_mean":
-        return group_mean_advantages(rewards)
-    raise ValueError(f"unknown advantage {kind!r}; choose one of {ADVANTAGES}")
+    """[groups, G] advantages of the group estimator ``kind``."""
+    estimator = get_adv_estimator(kind)
+    if estimator.inputs != "group":
+        raise ValueError(f"advantage {kind!r} needs per-token rewards and a critic's values, not group rewards")
+    return estimator.fn(rewards)
 
 
 def group_accuracy_in_range(correct: torch.Tensor, low: float, high: float) -> torch.Tensor:
@@ -88,3 +139,102 @@ def sample_loss_mask(truncated: torch.Tensor, rewards: torch.Tensor, filter_trun
     if filter_truncated:
         keep &= ~truncated.bool()
     return keep.float()
+
+
+# --- token-level RLHF (PPO with a critic and a reward model) ---
+
+def last_token_index(mask: torch.Tensor) -> torch.Tensor:
+    """[batch] index of the last position where ``mask`` is set (-1 for a row with none)."""
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    return torch.where(mask > 0, positions, torch.full_like(positions, -1)).max(dim=1).values
+
+
+def kl_penalised_rewards(kl: torch.Tensor, mask: torch.Tensor, scores: torch.Tensor, beta: float,
+                         score_clip: float | None = None) -> torch.Tensor:
+    """Per-token rewards of RLHF-PPO: -beta * KL_t on every response token, plus the sequence's score (the
+    reward model's, optionally with a verifiable reward added by the caller), clamped to [-clip, clip], on
+    its last response token. ``kl`` [batch, T] is the per-token KL estimate to the reference (e.g.
+    logp - ref_logp); ``scores`` [batch]. A row without a response token gets nothing."""
+    mask = mask.to(kl.dtype)
+    rewards = -beta * kl * mask
+    if score_clip is not None:
+        scores = scores.clamp(-score_clip, score_clip)
+    last = last_token_index(mask)
+    rows = torch.nonzero(last >= 0).squeeze(1)
+    rewards[rows, last[rows]] += scores[rows].to(rewards.dtype)
+    return rewards
+
+
+def _backward_scan(mask: torch.Tensor, step) -> None:
+    """Visit the positions of every row from last to first; masked positions are skipped (``step`` is not
+    called), so a gap in a response (e.g. tool output inside a turn) is transparent to the recursion."""
+    for t in range(mask.shape[1] - 1, -1, -1):
+        step(t, mask[:, t] > 0)
+
+
+@register_adv_est("gae", inputs="token_values")
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
+        lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over response tokens: (advantages, returns), both [batch, T].
+
+    delta_t = r_t + gamma * V_{t+1} - V_t and A_t = delta_t + gamma * lam * A_{t+1}, where t+1 is the next
+    *response* token (0 after the last one: the episode ends there); returns R_t = A_t + V_t (the critic's
+    target). Positions outside ``mask`` are 0 in both.
+    """
+    rewards, values, mask = rewards.float(), values.float().detach(), mask.float()
+    advantages = torch.zeros_like(rewards)
+    next_value = torch.zeros(rewards.shape[0], device=rewards.device)
+    next_adv = torch.zeros_like(next_value)
+
+    def step(t, valid):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        adv = delta + gamma * lam * next_adv
+        advantages[:, t] = torch.where(valid, adv, torch.zeros_like(adv))
+        next_value.copy_(torch.where(valid, values[:, t], next_value))
+        next_adv.copy_(torch.where(valid, adv, next_adv))
+
+    _backward_scan(mask, step)
+    return advantages, (advantages + values) * mask
+
+
+def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+    """[batch, T] reward-to-go G_t = r_t + gamma * G_{t+1} over response tokens (0 outside ``mask``)."""
+    rewards, mask = rewards.float(), mask.float()
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros(rewards.shape[0], device=rewards.device)
+
+    def step(t, valid):
+        value = rewards[:, t] + gamma * running
+        returns[:, t] = torch.where(valid, value, torch.zeros_like(value))
+        running.copy_(torch.where(valid, value, running))
+
+    _backward_scan(mask, step)
+    return returns
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance of ``values`` where ``mask`` is set (Bessel-corrected by default; 0 with fewer than 2)."""
+    mask = mask.to(values.dtype)
+    count = mask.sum()
+    mean = masked_mean(values, mask)
+    total = (((values - mean) ** 2) * mask).sum()
+    if count < 2:
+        return total * 0
+    return total / (count - 1) if unbiased else total / count
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True,
+                  eps: float = WHITEN_EPS) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) over the masked entries (the batch's, not per row); ``shift_mean`` False
+    adds the mean back (only the scale changes). Entries outside ``mask`` are 0."""
+    mask = mask.to(values.dtype)
+    mean, var = masked_mean(values, mask), masked_var(values, mask)
+    whitened = (values - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened * mask

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 
-from coati.distributed.config import (ALGOS, BACKENDS, GRPO_CONFIG_KEYS, BatchConfig, CodeRewardConfig, ConfigError, DataConfig,
+from coati.distributed.advantage import adv_estimator_names
+from coati.distributed.config import (ALGO_PRESETS, ALGOS, BACKENDS, GRPO_CONFIG_KEYS, BatchConfig, CodeRewardConfig, ConfigError, DataConfig,
                                       ModelConfig, ParallelConfig, RLConfig, RunConfig, build_algo_config,
                                       parse_eval_datasets, parse_grpo_config, validate)
 from coati.distributed.inference_backend import SamplingParams
-from coati.distributed.loss import CORRECTIONS
+from coati.distributed.loss import CORRECTIONS, POLICY_LOSSES
 from rewards import REWARD_TYPES, STOP_STRINGS, default_system_prompt
 
 # Defaults that differ between the embedded demo (no --model) and a user's model.
@@ -16,17 +18,26 @@ DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 8, "max_prompt_tokens"
 MODEL_DEFAULTS = {"learning_rate": 1e-6, "max_new_tokens": 1024, "max_prompt_tokens": 512, "num_episodes": 1}
 # -rt code on the embedded model: the pipeline runs end to end; the tiny model cannot write programs yet.
 CODE_DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 64, "max_prompt_tokens": 512, "num_episodes": 1}
+
+
+def _preset_text(name: str) -> str:
+    changes = ALGO_PRESETS[name]
+    return f"{name}: " + (", ".join(f"{key} {json.dumps(value)}" for key, value in changes.items())
+                          if changes else "the defaults")
+
+
 ALGO_HELP = (
-    "algorithm preset. GRPO: clip 0.2/0.2, sample_level loss, beta = -kl. "
-    "DAPO: filter_range [0.01, 0.99] + dynamic_batching, clip 0.2/0.28, skip_threshold 20, beta 0, token_level "
-    "loss, soft_over_length_punishment (cache_length = min(1024, mnt // 4)), filter_truncated_response. "
-    "PG: REINFORCE with a group-mean baseline (advantage r - mean, loss -A*logp, no ratio or clip), sample_level. "
-    "Every field can be changed with --grpo-config"
+    "algorithm preset, as changes to the defaults (clip_eps 0.2/0.2, sample_level loss, ppo_clip objective, "
+    "group_norm advantage, beta = -kl, cache_length = min(1024, mnt // 4)). "
+    + "; ".join(_preset_text(name) for name in ALGOS)
+    + ". GRPO: group-normalised advantages; DAPO: dynamic sampling, clip-higher, token-level loss, overlong "
+    "shaping; PG: REINFORCE with a group-mean baseline (no ratio or clip). Every field can be changed with --grpo-config"
 )
 GRPO_CONFIG_HELP = (
     "overrides of the -a preset: a JSON object or the path of a .json/.yaml file, e.g. "
     "'{\"clip_eps_high\": 0.28, \"filter_range\": [0.1, 0.9]}'. Keys: " + ", ".join(GRPO_CONFIG_KEYS) + ". "
-    "beta is the KL weight; objective ppo_clip|reinforce; advantage group_norm|group_mean; skip_threshold null "
+    "beta is the KL weight; objective " + "|".join(POLICY_LOSSES) + "; advantage "
+    + "|".join(adv_estimator_names("group")) + "; skip_threshold null "
     "turns it off; max_draw_multiple bounds dynamic batching to that many times -tbs groups drawn per step. "
     "Precedence: preset < --grpo-config < dedicated flags (-kl, --ppo-epochs, --topk-samples)"
 )

@@ -13,11 +13,21 @@ from dataclasses import dataclass, field
 
 from coati.dataset.rows import RowFormat
 from coati.distributed.inference_backend import SamplingParams
-from coati.distributed.advantage import ADVANTAGES
-from coati.distributed.loss import CORRECTIONS, LOSS_VARIATIONS, OBJECTIVES, PolicyLossConfig
+from coati.distributed.advantage import adv_estimator_names, get_adv_estimator
+from coati.distributed.loss import CORRECTIONS, LOSS_VARIATIONS, POLICY_LOSSES, PolicyLossConfig
 from rewards import REWARD_TYPES, STOP_STRINGS
 
-ALGOS = ("GRPO", "DAPO", "PG")
+# What each -a preset changes from the defaults (the defaults of PolicyLossConfig, GroupConfig and AlgoConfig,
+# with beta = -kl and cache_length = min(1024, -mnt // 4)), in --grpo-config keys. A new algorithm adds a row
+# here and registers its functions (advantage.register_adv_est, loss.register_policy_loss).
+ALGO_PRESETS: dict[str, dict] = {
+    "GRPO": {},
+    "DAPO": {"filter_range": [0.01, 0.99], "dynamic_batching": True, "clip_eps_high": 0.28, "skip_threshold": 20.0,
+             "beta": 0.0, "loss_variation": "token_level", "soft_over_length_punishment": True,
+             "filter_truncated_response": True},
+    "PG": {"objective": "reinforce", "advantage": "group_mean"},
+}
+ALGOS = tuple(ALGO_PRESETS)
 BACKENDS = ("transformers", "vllm")
 
 
@@ -253,19 +263,14 @@ _KEY_TYPES = {"clip_eps_low": float, "clip_eps_high": float, "beta": float, "los
 
 
 def algo_preset(name: str, kl_coeff: float, max_new_tokens: int) -> dict:
-    """The --grpo-config values an algorithm starts from (ColossalChat's defaults)."""
-    preset = {"clip_eps_low": 0.2, "clip_eps_high": 0.2, "beta": kl_coeff, "loss_variation": "sample_level",
-              "objective": "ppo_clip", "skip_threshold": None, "advantage": "group_norm", "filter_range": None,
-              "dynamic_batching": False, "max_draw_multiple": 4, "soft_over_length_punishment": False,
-              "cache_length": max(1, min(1024, max_new_tokens // 4)), "filter_truncated_response": False,
-              "topk_samples": None, "ppo_epochs": 1, "learner_chunk_size": 0}
-    if name == "DAPO":
-        preset.update(filter_range=[0.01, 0.99], dynamic_batching=True, clip_eps_low=0.2, clip_eps_high=0.28,
-                      skip_threshold=20.0, beta=0.0, loss_variation="token_level", soft_over_length_punishment=True,
-                      filter_truncated_response=True)
-    elif name == "PG":
-        preset.update(objective="reinforce", advantage="group_mean")
-    return preset
+    """The --grpo-config values an algorithm starts from: the defaults, then its row of ``ALGO_PRESETS``."""
+    loss, groups, algo = PolicyLossConfig(), GroupConfig(), AlgoConfig()
+    values = {key: getattr(loss, field_name) for key, field_name in _LOSS_KEYS.items()}
+    values.update({key: getattr(groups, key) for key in _GROUP_KEYS})
+    values.update({key: getattr(algo, key) for key in _ALGO_KEYS})
+    values.update(beta=kl_coeff, cache_length=max(1, min(1024, max_new_tokens // 4)))
+    values.update(ALGO_PRESETS[name])
+    return values
 
 
 def parse_grpo_config(text: str | None) -> dict:
@@ -360,8 +365,13 @@ def _validate_algo(config: RLConfig) -> None:
     _require(loss.kl_coeff >= 0, "-kl/--kl-coeff (--grpo-config beta) must be >= 0")
     _require(loss.loss_variation in LOSS_VARIATIONS,
              f"{key} loss_variation must be one of {', '.join(LOSS_VARIATIONS)}, got {loss.loss_variation!r}")
-    _require(loss.objective in OBJECTIVES, f"{key} objective must be one of {', '.join(OBJECTIVES)}, got {loss.objective!r}")
-    _require(g.advantage in ADVANTAGES, f"{key} advantage must be one of {', '.join(ADVANTAGES)}, got {g.advantage!r}")
+    _require(loss.objective in POLICY_LOSSES,
+             f"{key} objective must be one of {', '.join(POLICY_LOSSES)}, got {loss.objective!r}")
+    group_estimators = ", ".join(adv_estimator_names("group"))
+    _require(g.advantage in adv_estimator_names(), f"{key} advantage must be one of {group_estimators}, got {g.advantage!r}")
+    _require(get_adv_estimator(g.advantage).inputs == "group",
+             f"{key} advantage {g.advantage!r} needs a critic's per-token values (PPO with a critic, not available "
+             f"yet); {config.algo.name} takes one of {group_estimators}")
     for name, eps in (("clip_eps_low", loss.clip_eps_low), ("clip_eps_high", loss.clip_eps_high)):
         _require(eps >= 0, f"{key} {name} must be >= 0, got {eps}")
     _require(loss.clip_eps_low < 1, f"{key} clip_eps_low must be < 1 (the ratio is clipped at 1 - eps), "

@@ -5,9 +5,13 @@ losses of micro-batches gives the loss of the batch, and so do the gradients.
 - token_level: sum of token losses over the batch / number of valid tokens in the batch.
 - sample_level: per-sample mean over its tokens, then sum / number of samples (with a valid token) in the batch.
 
-Objectives (``PolicyLossConfig.objective``):
-- ``ppo_clip`` (GRPO, DAPO): -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A) per token.
+Objectives (``PolicyLossConfig.objective``) form a registry of pure per-token functions
+(``@register_policy_loss``), chosen by name; each returns the per-token loss and where the clip binds:
+- ``ppo_clip`` (GRPO, DAPO, PPO): -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A) per token.
 - ``reinforce`` (PG): -A * logp per token: no importance ratio, no clipping.
+Value losses (PPO's critic) are a registry too (``@register_value_loss``): ``clipped``
+0.5 * max((V - R)^2, (V_clip - R)^2) with V_clip = V_old + clip(V - V_old, -eps, eps), and ``mse`` 0.5 (V - R)^2.
+The supervised stages' losses live here as well: ``completion_nll`` (SFT) and ``bradley_terry_loss`` (reward model).
 
 ``skip_threshold``: the importance ratio of a *sample* is the mean of its per-token ratios
 exp(logp - old_logp) over its valid tokens; a sample whose ratio exceeds the threshold is dropped from the
@@ -33,11 +37,12 @@ fresh groups the mismatch is the numeric difference of the two engines' logprobs
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 LOSS_VARIATIONS = ("token_level", "sample_level")
-OBJECTIVES = ("ppo_clip", "reinforce")
 CORRECTIONS = ("behaviour", "decoupled")
 # Statistics that are maxima over the step (not sums over micro-batches, not means over ranks).
 MAX_STATS = ("is_weight_max", "mismatch_max_abs")
@@ -53,6 +58,50 @@ class PolicyLossConfig:
     skip_threshold: float | None = None  # None: off; else > 1
     correction: str = "behaviour"  # off-policy correction: behaviour | decoupled
     tis_cap: float = 2.0  # decoupled: cap C of the truncated importance weight min(pi_prox / pi_behaviour, C)
+
+
+# name -> fn(logprobs, anchor_logprobs, advantages, config) -> (per-token loss, clip_low, clip_high indicators)
+POLICY_LOSSES: dict[str, Callable] = {}
+# name -> fn(values, old_values, returns, clip_eps) -> (per-token loss, clipped indicator)
+VALUE_LOSSES: dict[str, Callable] = {}
+
+
+def _register(registry: dict, kind: str, name: str):
+    def decorate(fn):
+        if name in registry:
+            raise ValueError(f"{kind} {name!r} is already registered")
+        registry[name] = fn
+        return fn
+
+    return decorate
+
+
+def register_policy_loss(name: str):
+    """Decorator: make ``fn`` the policy objective called ``name`` (``PolicyLossConfig.objective``)."""
+    return _register(POLICY_LOSSES, "policy loss", name)
+
+
+def register_value_loss(name: str):
+    """Decorator: make ``fn`` the value loss called ``name``."""
+    return _register(VALUE_LOSSES, "value loss", name)
+
+
+def get_policy_loss(name: str) -> Callable:
+    if name not in POLICY_LOSSES:
+        raise ValueError(f"unknown objective {name!r}; choose one of {tuple(POLICY_LOSSES)}")
+    return POLICY_LOSSES[name]
+
+
+def get_value_loss(name: str) -> Callable:
+    if name not in VALUE_LOSSES:
+        raise ValueError(f"unknown value loss {name!r}; choose one of {tuple(VALUE_LOSSES)}")
+    return VALUE_LOSSES[name]
+
+
+def kl_k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k1 estimator of KL(pi || ref): logp - ref (unbiased, may be negative; the usual choice for
+    the KL-in-reward penalty of RLHF-PPO)."""
+    return logprobs - ref_logprobs
 
 
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -94,6 +143,20 @@ def reinforce_surrogate(logprobs: torch.Tensor, advantages: torch.Tensor) -> tor
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)
     return -advantages * logprobs
+
+
+@register_policy_loss("ppo_clip")
+def ppo_clip_objective(logprobs, anchor, advantages, config: PolicyLossConfig):
+    per_token, _ = clipped_surrogate(logprobs, anchor, advantages, config.clip_eps_low, config.clip_eps_high)
+    low, high = clip_indicators(torch.exp(logprobs.detach() - anchor), advantages,
+                                config.clip_eps_low, config.clip_eps_high)
+    return per_token, low, high
+
+
+@register_policy_loss("reinforce")
+def reinforce_objective(logprobs, anchor, advantages, config: PolicyLossConfig):
+    zeros = torch.zeros_like(logprobs)
+    return reinforce_surrogate(logprobs, advantages), zeros, zeros
 
 
 def sample_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -189,15 +252,7 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, config: PolicyLossConf
     skipped = skip_mask(logprobs, anchor, mask, config.skip_threshold)
     mask = mask * (~skipped).to(mask.dtype).unsqueeze(1)
     variation = config.loss_variation
-    if config.objective == "ppo_clip":
-        per_token, _ = clipped_surrogate(logprobs, anchor, advantages, config.clip_eps_low, config.clip_eps_high)
-        low, high = clip_indicators(torch.exp(logprobs.detach() - anchor), advantages,
-                                    config.clip_eps_low, config.clip_eps_high)
-    elif config.objective == "reinforce":
-        per_token = reinforce_surrogate(logprobs, advantages)
-        low = high = torch.zeros_like(logprobs)
-    else:
-        raise ValueError(f"unknown objective {config.objective!r}; choose one of {OBJECTIVES}")
+    per_token, low, high = get_policy_loss(config.objective)(logprobs, anchor, advantages, config)
     weight, truncated = truncated_importance_weight(prox, old_logprobs, config.tis_cap)
     if decoupled:
         per_token = per_token * weight
@@ -221,3 +276,44 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, config: PolicyLossConf
     loss = aggregate(per_token, mask, variation, normaliser)
     stats["loss"] = loss.detach()
     return loss, stats
+
+
+@register_value_loss("clipped")
+def clipped_value_loss(values, old_values, returns, clip_eps: float):
+    """Per token 0.5 * max((V - R)^2, (V_clip - R)^2), V_clip = V_old + clip(V - V_old, -eps, eps) (PPO's
+    value clipping: the critic cannot gain by moving further than eps from the rollout's values); and 1
+    where the clipped term is the larger."""
+    clipped = old_values + (values - old_values).clamp(-clip_eps, clip_eps)
+    unclipped_sq, clipped_sq = (values - returns) ** 2, (clipped - returns) ** 2
+    return 0.5 * torch.maximum(unclipped_sq, clipped_sq), (clipped_sq > unclipped_sq).float()
+
+
+@register_value_loss("mse")
+def mse_value_loss(values, old_values, returns, clip_eps: float):
+    """Per token 0.5 * (V - R)^2 (no clipping)."""
+    return 0.5 * (values - returns) ** 2, torch.zeros_like(values)
+
+
+def value_loss(values, old_values, returns, mask, name: str, clip_eps: float, normaliser: float,
+               variation: str = "token_level") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The critic's loss of one micro-batch (``aggregate``d like the policy loss) and detached statistics."""
+    per_token, clipped = get_value_loss(name)(values, old_values, returns, clip_eps)
+    loss = aggregate(per_token, mask, variation, normaliser)
+    return loss, {"value_loss": loss.detach(), "value_clip_fraction": aggregate(clipped, mask, variation, normaliser)}
+
+
+def completion_nll(logprobs: torch.Tensor, mask: torch.Tensor, normaliser: float) -> torch.Tensor:
+    """SFT: the summed negative log-likelihood of the completion tokens (``mask``) / ``normaliser`` (the
+    step's completion tokens, so micro-batches and data-parallel ranks add up to the per-token mean)."""
+    return -(logprobs * mask.to(logprobs.dtype)).sum() / normaliser
+
+
+def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, normaliser: float,
+                       margin: torch.Tensor | float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Reward-model loss: sum over pairs of -log sigmoid(r_chosen - r_rejected - margin) / ``normaliser``
+    (the step's pairs), and detached statistics on the same scale: accuracy (a pair counts when r_chosen >
+    r_rejected; a tie does not) and the mean margin r_chosen - r_rejected."""
+    diff = chosen.float() - rejected.float()
+    loss = -F.logsigmoid(diff - margin).sum() / normaliser
+    return loss, {"loss": loss.detach(), "accuracy": (diff > 0).float().sum() / normaliser,
+                  "reward_margin": diff.detach().sum() / normaliser}

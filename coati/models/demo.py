@@ -81,6 +81,23 @@ def ensure_demo_assets(cache_dir: str | None = None, recipe: DemoRecipe = DemoRe
                       os.path.join(root, "eval.jsonl"), report, code_train, code_eval)
 
 
+def ensure_base_model(cache_dir: str | None = None, recipe: DemoRecipe = DemoRecipe()) -> str:
+    """The demo's tiny model *before* its warm start (random weights, the demo's tokenizer), saved once: the
+    starting point of ``coati sft`` on the embedded task."""
+    path = os.path.join(cache_dir or default_cache_dir(), f"base-{recipe.fingerprint()}")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=".base-building-", dir=os.path.dirname(path))
+        try:
+            tokenizer = build_char_tokenizer()
+            save_tiny(build_tiny_model(recipe.spec, tokenizer, seed=recipe.seed), tokenizer, staging)
+            shutil.rmtree(path, ignore_errors=True)
+            os.replace(staging, path)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return path
+
+
 def _ensure_code_split(root: str, name: str, count: int, seed: int) -> str:
     from coati.dataset.code_task import write_code_dataset
 

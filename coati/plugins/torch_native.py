@@ -185,10 +185,14 @@ class TorchNativePlugin(TrainerPlugin):
 
 def save_hf(module: torch.nn.Module, state: dict[str, torch.Tensor], path: str) -> None:
     """Write ``state`` (full tensors, HF names) as an HF directory with ``module``'s config."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
+    # the model's own head: a reward model (``...ForSequenceClassification``) saves as one
+    architectures = getattr(module.config, "architectures", None) or []
+    auto = (AutoModelForSequenceClassification if any(a.endswith("ForSequenceClassification") for a in architectures)
+            else AutoModelForCausalLM)
     with torch.device("meta"):
-        fresh = AutoModelForCausalLM.from_config(module.config, dtype=next(iter(state.values())).dtype)
+        fresh = auto.from_config(module.config, dtype=next(iter(state.values())).dtype)
     fresh.load_state_dict(state, strict=False, assign=True)
     if getattr(module.config, "tie_word_embeddings", False):
         fresh.tie_weights()

@@ -93,7 +93,7 @@ def plot_run(run_dir: str) -> list[str]:
         plt.close(fig)
     curves: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for row in rows:
-        if row.get("kind") == "eval":
+        if row.get("kind") == "eval" and "accuracy" in row:  # an SFT stage's eval rows have a loss only
             curves[f"{row.get('task', 'eval')} / {row.get('mode', '')}"].append((row["step"], row["accuracy"]))
     if curves:
         fig, ax = plt.subplots(figsize=(7, 4))

@@ -1,13 +1,16 @@
-"""Advantages, group filters, overlong punishment and sample selection against hand-computed numbers."""
+"""Advantages (group estimators, GAE), group filters, overlong punishment, sample selection, KL-in-reward and
+whitening against hand-computed numbers."""
 
 import math
 
 import pytest
 import torch
 
-from coati.distributed.advantage import (compute_advantages, group_accuracy_in_range, group_advantages,
-                                         group_mean_advantages, overlong_penalty, sample_loss_mask,
-                                         topk_sample_mask)
+from coati.distributed.advantage import (adv_estimator_names, compute_advantages, discounted_returns, gae,
+                                         get_adv_estimator, group_accuracy_in_range, group_advantages,
+                                         group_mean_advantages, kl_penalised_rewards, last_token_index,
+                                         masked_mean, masked_var, masked_whiten, overlong_penalty,
+                                         register_adv_est, sample_loss_mask, topk_sample_mask)
 from coati.distributed.config import GroupConfig
 from coati.distributed.grpo_consumer import shaped_group_tensors
 from coati.distributed.rollout import RolloutGroup
@@ -122,3 +125,80 @@ def test_all_truncated_group_has_no_sample_in_the_loss():
     rewards, adv, mask = shaped_group_tensors([g], dapo, max_new_tokens=8)
     assert close(rewards, [[-1.0, -0.9, -1.0, -0.9]], 1e-6)
     assert mask.sum() == 0
+
+
+# --- the estimator registry and the token-level RLHF pieces ---
+
+def test_registry_dispatches_by_name_and_rejects_duplicates():
+    assert adv_estimator_names("group") == ("group_norm", "group_mean")
+    assert adv_estimator_names("token_values") == ("gae",)
+    assert get_adv_estimator("group_norm").fn is group_advantages
+    with pytest.raises(ValueError, match="already registered"):
+        register_adv_est("group_norm")(lambda rewards: rewards)
+    with pytest.raises(ValueError, match="needs per-token rewards"):
+        compute_advantages(torch.zeros(1, 2), "gae")
+
+
+def test_last_token_index():
+    mask = torch.tensor([[0.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    assert last_token_index(mask).tolist() == [2, 0, -1]
+
+
+def test_kl_penalised_rewards_by_hand():
+    kl = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.5, 0.5, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    mask = torch.tensor([[0.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    rewards = kl_penalised_rewards(kl, mask, torch.tensor([3.0, -0.5, 5.0]), beta=0.1, score_clip=2.0)
+    # row 0: -0.1 * (0.2, 0.3) on its two response tokens, the score 3 clamped to 2 on the last: -0.03 + 2
+    # row 1: one response token: -0.05 + (-0.5); row 2: no response token, no reward at all
+    assert close(rewards, [[0.0, -0.02, 1.97, 0.0], [-0.55, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]], 1e-6)
+    unclamped = kl_penalised_rewards(kl, mask, torch.tensor([3.0, -0.5, 5.0]), beta=0.0)
+    assert close(unclamped, [[0.0, 0.0, 3.0, 0.0], [-0.5, 0.0, 0.0, 0.0], [0.0] * 4], 1e-6)
+
+
+# One row: a prompt position, three response tokens, a padding slot. Masked slots hold garbage (9, 5).
+GAE_REWARDS = torch.tensor([[9.0, 0.0, 0.0, 1.0, 9.0]])
+GAE_VALUES = torch.tensor([[5.0, 0.5, 0.6, 0.7, 5.0]])
+GAE_MASK = torch.tensor([[0.0, 1.0, 1.0, 1.0, 0.0]])
+
+
+def test_gae_by_hand():
+    adv, returns = gae(GAE_REWARDS, GAE_VALUES, GAE_MASK, gamma=0.9, lam=0.8)
+    # t=3: delta = 1 + 0.9*0 - 0.7 = 0.3 (the episode ends), A = 0.3
+    # t=2: delta = 0 + 0.9*0.7 - 0.6 = 0.03, A = 0.03 + 0.9*0.8*0.3 = 0.246
+    # t=1: delta = 0 + 0.9*0.6 - 0.5 = 0.04, A = 0.04 + 0.72*0.246 = 0.21712
+    assert close(adv, [[0.0, 0.21712, 0.246, 0.3, 0.0]], 1e-6)
+    assert close(returns, [[0.0, 0.71712, 0.846, 1.0, 0.0]], 1e-6)  # A + V
+    # lam = 1: returns are the discounted reward-to-go (1, 0.9, 0.81); lam = 0: A is the TD error
+    _, returns = gae(GAE_REWARDS, GAE_VALUES, GAE_MASK, gamma=0.9, lam=1.0)
+    assert close(returns, [[0.0, 0.81, 0.9, 1.0, 0.0]], 1e-6)
+    assert close(discounted_returns(GAE_REWARDS, GAE_MASK, gamma=0.9), [[0.0, 0.81, 0.9, 1.0, 0.0]], 1e-6)
+    adv, _ = gae(GAE_REWARDS, GAE_VALUES, GAE_MASK, gamma=0.9, lam=0.0)
+    assert close(adv, [[0.0, 0.04, 0.03, 0.3, 0.0]], 1e-6)
+    assert get_adv_estimator("gae").fn is gae
+
+
+def test_gae_steps_over_a_gap_in_the_mask():
+    # the masked middle slot (e.g. a tool's output inside the response) is skipped, not an episode end:
+    # t=2: A = 1 - 0.7 = 0.3; t=0: delta = 0 + 0.7 - 0.5 = 0.2, A = 0.2 + 0.3 = 0.5 (gamma = lam = 1)
+    adv, returns = gae(torch.tensor([[0.0, 9.0, 1.0]]), torch.tensor([[0.5, 9.0, 0.7]]),
+                       torch.tensor([[1.0, 0.0, 1.0]]), gamma=1.0, lam=1.0)
+    assert close(adv, [[0.5, 0.0, 0.3]], 1e-6) and close(returns, [[1.0, 0.0, 1.0]], 1e-6)
+
+
+def test_rows_are_independent_in_gae():
+    rewards = torch.cat([GAE_REWARDS, torch.tensor([[0.0, 2.0, 0.0, 0.0, 0.0]])])
+    values = torch.cat([GAE_VALUES, torch.zeros(1, 5)])
+    mask = torch.cat([GAE_MASK, torch.tensor([[0.0, 1.0, 0.0, 0.0, 0.0]])])
+    adv, _ = gae(rewards, values, mask, gamma=0.9, lam=0.8)
+    assert close(adv[0], [0.0, 0.21712, 0.246, 0.3, 0.0], 1e-6) and close(adv[1], [0.0, 2.0, 0.0, 0.0, 0.0])
+
+
+def test_masked_whiten_by_hand():
+    values = torch.tensor([[1.0, 2.0], [3.0, 100.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    # masked entries 1, 2, 3: mean 2, unbiased variance (1 + 0 + 1) / 2 = 1; the 100 plays no part
+    assert masked_mean(values, mask) == 2.0 and masked_var(values, mask) == 1.0
+    assert masked_var(values, mask, unbiased=False) == pytest.approx(2 / 3)
+    assert close(masked_whiten(values, mask), [[-1.0, 0.0], [1.0, 0.0]], 1e-6)
+    assert close(masked_whiten(values, mask, shift_mean=False), [[1.0, 2.0], [3.0, 0.0]], 1e-6)
+    assert masked_var(torch.tensor([[4.0]]), torch.ones(1, 1)) == 0  # one entry: no spread

@@ -1,13 +1,16 @@
-"""Policy losses against numbers worked out by hand (see the comments next to every expectation)."""
+"""Policy, value, SFT and reward-model losses against numbers worked out by hand (see the comments next to
+every expectation)."""
 
 import math
 
 import pytest
 import torch
 
-from coati.distributed.loss import (PolicyLossConfig, aggregate, batch_normaliser, clip_indicators,
-                                    clipped_surrogate, kl_k3, policy_loss, reinforce_surrogate, sample_ratio,
-                                    skip_mask, token_entropy, truncated_importance_weight)
+from coati.distributed.loss import (POLICY_LOSSES, VALUE_LOSSES, PolicyLossConfig, aggregate, batch_normaliser,
+                                    bradley_terry_loss, clip_indicators, clipped_surrogate, completion_nll,
+                                    get_policy_loss, get_value_loss, kl_k1, kl_k3, policy_loss,
+                                    ppo_clip_objective, register_policy_loss, reinforce_surrogate, sample_ratio,
+                                    skip_mask, token_entropy, truncated_importance_weight, value_loss)
 
 
 def approx(value, expected, tol=1e-5):
@@ -251,3 +254,64 @@ def test_decoupled_reinforce_weights_the_policy_gradient():
 def test_unknown_correction_fails():
     with pytest.raises(ValueError, match="off-policy correction"):
         policy_loss(PROX, BEHAVIOUR, torch.tensor([1.0]), ONE, PolicyLossConfig(correction="nope"), 2.0)
+
+
+# --- registries, the critic's value loss, SFT and reward-model losses ---
+
+def test_policy_loss_registry_dispatches_by_name():
+    assert tuple(POLICY_LOSSES) == ("ppo_clip", "reinforce")
+    assert get_policy_loss("ppo_clip") is ppo_clip_objective
+    with pytest.raises(ValueError, match="already registered"):
+        register_policy_loss("ppo_clip")(ppo_clip_objective)
+    assert tuple(VALUE_LOSSES) == ("clipped", "mse")
+    with pytest.raises(ValueError, match="unknown value loss"):
+        get_value_loss("huber")
+
+
+def test_clipped_value_loss_by_hand():
+    values = torch.tensor([[1.0, 0.0, 0.6]], requires_grad=True)
+    old = torch.tensor([[0.5, 0.5, 0.5]])
+    returns = torch.tensor([[2.0, 0.0, 1.0]])
+    mask = torch.ones(1, 3)
+    loss, stats = value_loss(values, old, returns, mask, "clipped", clip_eps=0.2, normaliser=3.0)
+    # token 0: (1-2)^2 = 1 vs V_clip = 0.5 + 0.2 = 0.7: (0.7-2)^2 = 1.69 -> 0.5 * 1.69 = 0.845 (clipped term)
+    # token 1: (0-0)^2 = 0 vs V_clip = 0.3: 0.09 -> 0.045 (clipped term); token 2: inside the range: 0.5 * 0.16
+    assert approx(loss, (0.845 + 0.045 + 0.08) / 3)
+    assert approx(stats["value_clip_fraction"], 2 / 3)
+    loss.backward()
+    # the clipped terms hold a constant V_clip: no gradient; token 2: (V - R) / 3
+    assert torch.allclose(values.grad, torch.tensor([[0.0, 0.0, -0.4 / 3]]))
+    loss, stats = value_loss(values.detach(), old, returns, mask, "mse", clip_eps=0.2, normaliser=3.0)
+    assert approx(loss, 0.5 * (1 + 0 + 0.16) / 3) and stats["value_clip_fraction"] == 0
+    # padding never counts
+    loss, _ = value_loss(values.detach(), old, returns, torch.tensor([[0.0, 0.0, 1.0]]), "clipped", 0.2, 1.0)
+    assert approx(loss, 0.08)
+
+
+def test_completion_nll_by_hand():
+    logprobs = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, -9.0]])
+    mask = torch.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    # (2 + 3 + 0.5) / 3 completion tokens; the prompt and padding slots (-1, -0.5, -9) never count
+    assert approx(completion_nll(logprobs, mask, 3.0), 5.5 / 3)
+    halves = completion_nll(logprobs[:1], mask[:1], 3.0) + completion_nll(logprobs[1:], mask[1:], 3.0)
+    assert approx(halves, 5.5 / 3)
+
+
+def test_bradley_terry_loss_by_hand():
+    chosen = torch.tensor([2.0, 0.0, 1.0], requires_grad=True)
+    rejected = torch.tensor([1.0, 1.0, 1.0])
+    loss, stats = bradley_terry_loss(chosen, rejected, normaliser=3.0)
+    # differences 1, -1, 0: -log sigmoid(1) = 0.313262, -log sigmoid(-1) = 1.313262, -log sigmoid(0) = ln 2
+    assert approx(loss, (0.313262 + 1.313262 + math.log(2)) / 3)
+    assert approx(stats["accuracy"], 1 / 3)  # a tie is not a correct ranking
+    assert approx(stats["reward_margin"], 0.0)
+    loss.backward()
+    # d/d r_chosen = -(1 - sigmoid(diff)) / 3
+    expected = [-(1 - 1 / (1 + math.exp(-d))) / 3 for d in (1.0, -1.0, 0.0)]
+    assert torch.allclose(chosen.grad, torch.tensor(expected), atol=1e-6)
+    loss, _ = bradley_terry_loss(torch.tensor([2.0]), torch.tensor([1.0]), 1.0, margin=1.0)
+    assert approx(loss, math.log(2))  # the margin is subtracted: -log sigmoid(0)
+
+
+def test_kl_k1_is_the_log_ratio():
+    assert torch.equal(kl_k1(torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -1.0])), torch.tensor([0.5, -1.0]))

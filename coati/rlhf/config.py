@@ -1,0 +1,144 @@
+"""Options of the supervised stages (``coati sft``, ``coati rm``): one dataclass each, whose fields are also the
+flags and the YAML keys (coati/utils/dataclass_cli.py). Short aliases follow rl_example.py's (ColossalChat's).
+
+Checks raise ``ConfigError`` with one line naming the problem and the fix, before any model or data is read
+(``validate``) or before any training (``check_inputs`` in stage.py reads the files).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from coati.distributed.config import PLUGIN_FAMILIES, ConfigError, plugin_for
+from coati.utils.dataclass_cli import option
+
+# Defaults that differ between the embedded demo (no --model) and a user's model (TRL/OpenRLHF-like values).
+DEMO_LR = {"sft": 1e-3, "rm": 5e-4}
+MODEL_LR = {"sft": 2e-5, "rm": 9e-6}
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    model: str | None = option(None, "local HF model directory to start from (default: the embedded tiny model: "
+                                     "untrained for sft, the demo's warm-started one for rm)", "-m")
+    dataset: str | None = option(None, "training rows: .jsonl, .json list, .parquet or save_to_disk directory "
+                                       "(default: generated from the demo's addition task)", "-d")
+    eval_dataset: str | None = option(None, "held-out rows in the same format (default: --eval-fraction of -d "
+                                            "held out)", "-ed")
+    eval_fraction: float = option(0.05, "fraction of -d held out when no -ed is given (0: none)")
+    project: str = option("", "run name: outputs go to <save-dir>/<project>/ (default: the stage's name)", "-p")
+    save_dir: str = option("runs", "run outputs: <save-dir>/<project>/{metrics.jsonl,final/}", "-sd")
+    epochs: int = option(1, "passes over the training rows", "-e")
+    batch_size: int = option(32, "rows per optimizer step, all data-parallel trainers together", "-tbs")
+    micro_batch_size: int = option(8, "rows per forward/backward on one trainer", "-tmbs")
+    learning_rate: float | None = option(None, "AdamW learning rate (default: 1e-3 sft / 5e-4 rm on the embedded "
+                                               "model, else 2e-5 sft / 9e-6 rm)", "-lr")
+    max_grad_norm: float = option(1.0, "gradient clipping (0: off)")
+    max_length: int = option(512, "rows longer than this many tokens (prompt + response) are skipped and counted",
+                             "-ml")
+    system_prompt: str = option("", "system prompt added to every prompt (chat-template models)", "-s")
+    seed: int = option(42, "seed for initialisation, data order and the held-out split")
+    eval_interval: int = option(0, "also evaluate every N steps (0: before and after training only)", "-ei")
+    num_trainers: int = option(1, "trainer processes forming one torch.distributed group", "-t")
+    tensor_parallel_size: int = option(1, "trainer tensor parallelism", "-tp")
+    pipeline_parallel_size: int = option(1, "trainer pipeline parallelism", "-pp")
+    zero_stage: int = option(0, "ZeRO stage: torch = FSDP2, colossalai = LowLevelZero 1/2", "-zero")
+    plugin: str = option("torch", "trainer plugin family", choices=PLUGIN_FAMILIES)
+    precision: str = option("fp32", "trainer precision (bf16/fp16 need --plugin colossalai)",
+                            choices=("fp32", "bf16", "fp16"))
+    progress_bar: bool = option(True, "a progress bar while training")
+
+    stage = "stage"
+
+    @property
+    def embedded(self) -> bool:
+        return self.model is None
+
+    @property
+    def lr(self) -> float:
+        if self.learning_rate is not None:
+            return self.learning_rate
+        return (DEMO_LR if self.embedded else MODEL_LR)[self.stage]
+
+    @property
+    def run_dir(self) -> str:
+        return os.path.join(self.save_dir, self.project or self.stage)
+
+    @property
+    def dp_size(self) -> int:
+        return self.num_trainers // (self.tensor_parallel_size * self.pipeline_parallel_size)
+
+    @property
+    def plugin_name(self) -> str:
+        return plugin_for(self.plugin, self.num_trainers, self.tensor_parallel_size, self.pipeline_parallel_size,
+                          self.zero_stage)
+
+    @property
+    def rows_per_micro_batch(self) -> int:
+        """Sequences per forward pass (a preference pair is two)."""
+        return self.micro_batch_size
+
+
+@dataclass(frozen=True)
+class SFTConfig(StageConfig):
+    stage = "sft"
+
+
+@dataclass(frozen=True)
+class RMConfig(StageConfig):
+    batch_size: int = option(32, "preference pairs per optimizer step, all data-parallel trainers together", "-tbs")
+    micro_batch_size: int = option(8, "preference pairs per forward/backward on one trainer (2 sequences each)",
+                                   "-tmbs")
+    stage = "rm"
+
+    @property
+    def rows_per_micro_batch(self) -> int:
+        return 2 * self.micro_batch_size
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def validate(config: StageConfig) -> None:
+    """Cheap checks of the options themselves."""
+    from coati.plugins.validation import ParallelLayout, validate_layout
+
+    for flag, value in (("-e/--epochs", config.epochs), ("-tbs/--batch-size", config.batch_size),
+                        ("-tmbs/--micro-batch-size", config.micro_batch_size), ("-t/--num-trainers", config.num_trainers),
+                        ("-ml/--max-length", config.max_length), ("-tp", config.tensor_parallel_size),
+                        ("-pp", config.pipeline_parallel_size)):
+        _require(value >= 1, f"{flag} must be at least 1, got {value}")
+    _require(config.lr > 0, f"-lr/--learning-rate must be > 0, got {config.lr}")
+    _require(config.max_grad_norm >= 0, f"--max-grad-norm must be >= 0 (0: off), got {config.max_grad_norm}")
+    _require(0 <= config.eval_fraction < 1, f"--eval-fraction must lie in [0, 1), got {config.eval_fraction}")
+    _require(config.eval_interval >= 0, f"-ei/--eval-interval must be >= 0, got {config.eval_interval}")
+    model_parallel = config.tensor_parallel_size * config.pipeline_parallel_size
+    _require(config.num_trainers % model_parallel == 0,
+             f"-t ({config.num_trainers}) must be a multiple of tp*pp ({model_parallel}): change -t, -tp or -pp")
+    _require(config.zero_stage in (0, 1, 2, 3), f"-zero/--zero-stage must be 0, 1, 2 or 3, got {config.zero_stage}")
+    dp = config.dp_size
+    _require(config.batch_size % dp == 0,
+             f"-tbs ({config.batch_size}) must be a multiple of the {dp} data-parallel trainers: each trains an equal share")
+    share = config.batch_size // dp
+    _require(share >= config.micro_batch_size,
+             f"-tbs / data-parallel trainers ({share}) must be >= -tmbs ({config.micro_batch_size})")
+    pp = config.pipeline_parallel_size
+    _require(pp == 1 or -(-share // config.micro_batch_size) >= pp,
+             f"-pp {pp} needs at least {pp} micro-batches per step on each trainer: -tbs / data-parallel trainers "
+             f"/ -tmbs = {-(-share // config.micro_batch_size)}; lower -tmbs")
+    if config.stage == "rm":
+        # the scalar head is not in the pipeline stage builders or ColossalAI's causal-LM shard policies
+        _require(config.pipeline_parallel_size == 1 and config.tensor_parallel_size == 1,
+                 "the reward model trains with data parallelism and FSDP2/ZeRO (-t, -zero); the -tp/-pp stage and "
+                 "shard policies only know the LM head, not its scalar head: drop -tp/-pp")
+    layout = ParallelLayout(tp_size=config.tensor_parallel_size, pp_size=config.pipeline_parallel_size,
+                            zero_stage=config.zero_stage, precision=config.precision)
+    try:
+        validate_layout(config.plugin_name, config.num_trainers, layout)
+    except ValueError as err:
+        raise ConfigError(f"trainer layout (-t {config.num_trainers} -tp {config.tensor_parallel_size} "
+                          f"-pp {config.pipeline_parallel_size} -zero {config.zero_stage} --plugin {config.plugin} "
+                          f"--precision {config.precision}): {err}") from None

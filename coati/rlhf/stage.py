@@ -1,0 +1,300 @@
+"""One supervised stage (SFT or reward model) on a trainer group: the same loop for every task and layout.
+
+``StageTrainer`` is one rank: it joins the trainer group, builds the plugin of the layout (-t/-tp/-pp/-zero/
+--plugin, exactly as GRPO's trainers do), tokenises the rows (identically on every rank) and trains its
+data-parallel share of each step's batch through ``plugin.forward_backward`` with the task's loss. Each step
+takes ``batch_size`` rows of a per-epoch permutation (seeded); data-parallel rank k trains the k-th
+contiguous slice, and every rank divides by the step's global normaliser / dp (completion tokens for SFT,
+pairs for the reward model), so the averaged gradients are those of the whole batch in one process.
+
+Evaluation gathers the full weights onto rank 0 (collective, any layout) into a plain copy of the model and
+scores the held-out rows there. The driver (``run_stage``) runs one trainer in-process, or ``-t`` of them as
+Ray actors (a local cluster, or the one RAY_ADDRESS names), and writes ``metrics.jsonl`` and the final HF
+directory ``<save-dir>/<project>/final`` (``from_pretrained`` loads it; the reward model with
+``AutoModelForSequenceClassification``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from coati.distributed.config import ConfigError
+from coati.rlhf.config import StageConfig
+from coati.rlhf.tasks import TASKS
+
+
+def load_stage_rows(config: StageConfig, train_path: str, eval_path: str | None):
+    """(train examples, held-out examples) of the stage's row format, split by --eval-fraction when no -ed."""
+    from coati.dataset.loader import DatasetError
+    from coati.dataset.rlhf_rows import load_preferences, load_sft
+
+    load = load_sft if config.stage == "sft" else load_preferences
+    try:
+        train = load(train_path)
+        held_out = load(eval_path) if eval_path else []
+    except DatasetError as err:
+        raise ConfigError(str(err)) from None
+    if not eval_path and config.eval_fraction > 0:
+        order = list(range(len(train)))
+        random.Random(config.seed).shuffle(order)
+        count = max(1, int(len(train) * config.eval_fraction))
+        held = set(order[:count])
+        held_out = [train[i] for i in sorted(held)]
+        train = [example for i, example in enumerate(train) if i not in held]
+    return train, held_out
+
+
+class StageTrainer:
+    def __init__(self, config: StageConfig, train_path: str, eval_path: str | None, model_path: str, rank: int = 0,
+                 num_threads: int | None = None, actor: bool = False):
+        if actor:
+            from coati.utils.quiet import quiet_actor
+
+            quiet_actor()
+        self.config, self.rank = config, rank
+        self.train_path, self.eval_path, self.model_path = train_path, eval_path, model_path
+        if num_threads:  # Ray actors get a share of the cores; in-process the caller's setting stands
+            torch.set_num_threads(num_threads)
+        self.plugin = None
+        self._eval_model = None
+        self._order = (None, None)  # (epoch, its permutation of the training rows)
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        import socket
+
+        import ray
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            return ray.util.get_node_ip_address(), sock.getsockname()[1]
+
+    def setup(self, master_address: str = "127.0.0.1", master_port: int = 29507) -> dict:
+        """Join the group, build the plugin and the model, tokenise the rows; the data's counts."""
+        from transformers import AutoConfig, AutoTokenizer
+
+        from coati.plugins import make_plugin
+
+        config = self.config
+        torch.manual_seed(config.seed)  # the same on every rank: a fresh head starts identical
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.task = TASKS[config.stage](self.tokenizer, config.system_prompt, config.max_length)
+        train, held_out = load_stage_rows(config, self.train_path, self.eval_path)
+        self.train, skipped = self.task.tokenise(train)
+        self.held_out, skipped_eval = self.task.tokenise(held_out)
+        if config.plugin_name != "single":
+            from coati.plugins.dist import init_trainer_group
+
+            init_trainer_group(self.rank, config.num_trainers, master_address, master_port)
+            if config.plugin == "colossalai":
+                from coati.plugins.colossal import launch_colossalai
+
+                launch_colossalai()
+        self.plugin = make_plugin(config.plugin_name, config.tensor_parallel_size, config.pipeline_parallel_size,
+                                  config.zero_stage, config.precision, world_size=config.num_trainers,
+                                  model_config=AutoConfig.from_pretrained(self.model_path))
+        self.plugin.setup(self.task.load_model(self.model_path), config.lr)
+        return {"train_rows": len(self.train), "eval_rows": len(self.held_out), "skipped_too_long": skipped,
+                "skipped_too_long_eval": skipped_eval, "steps": self.total_steps}
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self.train) // self.config.batch_size
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps_per_epoch * self.config.epochs
+
+    def batch_items(self, step: int) -> list:
+        """The rows of global step ``step`` (0-based): a slice of its epoch's seeded permutation."""
+        epoch, index = divmod(step, self.steps_per_epoch)
+        if self._order[0] != epoch:  # one permutation per epoch, drawn once
+            generator = torch.Generator().manual_seed(self.config.seed + epoch)
+            self._order = (epoch, torch.randperm(len(self.train), generator=generator))
+        order = self._order[1]
+        size = self.config.batch_size
+        return [self.train[i] for i in order[index * size : (index + 1) * size].tolist()]
+
+    def step(self, step: int) -> dict:
+        """One optimizer step on this rank's share of step ``step``'s batch. Collective."""
+        config, plugin = self.config, self.plugin
+        start = time.perf_counter()
+        items = self.batch_items(step)
+        share = len(items) // plugin.dp_size
+        mine = items[plugin.dp_rank * share : (plugin.dp_rank + 1) * share]
+        normaliser = self.task.weight(items) / plugin.dp_size
+        micro_batches = []
+        for first in range(0, len(mine), config.micro_batch_size):
+            batch = self.task.collate(mine[first : first + config.micro_batch_size])
+            batch["normaliser"] = torch.full((batch["input_ids"].shape[0],), normaliser)
+            micro_batches.append(batch)
+        stats = plugin.forward_backward(micro_batches, self.task.loss_fn)
+        grad_norm = plugin.optimizer_step(config.max_grad_norm)
+        totals = {name: sum(float(s[name]) for s in stats) for name in stats[0]}
+        return {**self._mean_over_data_parallel(totals), "grad_norm": grad_norm,
+                "step_time_s": time.perf_counter() - start}
+
+    def _mean_over_data_parallel(self, totals: dict[str, float]) -> dict[str, float]:
+        """Each rank's statistics are its share of the global value times dp (normaliser global / dp), and
+        model-parallel peers hold equal values: the mean over all ranks is the global value."""
+        if self.plugin.world_size == 1:
+            return totals
+        import torch.distributed as dist
+
+        from coati.plugins.dist import device_type
+
+        names = sorted(totals)
+        values = torch.tensor([totals[n] for n in names], dtype=torch.float64, device=device_type())
+        dist.all_reduce(values)
+        return {n: float(v) / self.plugin.world_size for n, v in zip(names, values.cpu())}
+
+    def evaluate(self) -> dict | None:
+        """Held-out metrics on rank 0 (None elsewhere, and when there are no held-out rows). Collective."""
+        tensors = dict(self.plugin.named_full_tensors())  # every rank takes part in the gathers
+        if not self.held_out or not self.plugin.is_weight_sender:
+            return None
+        if self._eval_model is None:
+            self._eval_model = self.task.load_model(self.model_path).eval()
+        unexpected = self._eval_model.load_state_dict(tensors, strict=False).unexpected_keys
+        if unexpected:
+            raise RuntimeError(f"gathered weights the model does not have: {unexpected[:3]}")
+        return self.task.evaluate(self._eval_model, self.held_out, self.config.micro_batch_size)
+
+    def save_pretrained(self, path: str) -> str:
+        """Collective: the model as an HF directory with the tokenizer (written by the sender)."""
+        self.plugin.save_pretrained(path)
+        if self.plugin.is_weight_sender:
+            self.tokenizer.save_pretrained(path)
+        return path
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        return {name: tensor.clone() for name, tensor in self.plugin.named_full_tensors()}
+
+    def shutdown(self) -> None:
+        if self.plugin is not None:
+            self.plugin.close()
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@dataclass
+class StageResult:
+    steps: int
+    before: dict  # held-out metrics before training
+    after: dict
+    losses: list  # training loss of every step
+    model_dir: str
+    metrics_path: str
+    data: dict  # row counts
+    wall_s: float
+
+
+class _Group:
+    """The trainer ranks: one in-process StageTrainer, or -t Ray actors called in lockstep."""
+
+    def __init__(self, config: StageConfig, train_path: str, eval_path: str | None, model_path: str):
+        self.ray = config.num_trainers > 1
+        if not self.ray:
+            self.ranks = [StageTrainer(config, train_path, eval_path, model_path)]
+            self.info = self.ranks[0].setup()
+            return
+        import ray
+
+        if not ray.is_initialized():
+            kwargs = dict(include_dashboard=False, logging_level="ERROR", log_to_driver=True)
+            if os.environ.get("RAY_ADDRESS"):
+                ray.init(address=os.environ["RAY_ADDRESS"], **kwargs)
+            else:
+                ray.init(num_cpus=max(config.num_trainers, os.cpu_count() or 1), **kwargs)
+        threads = max(1, (os.cpu_count() or 1) // config.num_trainers)
+        actor = ray.remote(StageTrainer).options(num_cpus=1)
+        self.ranks = [actor.remote(config, train_path, eval_path, model_path, rank, threads, True)
+                      for rank in range(config.num_trainers)]
+        try:
+            address, port = ray.get(self.ranks[0].rendezvous_address.remote())
+            self.info = ray.get([r.setup.remote(address, port) for r in self.ranks])[0]
+        except BaseException:
+            for handle in self.ranks:
+                ray.kill(handle)
+            raise
+
+    def call(self, method: str, *args):
+        """Every rank's result of ``method(*args)`` (collective calls reach all ranks together)."""
+        if not self.ray:
+            return [getattr(self.ranks[0], method)(*args)]
+        import ray
+
+        return ray.get([getattr(r, method).remote(*args) for r in self.ranks])
+
+    def close(self) -> None:
+        self.call("shutdown")
+        if self.ray:
+            import ray
+
+            for handle in self.ranks:
+                ray.kill(handle)
+
+
+def run_stage(config: StageConfig, train_path: str, eval_path: str | None, model_path: str, log=print) -> StageResult:
+    """Train the stage and save the final model; metrics go to <run_dir>/metrics.jsonl."""
+    from tqdm import tqdm
+
+    from coati.utils.metrics import MetricsLogger
+
+    start = time.time()
+    if log is print:  # lines printed while the progress bar is up go above it
+        log = tqdm.write
+    os.makedirs(config.run_dir, exist_ok=True)
+    logger = MetricsLogger(config.run_dir, config.project or config.stage, asdict(config), log=log)
+    metrics_path = logger.path
+    group = None
+    try:
+        group = _Group(config, train_path, eval_path, model_path)
+        info = group.info
+        log(f"{config.stage}: {info['train_rows']} training rows, {info['eval_rows']} held out"
+            + (f", {info['skipped_too_long']} skipped as longer than -ml {config.max_length}"
+               if info["skipped_too_long"] else "") + f"; {info['steps']} steps on {config.plugin_name} "
+            f"x{config.num_trainers}")
+        if info["steps"] == 0:
+            raise ConfigError(f"{train_path}: {info['train_rows']} usable training rows, fewer than one batch of "
+                              f"-tbs {config.batch_size}; lower -tbs or add rows")
+
+        def evaluate(step: int) -> dict:
+            result = next((r for r in group.call("evaluate") if r is not None), None) or {}
+            if result:
+                # kind "eval" rows name metrics without the prefix (coati plot draws their accuracy)
+                logger.log(step, {"task": config.stage, "mode": "held_out",
+                                  **{k.removeprefix("eval_"): v for k, v in result.items()}}, kind="eval")
+                log(f"eval step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in result.items()))
+            return result
+
+        before = evaluate(0)
+        losses = []
+        bar = tqdm(total=info["steps"], desc=config.stage, disable=not config.progress_bar, leave=False)
+        for step in range(info["steps"]):
+            row = group.call("step", step)[0]
+            losses.append(row["loss"])
+            logger.log(step + 1, row)
+            bar.update(1)
+            bar.set_postfix(loss=f"{row['loss']:.4f}")
+            if config.eval_interval and (step + 1) % config.eval_interval == 0 and step + 1 < info["steps"]:
+                evaluate(step + 1)
+        bar.close()
+        after = evaluate(info["steps"])
+        model_dir = os.path.join(config.run_dir, "final")
+        group.call("save_pretrained", model_dir)
+        with open(os.path.join(config.run_dir, "stage_config.json"), "w") as handle:
+            json.dump({**asdict(config), "model_path": model_path, "train_path": train_path,
+                       "eval_path": eval_path}, handle, indent=1)
+    finally:
+        if group is not None:
+            group.close()
+        logger.close()
+    return StageResult(info["steps"], before, after, losses, model_dir, metrics_path, info, time.time() - start)
