@@ -90,9 +90,16 @@ class Producer:
         uninterrupted run did there. In async mode a round is generated ``-imbs`` prompts per call, and newer
         weights published meanwhile are loaded between calls: a round may mix versions, each group records
         its own.
+
+        A producer Ray restarted after its process died (supervision.py) runs this again: it continues at its
+        first round the buffer has not received, which it regenerates (in sync mode, exactly as before).
         """
         from coati.distributed.checkpointing import round_seed
 
+        start_round = max(start_round, ray.get(self.buffer.next_round.remote(self.rank)))
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            print(f"inferencer {self.rank} restarted on {ray.util.get_node_ip_address()} (pid {os.getpid()}): "
+                  f"generating round {start_round} again", flush=True)
         ibs, imbs = self.config.batch.inference_batch_size, self.config.batch.inference_microbatch_size
         schedule = self.config.schedule
         order = None
