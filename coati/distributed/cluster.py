@@ -24,6 +24,7 @@ Placement (``reserve``): the rule is coati/distributed/placement.py; here it is 
 from __future__ import annotations
 
 import os
+import re
 import socket
 from dataclasses import dataclass, field
 
@@ -52,7 +53,8 @@ def parse_address(text: str, flag: str = "--master_address") -> tuple[str, int]:
             port = rest.removeprefix(":")
     elif text.count(":") == 1:
         host, port = text.split(":")
-    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+    if (not re.fullmatch(r"[A-Za-z0-9._:-]+", host) or not port.isdigit() or not 1 <= int(port) <= 65535
+            or (":" in host and host.count(":") < 2)):
         raise ValueError(f"{flag} {text!r} is not HOST or HOST:PORT (the Ray head's address, e.g. 10.0.0.3 or "
                          f"10.0.0.3:{DEFAULT_RAY_PORT})")
     return host, int(port)
@@ -86,6 +88,9 @@ def init_ray(config) -> None:
         actors = config.parallel.num_inferencers + config.parallel.num_trainers
         ray.init(address="local", num_cpus=max(actors, os.cpu_count() or 1), _temp_dir=run.ray_dir, **kwargs)
         return
+    if "://" in address:  # from RAY_ADDRESS (the flag's form is checked with the other flags)
+        raise ClusterError(f"{source} {address}: Ray Client and job-server addresses are not supported; run the "
+                           "driver on a node of the cluster and pass the head's HOST[:PORT]")
     if address != "auto":  # Ray's own discovery of a cluster on this machine; nothing to probe
         probe(address, source, run.ray_dir)
     ray.init(address=address, _temp_dir=run.ray_dir, **kwargs)
@@ -239,6 +244,11 @@ def reserve(config, timeout_s: float = PLACEMENT_TIMEOUT_S) -> Reservation:
     order = rank_order([bundle_nodes[index] for index in range(p.num_trainers)])
     return Reservation(plan, trainers, order, inferencers, evaluator,
                        {node["NodeID"]: node["NodeManagerAddress"] for node in nodes})
+
+
+def node_label(place: dict) -> str:
+    """'IP (node ID-PREFIX)' of a ``where`` record: several nodes may share an IP."""
+    return f"{place.get('ip', '?')} (node {place.get('node_id', '?')[:8]})"
 
 
 def where(actor_self) -> dict:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import ray
 
 from coati.distributed.checkpointing import check_resume, restore_run, save_checkpoint, trim_metrics
-from coati.distributed.cluster import init_ray, reserve, where
+from coati.distributed.cluster import init_ray, node_label, reserve, where
 from coati.distributed.config import RLConfig
 from coati.distributed.eval_schedule import EvalSchedule
 from coati.distributed.grpo_consumer import GRPOConsumer
@@ -187,10 +187,10 @@ def _record_placement(config: RLConfig, reservation, places: dict, log) -> None:
     nodes = {place["node_id"] for role in places.values() for place in role}
     if len(nodes) > 1:
         def summary(role: str, name: str) -> str:
-            by_ip: dict[str, list[int]] = {}
+            by_node: dict[str, list[int]] = {}
             for rank, place in enumerate(places[role]):
-                by_ip.setdefault(place["ip"], []).append(rank)
-            return "; ".join(f"{name} {_ranks(ranks)} on {ip}" for ip, ranks in by_ip.items())
+                by_node.setdefault(node_label(place), []).append(rank)
+            return "; ".join(f"{name} {_ranks(ranks)} on {node}" for node, ranks in by_node.items())
 
         log(f"{len(nodes)} nodes: {summary('trainers', 'trainer ranks')}; {summary('inferencers', 'inferencers')}")
 

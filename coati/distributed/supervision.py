@@ -76,7 +76,7 @@ class Supervisor:
         return RunStopped(f"{dead[0]}; the run stopped. {resume_hint(self.run_dir)}")
 
     def _dead(self, role: str, actors: list, key: str) -> list[str]:
-        """'<role> R (node IP, pid P) died' for the first of ``actors`` whose process is gone."""
+        """'<role> R (pid P on IP (node ID)) died' for the first of ``actors`` whose process is gone."""
         pings = [actor.__ray_ready__.remote() for actor in actors]
         ready, _ = ray.wait(pings, num_returns=len(pings), timeout=PING_TIMEOUT_S)
         for rank, ping in enumerate(pings):
@@ -85,8 +85,10 @@ class Supervisor:
             try:
                 ray.get(ping)
             except ray.exceptions.RayActorError:
+                from coati.distributed.cluster import node_label
+
                 place = self.places.get(key, [])[rank] if rank < len(self.places.get(key, [])) else {}
-                return [f"{role} {rank} (node {place.get('ip', '?')}, pid {place.get('pid', '?')}) died"]
+                return [f"{role} {rank} (pid {place.get('pid', '?')} on {node_label(place)}) died"]
         return []
 
     def kill_all(self) -> None:

@@ -21,7 +21,7 @@ import pytest
 import ray
 
 from tests.ray_nodes import ROOT, RayNodes, clean_env
-from tests.run_helpers import head
+from tests.run_helpers import head, timed_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 SMALL = ["-ibs", "4", "-imbs", "4", "-g", "2", "-tbs", "2", "-tMbs", "2", "-tmbs", "4", "-e", "1", "--no-progress"]
@@ -99,7 +99,9 @@ def test_two_node_run_places_trainers_and_inferencers_on_their_nodes(cluster, no
     assert placement["unit"] == "CPU"
     assert [p["node_id"] for p in placement["inferencers"]] == [node_ids["head"]]
     assert [p["node_id"] for p in placement["trainers"]] == [node_ids["worker"]] * 2
-    assert "2 nodes: trainer ranks 0-1 on 127.0.0.1; inferencers 0 on 127.0.0.1" in out
+    head_node, worker_node = (f"{placement[role][0]['ip']} (node {node_ids[name][:8]})"
+                              for role, name in (("inferencers", "head"), ("trainers", "worker")))
+    assert f"2 nodes: trainer ranks 0-1 on {worker_node}; inferencers 0 on {head_node}" in out
     assert cluster.alive() and len(cluster.nodes()) == 2  # the run left the cluster as it found it
 
 
@@ -128,25 +130,18 @@ def test_a_local_run_neither_joins_nor_disturbs_a_running_cluster(cluster, demo_
 ], ids=["no-token", "wrong-token"])
 def test_auth_failure_is_one_line(cluster, data, demo_assets, tmp_path, auth, expected):
     env = clean_env(HOME=str(tmp_path), **cache_env(demo_assets), **auth)  # no ~/.ray/auth_token either
-    start = time.time()
-    proc = driver(["--master_address", cluster.address, "-d", data[16], *SMALL, "-sd", str(tmp_path)], env)
-    out, err = finish(proc, timeout=60)
-    elapsed = time.time() - start
-    print(f"auth failure ({expected[:20]}...) reported in {elapsed:.1f} s")
-    assert proc.returncode == 1 and elapsed < 15
-    assert lines(out + err) == [lines(err)[0]] and expected in err, out + err
+    output, seconds = timed_cli(["--master_address", cluster.address, "-d", data[16], *SMALL, "-sd", str(tmp_path)],
+                                env, tmp_path)
+    assert len(output) == 1 and output[0].startswith("error: ") and expected in output[0], output
+    assert seconds < 15
 
 
 def test_missing_resources_is_one_line(cluster, data, demo_assets, tmp_path):
-    start = time.time()
-    proc = driver(["--master_address", cluster.address, "-d", data[16], "-i", "2", "-t", "2", *SMALL,
-                   "-sd", str(tmp_path)], cluster.env(**cache_env(demo_assets)))
-    out, err = finish(proc, timeout=60)
-    elapsed = time.time() - start
-    print(f"missing resources reported in {elapsed:.1f} s")
-    assert proc.returncode == 1 and elapsed < 15
-    assert lines(out + err) == ["error: -i 2 -t 2 needs 4 CPUs (one per inferencer and trainer rank); the cluster "
-                                "has 3: add nodes or lower -i/-t"], out + err
+    output, seconds = timed_cli(["--master_address", cluster.address, "-d", data[16], "-i", "2", "-t", "2", *SMALL,
+                                 "-sd", str(tmp_path)], cluster.env(**cache_env(demo_assets)), tmp_path)
+    assert output == ["error: -i 2 -t 2 needs 4 CPUs (one per inferencer and trainer rank); the cluster has 3: add "
+                      "nodes or lower -i/-t"], output
+    assert seconds < 15
 
 
 def test_killed_inferencer_restarts_and_every_prompt_is_trained_once(cluster, data, demo_assets, tmp_path):
@@ -182,7 +177,8 @@ def test_killed_trainer_rank_stops_the_run_and_resume_latest_finishes_it(cluster
     proc = driver(argv, env)
     wait_for(lambda: os.path.isfile(run_dir / "step_2" / "checkpoint_complete.json")
              and len(train_steps(run_dir)) >= 3, proc, what="the step 2 checkpoint")
-    pid = json.load(open(run_dir / "placement.json"))["trainers"][1]["pid"]
+    placement = json.load(open(run_dir / "placement.json"))
+    pid = placement["trainers"][1]["pid"]
     os.kill(pid, signal.SIGKILL)
     killed = time.time()
     out, err = finish(proc, timeout=60)
@@ -192,7 +188,8 @@ def test_killed_trainer_rank_stops_the_run_and_resume_latest_finishes_it(cluster
     message = lines(err)[-1]
     newest = max(int(name[5:]) for name in os.listdir(run_dir)
                  if name.startswith("step_") and os.path.isfile(run_dir / name / "checkpoint_complete.json"))
-    assert re.fullmatch(rf"error: trainer rank 1 \(node 127\.0\.0\.1, pid {pid}\) died; the run stopped\. Continue "
+    node = re.escape(f"{placement['trainers'][1]['ip']} (node {placement['trainers'][1]['node_id'][:8]})")
+    assert re.fullmatch(rf"error: trainer rank 1 \(pid {pid} on {node}\) died; the run stopped\. Continue "
                         rf"it with --resume \S+/step_{newest} \(the newest complete checkpoint; or --resume latest\)\.",
                         message), message
     done = train_steps(run_dir)
