@@ -38,8 +38,8 @@ def run_cli(argv: list[str], demo_assets):
 
 
 def timed_cli(argv: list[str], env: dict, tmp_path) -> tuple[list[str], float]:
-    """rl_example.py's main run in a child process (tests/timed_cli.py): (its non-empty output lines, the
-    seconds main took, Python's start-up and imports excluded); it must have exited with status 1."""
+    """rl_example.py in a child process (tests/timed_cli.py): (its non-empty output lines, the seconds spent in
+    launch.run until it raised); it must have exited with status 1."""
     timing = tmp_path / "seconds"
     proc = subprocess.run([sys.executable, "tests/timed_cli.py", *argv], cwd=ROOT, capture_output=True, text=True,
                           env=dict(env, TIMED_CLI_OUT=str(timing)), timeout=120)
