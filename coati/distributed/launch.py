@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from dataclasses import asdict, dataclass
 
 import ray
@@ -63,12 +64,14 @@ def _run(config: RLConfig, log, reservation, start: float) -> RunResult:
     # Buffer and weight store hold the run's state: they stay with the driver, not on a node that may go away.
     beside_driver = {"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(
         ray.get_runtime_context().get_node_id(), soft=False)}
-    store = ray.remote(WeightStore).options(**beside_driver).remote()
-    buffer = ray.remote(RolloutBuffer).options(**beside_driver).remote(schedule.buffer_capacity, schedule.slots())
+    names = {role: f"coati-{role}-{uuid.uuid4().hex[:12]}" for role in ("weights", "buffer")}  # for the producers
+    store = ray.remote(WeightStore).options(name=names["weights"], **beside_driver).remote()
+    buffer = ray.remote(RolloutBuffer).options(name=names["buffer"], **beside_driver).remote(
+        schedule.buffer_capacity, schedule.slots())
     consumers = [ray.remote(GRPOConsumer).options(**reservation.trainer_options(rank)).remote(
         config, rank, buffer, store, trainer_threads) for rank in range(p.num_trainers)]
     producers = [ray.remote(Producer).options(**reservation.inferencer_options(rank), **PRODUCER_OPTIONS).remote(
-        config, rank, buffer, store, producer_threads) for rank in range(p.num_inferencers)]
+        config, rank, names["buffer"], names["weights"], producer_threads) for rank in range(p.num_inferencers)]
     places = {"trainers": ray.get([actor.__ray_call__.remote(where) for actor in consumers]),
               "inferencers": ray.get([actor.__ray_call__.remote(where) for actor in producers])}
     _record_placement(config, reservation, places, log)

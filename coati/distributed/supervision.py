@@ -19,10 +19,12 @@ complete checkpoint to pass to ``--resume``.
 
 from __future__ import annotations
 
+import time
+
 import ray
 
 PRODUCER_RESTARTS = 3  # restarts per inferencer; one that keeps dying (e.g. out of memory at load) stops the run
-PING_TIMEOUT_S = 2.0
+DEATH_TIMEOUT_S = 10.0  # how long a failure may take to show which actor died
 
 
 class RunStopped(RuntimeError):
@@ -63,33 +65,42 @@ class Supervisor:
                 self.generation.remove(ref)
 
     def stopped(self, error: Exception) -> Exception:
-        """The RunStopped to raise for ``error`` when an actor died (else ``error`` itself)."""
+        """The RunStopped to raise for ``error`` when an actor died (else ``error`` itself).
+
+        The first failure to arrive is often not the dead rank's own but a survivor's (its collective lost a
+        peer): the dead actor is then found by pinging every actor, the dead one failing as soon as Ray has
+        marked it dead, which may take a few seconds on a loaded machine."""
         if not isinstance(error, (ray.exceptions.RayActorError, ray.exceptions.RayTaskError)):
             return error
-        dead = self._dead("trainer rank", self.consumers, "trainers")
-        if not dead:
-            dead = self._dead("inferencer", self.producers, "inferencers")
-            if dead:
-                dead[0] += f" and was restarted {PRODUCER_RESTARTS} times already"
-        if not dead:
+        dead = self._find_dead(getattr(error, "actor_id", None))
+        if dead is None:
             return error  # an exception inside a live actor: its traceback says more than a summary would
-        return RunStopped(f"{dead[0]}; the run stopped. {resume_hint(self.run_dir)}")
+        role, rank = dead
+        place = self.places.get("trainers" if role == "trainer rank" else "inferencers", [{}] * (rank + 1))[rank]
+        from coati.distributed.cluster import node_label
 
-    def _dead(self, role: str, actors: list, key: str) -> list[str]:
-        """'<role> R (pid P on IP (node ID)) died' for the first of ``actors`` whose process is gone."""
-        pings = [actor.__ray_ready__.remote() for actor in actors]
-        ready, _ = ray.wait(pings, num_returns=len(pings), timeout=PING_TIMEOUT_S)
-        for rank, ping in enumerate(pings):
-            if ping not in ready:
-                continue  # alive, busy (e.g. blocked in a collective with the dead rank)
-            try:
-                ray.get(ping)
-            except ray.exceptions.RayActorError:
-                from coati.distributed.cluster import node_label
+        what = f"{role} {rank} (pid {place.get('pid', '?')} on {node_label(place)}) died"
+        if role == "inferencer":
+            what += f" after {PRODUCER_RESTARTS} restarts"
+        return RunStopped(f"{what}; the run stopped. {resume_hint(self.run_dir)}")
 
-                place = self.places.get(key, [])[rank] if rank < len(self.places.get(key, [])) else {}
-                return [f"{role} {rank} (pid {place.get('pid', '?')} on {node_label(place)}) died"]
-        return []
+    def _find_dead(self, actor_id: str | None) -> tuple[str, int] | None:
+        if actor_id is not None and not isinstance(actor_id, str):
+            actor_id = actor_id.hex() if hasattr(actor_id, "hex") else None
+        actors = {actor._actor_id.hex(): ("trainer rank", rank) for rank, actor in enumerate(self.consumers)}
+        actors.update({actor._actor_id.hex(): ("inferencer", rank) for rank, actor in enumerate(self.producers)})
+        if actor_id in actors:
+            return actors[actor_id]
+        pings = {actor.__ray_ready__.remote(): actor._actor_id.hex() for actor in self.consumers + self.producers}
+        pending, deadline = list(pings), time.time() + DEATH_TIMEOUT_S
+        while pending and time.time() < deadline:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.time()))
+            for ping in ready:
+                try:
+                    ray.get(ping)
+                except ray.exceptions.RayActorError:
+                    return actors[pings[ping]]
+        return None  # the others answered or are busy (e.g. blocked in a collective with the dead rank)
 
     def kill_all(self) -> None:
         for actor in self.producers + self.consumers:

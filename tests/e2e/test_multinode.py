@@ -158,6 +158,8 @@ def test_killed_inferencer_restarts_and_every_prompt_is_trained_once(cluster, da
     out, err = finish(proc)
     assert proc.returncode == 0, err[-3000:]
     assert killed_at < 8, "the run was over before the kill"
+    print("inferencer killed after step", killed_at, *[l for l in lines(out + err) if "restarted" in l or "died" in l],
+          sep="\n  ")
     assert re.search(r"inferencer 0 restarted on \S+ \(pid \d+\): generating round \d+ again", out + err), out + err
     assert train_steps(run_dir) == list(range(1, 9))
     samples = Counter()
@@ -185,6 +187,7 @@ def test_killed_trainer_rank_stops_the_run_and_resume_latest_finishes_it(cluster
     stopped_in = time.time() - killed
     print(f"trainer rank 1 killed: the run stopped {stopped_in:.1f} s later")
     assert proc.returncode == 1 and stopped_in < 15, err[-3000:]
+    print("driver output after the kill:", *lines(err)[-6:], sep="\n  ")
     message = lines(err)[-1]
     newest = max(int(name[5:]) for name in os.listdir(run_dir)
                  if name.startswith("step_") and os.path.isfile(run_dir / name / "checkpoint_complete.json"))
