@@ -144,6 +144,13 @@ def test_missing_resources_is_one_line(cluster, data, demo_assets, tmp_path):
     assert seconds < 15
 
 
+def test_wrong_ray_dir_is_one_line(cluster, data, demo_assets, tmp_path):
+    output, seconds = timed_cli(["--master_address", cluster.address, "--ray_dir", str(tmp_path), "-d", data[16],
+                                 *SMALL, "-sd", str(tmp_path)], cluster.env(**cache_env(demo_assets)), tmp_path)
+    assert len(output) == 1 and output[0].startswith(f"error: --ray_dir {tmp_path}: this machine's node"), output
+    assert cluster.temp_dirs[0] in output[0] and seconds < 15
+
+
 def test_killed_inferencer_restarts_and_every_prompt_is_trained_once(cluster, data, demo_assets, tmp_path):
     """SIGKILL the inferencer's process after step 2: Ray restarts it, it regenerates the round it was on, and
     the run trains every step; each prompt's samples appear exactly G=2 times in the rollout logs."""
