@@ -446,10 +446,14 @@ def validate(config: RLConfig) -> None:
              f"--vllm-gpu-memory-utilization must lie in (0, 1], got {p.vllm_gpu_memory_utilization}")
     _validate_algo(config)
     _require(config.run.save_interval >= 0, "-si/--save-interval must be >= 0 (0 saves only at the end)")
-    _validate_cluster(config.run)
     _validate_logs(config)
+    _validate_cluster(config.run)
     if p.backend == "vllm":  # the environment, checked here so the error comes before any build or actor
-        _check_vllm(p.producer_tensor_parallel_size)
+        from coati.distributed.cluster import cluster_address
+
+        # A joined cluster's GPUs are on its nodes, not necessarily here: cluster.reserve checks those.
+        local = cluster_address(config.run.master_address)[0] is None
+        _check_vllm(p.producer_tensor_parallel_size if local else 1)
 
 
 def _validate_cluster(r: RunConfig) -> None:
