@@ -27,9 +27,15 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py") -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
 
+    from coati.distributed.cluster import ClusterError
     from coati.distributed.launch import run
+    from coati.distributed.supervision import RunStopped
 
-    result = run(config)
+    try:
+        result = run(config)
+    except (ClusterError, RunStopped) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     print()
     print(f"trained {result.steps} steps in {result.wall_s:.0f} s; final model: {result.final_model_dir}")
     print(f"metrics: {result.metrics_path}")

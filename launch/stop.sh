@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Stop Ray on this node (head or worker).
+# Stop Ray on this node (head or worker). Note: `ray stop` ends every Ray process of this user on the machine,
+# local runs' clusters included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/ray stop --force

@@ -1,18 +1,23 @@
-"""What the end-to-end tests share: small data files cut from the demo's, and one CLI-configured run over Ray."""
+"""What the end-to-end tests share: small data files cut from the demo's, one CLI-configured run over Ray, and
+the CLI in a child process timed without its start-up."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from contextlib import contextmanager
 
 import pytest
 import ray
 
 import coati.distributed.checkpointing as checkpointing
-
 from coati.distributed.cli import build_parser, config_from_args
 from coati.distributed.config import check_inputs
 from coati.distributed.launch import run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def head(src, dst, n):
@@ -54,3 +59,14 @@ def killed_while_saving(monkeypatch, step: int):
     with pytest.raises(Killed):
         yield
     monkeypatch.undo()
+def timed_cli(argv: list[str], env: dict, tmp_path) -> tuple[list[str], float]:
+    """rl_example.py in a child process (tests/timed_cli.py): (its non-empty output lines, the seconds spent in
+    launch.run until it raised); it must have exited with status 1."""
+    timing = tmp_path / "seconds"
+    proc = subprocess.run([sys.executable, "tests/timed_cli.py", *argv], cwd=ROOT, capture_output=True, text=True,
+                          env=dict(env, TIMED_CLI_OUT=str(timing)), timeout=120)
+    output = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert proc.returncode == 1, output
+    seconds = float(timing.read_text())
+    print(f"{output[0][:60]}...: {seconds:.1f} s")
+    return output, seconds

@@ -152,5 +152,9 @@ class RolloutBuffer:
             self.rounds_put = dict(state["rounds_put"])
             self._changed.notify_all()
 
+    async def next_round(self, source) -> int:
+        """The first round ``source`` has not put (where a restarted producer continues)."""
+        return self.rounds_put.get(source, 0)
+
     async def size(self) -> int:
         return self._size()

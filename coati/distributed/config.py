@@ -168,7 +168,7 @@ class RunConfig:
     rollout_save_dir: str | None = None
     rollout_save_interval: int = 1  # -rsd: log the rollouts of every N-th trained step
     ray_dir: str | None = None
-    master_address: str | None = None
+    master_address: str | None = None  # HOST[:PORT] of a running Ray head to join (cluster.py); None: local
     master_port: int | None = None  # None: trainer rank 0 picks a free port
     progress_bar: bool = True
     resume: str | None = None  # a step_N checkpoint directory, or "latest" (the newest complete one in run_dir)
@@ -457,8 +457,26 @@ def validate(config: RLConfig) -> None:
     _validate_algo(config)
     _require(config.run.save_interval >= 0, "-si/--save-interval must be >= 0 (0 saves only at the end)")
     _validate_logs(config)
+    _validate_cluster(config.run)
     if p.backend == "vllm":  # the environment, checked here so the error comes before any build or actor
-        _check_vllm(p.producer_tensor_parallel_size)
+        from coati.distributed.cluster import cluster_address
+
+        # A joined cluster's GPUs are on its nodes, not necessarily here: cluster.reserve checks those.
+        local = cluster_address(config.run.master_address)[0] is None
+        _check_vllm(p.producer_tensor_parallel_size if local else 1)
+
+
+def _validate_cluster(r: RunConfig) -> None:
+    """--master_address (the Ray head to join) and --master_port (the trainers' rendezvous)."""
+    from coati.distributed.cluster import parse_address
+
+    if r.master_address is not None:
+        try:
+            parse_address(r.master_address)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+    _require(r.master_port is None or 1 <= r.master_port <= 65535,
+             f"--master_port must lie in 1..65535 (the trainers' rendezvous port), got {r.master_port}")
 
 
 def _validate_keys(d: DataConfig) -> None:

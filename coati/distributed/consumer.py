@@ -87,11 +87,11 @@ class Consumer:
         self._staleness: list[int] = []  # per trained group of the current step: versions behind the trainer
 
     def rendezvous_address(self) -> tuple[str, int]:
-        """(address, port) for the trainer group's rendezvous, hosted by this actor (rank 0)."""
-        run = self.config.run
-        address = run.master_address or ray.util.get_node_ip_address()
-        if run.master_port:
-            return address, run.master_port
+        """(address, port) for the trainer group's rendezvous, hosted by this actor (rank 0) on its own node:
+        the address is the one this node has in the Ray cluster, the port --master_port or a free one."""
+        address = ray.util.get_node_ip_address()
+        if self.config.run.master_port:
+            return address, self.config.run.master_port
         with socket.socket() as sock:  # a free port; released now, bound again at once by rank 0's store
             sock.bind(("", 0))
             return address, sock.getsockname()[1]

@@ -41,7 +41,7 @@ def eval_dir(config: RLConfig) -> str:
 
 class EvalSchedule:
     def __init__(self, config: RLConfig, producer, consumers, logger, log=print, num_threads: int = 1,
-                 resume: bool = False):
+                 resume: bool = False, actor_options: dict | None = None):
         self.config, self.producer, self.consumers, self.logger, self.log = config, producer, consumers, logger, log
         self.jobs = [(task, path, mode, params) for task, path in config.data.eval_paths.items()
                      for mode, params in config.eval_sampling]
@@ -49,9 +49,10 @@ class EvalSchedule:
         self.writer = EvalWriter(eval_dir(config), log, resume=resume) if self.jobs else None
         self.evaluator = None
         if self.jobs and self.interval > 0:
-            # num_cpus=0: it shares the cores with producers and trainers (as buffer and store do), so the
-            # run needs no extra Ray CPU slot and cannot wait for one.
-            self.evaluator = ray.remote(Evaluator).options(num_cpus=0).remote(config, num_threads)
+            # Default num_cpus=0: it shares the cores with producers and trainers (as buffer and store do), so the
+            # run needs no extra Ray CPU slot and cannot wait for one; GPU clusters give it a bundle (placement.py).
+            self.evaluator = ray.remote(Evaluator).options(**(actor_options or {"num_cpus": 0})).remote(
+                config, num_threads)
         self.pending: deque = deque()  # (step, on_sync, [(task, mode, ObjectRef)]) in submission order
         self.submitted: set[int] = set()
         self.accuracy: dict[int, dict[str, float]] = {}  # step -> "task/mode" -> accuracy

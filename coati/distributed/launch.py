@@ -10,17 +10,19 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, replace
+import uuid
+from dataclasses import asdict, dataclass
 
 import ray
-from ray.util.debug import log_once
 
 from coati.distributed.checkpointing import check_resume, restore_run, save_checkpoint, trim_metrics
+from coati.distributed.cluster import init_ray, node_label, reserve, where
 from coati.distributed.config import RLConfig
 from coati.distributed.eval_schedule import EvalSchedule
 from coati.distributed.grpo_consumer import GRPOConsumer
 from coati.distributed.producer import Producer
 from coati.distributed.schedule import thread_budgets
+from coati.distributed.supervision import PRODUCER_OPTIONS, Supervisor
 from coati.distributed.weight_sync import WeightStore
 from coati.distributed.buffer import RolloutBuffer
 from coati.utils.metrics import MetricsLogger
@@ -37,39 +39,60 @@ class RunResult:
     wall_s: float
 
 
-def init_ray(config: RLConfig) -> None:
-    """Join the cluster named by RAY_ADDRESS (see launch/), else start a local one."""
-    if ray.is_initialized():
-        return
-    kwargs = dict(include_dashboard=False, logging_level="ERROR", log_to_driver=True)
-    # Actors' repeated lines still fold into one "[repeated Nx across cluster]"; the one-time notice explaining
-    # that (with a link) is used up here, so it never lands between the progress bar and the eval lines.
-    log_once("log_dedup_warning")
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], **kwargs)
-        return
-    actors = config.parallel.num_inferencers + config.parallel.num_trainers
-    ray.init(num_cpus=max(actors, os.cpu_count() or 1), _temp_dir=config.run.ray_dir, **kwargs)
-
-
 def run(config: RLConfig, log=print) -> RunResult:
+    """Train on the cluster cluster.init_ray picks; a dead trainer rank (or an inferencer past its restarts)
+    raises supervision.RunStopped, whose message says how to continue."""
     from tqdm import tqdm
 
     start = time.time()
     if log is print:  # lines printed while the progress bar is up go above it, not through it
         log = tqdm.write
     init_ray(config)
+    reservation = reserve(config)  # before any actor: a cluster too small for the flags is one ClusterError line
+    try:
+        return _run(config, log, reservation, start)
+    finally:
+        reservation.release()
+
+
+def _run(config: RLConfig, log, reservation, start: float) -> RunResult:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
     p, schedule = config.parallel, config.schedule
     cores = max(1, os.cpu_count() or 1)
     producer_threads, trainer_threads = thread_budgets(cores, p.num_inferencers, p.num_trainers, schedule.is_async)
-    store = ray.remote(WeightStore).options(num_cpus=0).remote()
-    buffer = ray.remote(RolloutBuffer).options(num_cpus=0).remote(schedule.buffer_capacity, schedule.slots())
-    producers = [ray.remote(Producer).options(num_cpus=1).remote(config, rank, buffer, store, producer_threads)
-                 for rank in range(p.num_inferencers)]
-    consumers = [ray.remote(GRPOConsumer).options(num_cpus=1).remote(config, rank, buffer, store, trainer_threads)
-                 for rank in range(p.num_trainers)]
+    # Buffer and weight store hold the run's state: they stay with the driver, not on a node that may go away.
+    beside_driver = {"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(
+        ray.get_runtime_context().get_node_id(), soft=False)}
+    names = {role: f"coati-{role}-{uuid.uuid4().hex[:12]}" for role in ("weights", "buffer")}  # for the producers
+    store = ray.remote(WeightStore).options(name=names["weights"], **beside_driver).remote()
+    buffer = ray.remote(RolloutBuffer).options(name=names["buffer"], **beside_driver).remote(
+        schedule.buffer_capacity, schedule.slots())
+    consumers = [ray.remote(GRPOConsumer).options(**reservation.trainer_options(rank)).remote(
+        config, rank, buffer, store, trainer_threads) for rank in range(p.num_trainers)]
+    producers = [ray.remote(Producer).options(**reservation.inferencer_options(rank), **PRODUCER_OPTIONS).remote(
+        config, rank, names["buffer"], names["weights"], producer_threads) for rank in range(p.num_inferencers)]
+    places = {"trainers": ray.get([actor.__ray_call__.remote(where) for actor in consumers]),
+              "inferencers": ray.get([actor.__ray_call__.remote(where) for actor in producers])}
+    _record_placement(config, reservation, places, log)
+    supervisor = Supervisor(config.run.run_dir, consumers, producers, places)
+    try:
+        return _train(config, log, start, consumers, producers, buffer, supervisor, producer_threads, cores, reservation)
+    except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as err:
+        stopped = supervisor.stopped(err)
+        if stopped is err:
+            raise
+        supervisor.kill_all()
+        raise stopped from None
+
+
+def _train(config, log, start, consumers, producers, buffer, supervisor, producer_threads, cores,
+           reservation) -> RunResult:
+    from tqdm import tqdm
+
+    schedule = config.schedule
     address, port = ray.get(consumers[0].rendezvous_address.remote())
-    ray.get([consumer.setup.remote(address, port) for consumer in consumers])  # joins the group together
+    supervisor.gather([consumer.setup.remote(address, port) for consumer in consumers])  # joins the group together
     infos = ray.get([producer.info.remote() for producer in producers])
     # --learner-chunk-size: the sending trainer's generator has its own shard, and as many rounds to fill.
     learner_infos = [info for info in ray.get([consumer.learner_info.remote() for consumer in consumers]) if info]
@@ -97,7 +120,7 @@ def run(config: RLConfig, log=print) -> RunResult:
     # The evaluator runs beside training: half the cores in sync mode, a producer's share in async mode.
     evals = EvalSchedule(config, producers[0], consumers, logger, log,
                          num_threads=producer_threads if schedule.is_async else max(1, cores // 2),
-                         resume=bool(resume))
+                         resume=bool(resume), actor_options=reservation.evaluator_options())
     rollouts = None
     if config.run.rollout_save_dir:
         rollouts = RolloutWriter(os.path.join(config.run.rollout_save_dir, config.run.project), log=log,
@@ -109,7 +132,7 @@ def run(config: RLConfig, log=print) -> RunResult:
     else:
         evals.submit(0)
     start_rounds = state["producer_rounds"] if resume else [0] * len(producers)
-    generation = [producer.run.remote(rounds, start) for producer, start in zip(producers, start_rounds)]
+    supervisor.watch([producer.run.remote(rounds, begin) for producer, begin in zip(producers, start_rounds)])
     step, skipped = (state["step"], state["skipped"]) if resume else (0, 0)
     # (path, skipped steps) of the newest checkpoint of this state: the final save does not repeat it
     last_saved = (os.path.join(config.run.run_dir, f"step_{step}"), skipped) if resume else None
@@ -123,7 +146,7 @@ def run(config: RLConfig, log=print) -> RunResult:
         return path
 
     while True:
-        metrics = ray.get([consumer.step.remote() for consumer in consumers])[0]
+        metrics = supervisor.gather([consumer.step.remote() for consumer in consumers])[0]
         if metrics is None:
             break
         records = metrics.pop("rollouts", None)  # -rsd: trainer rank 0's records of this step's samples
@@ -146,7 +169,7 @@ def run(config: RLConfig, log=print) -> RunResult:
         if config.run.save_interval and step % config.run.save_interval == 0:
             last_saved = (save(step), skipped)
     bar.close()
-    ray.get(generation)
+    supervisor.wait_generation()  # every producer's run() has returned
     total_steps = step
     if skipped:
         log(f"{skipped} steps were skipped because no group survived the filter")
@@ -157,6 +180,27 @@ def run(config: RLConfig, log=print) -> RunResult:
     ray.get([consumer.shutdown.remote() for consumer in consumers])
     logger.close()
     return RunResult(total_steps, eval_before, eval_after, final_dir, logger.path, time.time() - start)
+
+
+def _record_placement(config: RLConfig, reservation, places: dict, log) -> None:
+    """<run dir>/placement.json: each actor's node, IP, pid and GPUs; one log line when the run spans nodes."""
+    os.makedirs(config.run.run_dir, exist_ok=True)
+    with open(os.path.join(config.run.run_dir, "placement.json"), "w") as handle:
+        json.dump({"unit": reservation.plan.unit, **places}, handle, indent=1)
+    nodes = {place["node_id"] for role in places.values() for place in role}
+    if len(nodes) > 1:
+        def summary(role: str, name: str) -> str:
+            by_node: dict[str, list[int]] = {}
+            for rank, place in enumerate(places[role]):
+                by_node.setdefault(node_label(place), []).append(rank)
+            return "; ".join(f"{name} {_ranks(ranks)} on {node}" for node, ranks in by_node.items())
+
+        log(f"{len(nodes)} nodes: {summary('trainers', 'trainer ranks')}; {summary('inferencers', 'inferencers')}")
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 and ranks == list(range(ranks[0], ranks[-1] + 1)) \
+        else ",".join(map(str, ranks))
 
 
 def _jsonable(config: RLConfig) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import warnings
 
 import ray
 import torch
@@ -40,6 +41,9 @@ class Producer:
 
     def __init__(self, config: RLConfig, rank: int, buffer, weight_store, num_threads: int | None = None):
         quiet_actor()
+        # buffer and weight store may come as actor names: a restartable actor's constructor arguments must hold
+        # no references (Ray warns on every run that a restart could fail once they are gone).
+        buffer, weight_store = (ray.get_actor(h) if isinstance(h, str) else h for h in (buffer, weight_store))
         self.config, self.rank, self.buffer, self.weight_store = config, rank, buffer, weight_store
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         torch.manual_seed(config.run.seed + 1000 + rank)
@@ -90,9 +94,19 @@ class Producer:
         uninterrupted run did there. In async mode a round is generated ``-imbs`` prompts per call, and newer
         weights published meanwhile are loaded between calls: a round may mix versions, each group records
         its own.
+
+        A producer Ray restarted after its process died (supervision.py) runs this again: it continues at its
+        first round the buffer has not received, which it regenerates (in sync mode, exactly as before).
         """
         from coati.distributed.checkpointing import round_seed
 
+        start_round = max(start_round, ray.get(self.buffer.next_round.remote(self.rank)))
+        with warnings.catch_warnings():  # the property reads a deprecated one inside Ray
+            warnings.simplefilter("ignore")
+            restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        if restarted:
+            print(f"inferencer {self.rank} restarted on {ray.util.get_node_ip_address()} (pid {os.getpid()}): "
+                  f"generating round {start_round} again", flush=True)
         ibs, imbs = self.config.batch.inference_batch_size, self.config.batch.inference_microbatch_size
         schedule = self.config.schedule
         order = None

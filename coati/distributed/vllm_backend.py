@@ -214,6 +214,11 @@ class VLLMBackend:
             engine_args["max_num_seqs"] = options.max_num_seqs
         if on_gpu:
             engine_args["gpu_memory_utilization"] = options.gpu_memory_utilization
+            if options.tensor_parallel_size > 1:
+                # The inferencer's actor holds its -ptp GPUs as one placement-group bundle (placement.py): the
+                # tensor-parallel workers are its own child processes on them, not Ray actors that would each
+                # ask the (fully reserved) cluster for a GPU of their own.
+                engine_args["distributed_executor_backend"] = "mp"
         else:
             engine_args["kv_cache_memory_bytes"] = int(options.kv_cache_gb * 2**30)
         self.llm = LLM(**engine_args)

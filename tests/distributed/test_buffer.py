@@ -77,6 +77,8 @@ def test_snapshot_keeps_slots_and_restore_continues_them():
         state = await buffer.snapshot()
         assert state["items"] == [(0, 3, "b0"), (0, 4, "b0'"), (1, 1, "a1"), (1, 2, "a1'")]
         assert state["next"] == [0, 3] and state["rounds_put"] == {"learner": 1, 0: 2, 1: 1}
+        # where a restarted producer continues (supervision.py): its first round not put
+        assert [await buffer.next_round(source) for source in (0, 1, 2)] == [2, 1, 0]
         assert await buffer.size() == 4  # nothing was popped
         resumed = RolloutBuffer(capacity=10, slots=SLOTS)
         await resumed.restore(state)
