@@ -253,9 +253,11 @@ class CollectiveSender:
                     self._error = err
                     self._cond.notify_all()
                 return
-            except Exception:  # a member died inside a collective: it registers again, then we re-form
+            except Exception as err:  # a member died inside a collective: it registers again, then we re-form
                 self._members, self._group = None, None
-                self._set_waiting(list(range(self.num_producers)), "the group to re-form after a failed transfer")
+                self._set_waiting(list(range(self.num_producers)), f"the group to re-form after a failed transfer "
+                                                                   f"({type(err).__name__}: {err})")
+                time.sleep(POLL_MAX_S)
 
     def _set_waiting(self, ranks: list[int], what: str) -> None:
         with self._cond:
@@ -272,8 +274,7 @@ class CollectiveSender:
 
     def _form(self, incarnations: list[int]) -> bool:
         """Start generation G+1 with these incarnations; True once its group is built."""
-        old = self._members is not None
-        if old:  # members of the old generation wait for its next message (or a go): both say move
+        if self.generation > 0:  # members of the old generation wait for its next message (or a go): both say move
             self._post(f"msg/{self._msg}", f"reform {self.generation + 1}")
             self._post(f"go/{self._msg}", f"reform {self.generation + 1}")
         self.generation += 1
@@ -285,10 +286,7 @@ class CollectiveSender:
             self._set_waiting(waiting, f"producers to join generation {self.generation}")
             waiting = [r for r in waiting if not self.store.check([f"g{self.generation}/here/{r}"])]
             if [self.store.add(f"member/{r}", 0) for r in range(self.num_producers)] != incarnations:
-                self._members = incarnations  # so that the next pass sees a change and forms G+1
-                self._msg = 0
-                self._post("msg/0", f"reform {self.generation + 1}")
-                return False
+                return False  # the next pass forms G+1 and moves those already here
             if self._stop:
                 return False
             if waiting:
