@@ -21,7 +21,7 @@ One sync (version v, in generation G, message n):
   sender     waits for every ready (while watching for new incarnations), then ``go/<n>`` = "go"
   all        one broadcast per bucket; each member writes its per-bucket checksums into its row of a
              [members, buckets] table, all-reduced: a row unequal to the sender's is a failed delivery. The sender
-             raises naming the producer, the version and the bucket; receivers discard the version.
+             raises naming the producer, the version and the bucket; every receiver discards the version.
 Receivers receive into a CPU staging copy in a background thread, so a publish never waits for a producer to
 finish generating; the producer loads the newest verified version at its own load points (round start, between
 ``-imbs`` chunks), exactly where it reads the object store otherwise. Memory: one staging copy per producer and
@@ -294,6 +294,7 @@ class CollectiveSender:
         self._post("start", "1")
         self._group = _make_group(self.store, self.generation, 0, self.num_producers + 1, self.backend, self.timeout_s)
         self._members = incarnations
+        self._set_waiting([], "nothing")
         return True
 
     def _sync(self, entry: _Version) -> None:
@@ -352,7 +353,8 @@ class CollectiveReceiver:
         self._staging: list[torch.Tensor] = []
         self._layout: str | None = None
         self._stop = False
-        self._state = "looking for the sender"
+        self._state = "looking for the sender"  # what the thread does now
+        self._failure: str | None = None  # why the last version was discarded
         self.generation = 0
         self.incarnation = 0
         self._thread = threading.Thread(target=self._serve, name="weight-sync-receiver", daemon=True)
@@ -375,7 +377,8 @@ class CollectiveReceiver:
                     if remaining <= 0 or not self._thread.is_alive():
                         raise TimeoutError(
                             f"weight sync: producer {self.rank} did not receive version {min_version} within "
-                            f"{timeout_s:g} s (it holds version {max(current, self._staged)}; {self._state})")
+                            f"{timeout_s:g} s (it holds version {max(current, self._staged)}; "
+                            f"{'; '.join(filter(None, (self._failure, self._state)))})")
                     self._cond.wait(min(remaining, 1.0))
         with self.staging_lock:
             if self._staged > current:
@@ -491,11 +494,15 @@ class CollectiveReceiver:
         table = torch.zeros(self.num_producers + 1, len(self._staging), dtype=torch.int64, device=device)
         table[self.rank + 1] = torch.tensor(sums, dtype=torch.int64)
         _allreduce(group, table)
-        if not mismatches(table.cpu()):
-            with self._cond:
-                self._staged = version
-                self._cond.notify_all()
-        self._state = f"holding version {self._staged}"
+        bad = mismatches(table.cpu())
+        if bad:  # all or nothing: no producer generates with a version the sender reports as failed
+            self._failure = f"discarded version {version}: producer {bad[0][0] - 1}'s checksums differ from the sender's"
+            return
+        self._failure = None
+        with self._cond:
+            self._staged = version
+            self._cond.notify_all()
+        self._state = f"holding version {version}"
 
     def _received(self, index: int, bucket: torch.Tensor) -> None:
         """Hook after a bucket arrived (tests inject corruption here)."""

@@ -2,11 +2,14 @@
 (gloo): identical weights on every producer, a corrupted bucket caught, timeouts that name the producer and the
 version, and a producer restarted by Ray that gets the current weights without a new publish."""
 
+import os
+import sys
 import time
 
 import pytest
 import ray
 import torch
+from ray import cloudpickle
 
 from coati.distributed.collective_sync import (CollectiveSender, Slot, WeightSyncError, checksum, fill_buckets,
                                                mismatches, plan_buckets, tensor_views)
@@ -46,6 +49,10 @@ def tiny_model(seed: int) -> torch.nn.Module:
     return model
 
 
+# pytest imports this file under a name Ray's workers cannot import: ship its classes and functions by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
 @ray.remote(num_cpus=0, max_restarts=1)
 class Producer:
     """A stand-in for the producer actor: a model loaded from the collective receiver."""
@@ -63,6 +70,9 @@ class Producer:
                                                  min_version, timeout_s)
         return self.version
 
+    def pid(self) -> int:
+        return os.getpid()
+
     def state(self) -> dict:
         return {name: tensor.clone() for name, tensor in self.model.state_dict().items()}
 
@@ -78,8 +88,8 @@ def ray_cluster():
     ray.shutdown()
 
 
-def start(num_producers: int, timeout_s: float = 60.0, bucket_mb: float = 0.004, **options):
-    """A sender in this process (buckets of 4 KiB: the tiny model spans several) and its WeightStore."""
+def start(num_producers: int, timeout_s: float = 60.0, bucket_mb: float = 0.001):
+    """A sender in this process (buckets of 1 KiB: the tiny model spans four) and its WeightStore."""
     store = ray.remote(WeightStore).options(num_cpus=0).remote()
     sender = CollectiveSender(num_producers, bucket_mb, timeout_s, "gloo", host="127.0.0.1")
     ray.get(store.set_rendezvous.remote(sender.address))
@@ -90,14 +100,16 @@ def publish(sender, version: int, model: torch.nn.Module) -> None:
     sender.publish(version, list(model.named_parameters()))
 
 
-def after_restart(call, *args):
-    """``call.remote(*args)``, retried while Ray is still replacing the actor's dead process."""
-    for _ in range(60):
+def restarted(producer, old_pid: int) -> None:
+    """Wait until Ray has replaced the producer's killed process (calls fail or reach the old one until then)."""
+    for _ in range(120):
         try:
-            return ray.get(call.remote(*args))
-        except ray.exceptions.RayActorError:
-            time.sleep(1)
-    raise AssertionError("the actor did not come back")
+            if ray.get(producer.pid.remote()) != old_pid:
+                return
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+            pass
+        time.sleep(0.5)
+    raise AssertionError("the producer did not come back")
 
 
 def assert_holds(producer, model):
@@ -112,15 +124,17 @@ def test_every_producer_holds_the_sent_weights_and_a_restarted_one_gets_them_at_
     try:
         trained = tiny_model(seed=1)
         publish(sender, 1, trained)  # returns once both producers' checksums matched
-        assert len(sender._layout[1]) > 2  # really several buckets
+        assert len(sender._layout[1]) == 4  # really several buckets
         assert ray.get([p.load.remote(1) for p in producers]) == [1, 1]
         for producer in producers:
             assert_holds(producer, trained)
 
         # Producer 1's process dies; Ray restarts it: a new incarnation registers, the group re-forms and version 1
         # is sent again by the sender's thread, with no new publish.
+        pid = ray.get(producers[1].pid.remote())
         ray.kill(producers[1], no_restart=False)
-        assert after_restart(producers[1].load, 1, 60.0) == 1
+        restarted(producers[1], pid)
+        assert ray.get(producers[1].load.remote(1)) == 1
         assert_holds(producers[1], trained)
         assert sender.generation >= 2
 
@@ -135,15 +149,16 @@ def test_every_producer_holds_the_sent_weights_and_a_restarted_one_gets_them_at_
             ray.kill(producer, no_restart=True)
 
 
-def test_a_corrupted_bucket_is_one_clear_error_and_the_producer_discards_it(ray_cluster):
+def test_a_corrupted_bucket_is_one_clear_error_and_no_producer_keeps_the_version(ray_cluster):
     store, sender = start(2)
     producers = [Producer.remote(store, 0, 2, 60.0), Producer.remote(store, 1, 2, 60.0, corrupt=True)]
     try:
         with pytest.raises(WeightSyncError, match=r"producer 1 does not hold what was sent for version 1 \(bucket 0 of"):
             publish(sender, 1, tiny_model(seed=1))
-        assert ray.get(producers[0].load.remote(1)) == 1  # its own copy was fine
-        with pytest.raises(TimeoutError, match="producer 1 did not receive version 1 within 0.5 s"):
-            ray.get(producers[1].load.remote(1, 0.5))
+        for rank, producer in enumerate(producers):  # all or nothing: producer 0's intact copy is discarded too
+            with pytest.raises(TimeoutError, match=f"producer {rank} did not receive version 1 within 0.5 s .*"
+                                                   "discarded version 1: producer 1's checksums differ"):
+                ray.get(producer.load.remote(1, 0.5))
     finally:
         sender.close()
         for producer in producers:
@@ -154,6 +169,7 @@ def test_timeouts_name_the_producer_and_the_version(ray_cluster):
     store, sender = start(2, timeout_s=3.0)
     producers = [Producer.remote(store, rank, 2, 3.0) for rank in range(2)]
     try:
+        ray.get([p.pid.remote() for p in producers])  # started (3 s would not cover Ray starting the processes)
         publish(sender, 1, tiny_model(seed=1))
         ray.get(producers[1].freeze.remote())
         with pytest.raises(TimeoutError, match=r"version 2 did not reach producer 1 within 3 s \(waiting for version "
@@ -167,6 +183,7 @@ def test_timeouts_name_the_producer_and_the_version(ray_cluster):
     store, sender = start(2, timeout_s=2.0)
     lonely = Producer.remote(store, 0, 2, 2.0)  # producer 1 never starts
     try:
+        ray.get(lonely.pid.remote())
         with pytest.raises(TimeoutError, match=r"version 1 did not reach producer 1 within 2 s \(waiting for "
                                                r"producers to register"):
             publish(sender, 1, tiny_model(seed=1))
