@@ -16,6 +16,7 @@ the ratio to the in-process copy. Usage: python benchmarks/bench_weight_sync.py 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import time
 
@@ -112,6 +113,22 @@ def measure(placement: str, args) -> dict[str, float]:
     return results
 
 
+@contextlib.contextmanager
+def private_cluster_address():
+    """ray.cluster_utils.Cluster writes its address to /tmp/ray/ray_current_cluster (and deletes that file at
+    shutdown), where any other ``ray.init()`` on this machine would find it and join this benchmark's cluster.
+    The driver here connects by address, so the file is neither written nor removed."""
+    import ray._common.utils
+    import ray._private.utils
+
+    saved = ray._private.utils.write_ray_address, ray._common.utils.reset_ray_address
+    ray._private.utils.write_ray_address = ray._common.utils.reset_ray_address = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        ray._private.utils.write_ray_address, ray._common.utils.reset_ray_address = saved
+
+
 def main() -> None:
     from ray.cluster_utils import Cluster
 
@@ -122,9 +139,10 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=128.0, help="--weight-sync-bucket-mb")
     args = parser.parse_args()
     store_bytes = max(4 * args.mb * 2**20, 512 * 2**20)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"node_a": 1},
-                                                            "object_store_memory": store_bytes,
-                                                            "include_dashboard": False})
+    with private_cluster_address():
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"node_a": 1},
+                                                                "object_store_memory": store_bytes,
+                                                                "include_dashboard": False})
     try:
         cluster.add_node(num_cpus=1, resources={"node_b": 1}, object_store_memory=store_bytes)
         ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
@@ -140,7 +158,8 @@ def main() -> None:
                       f"{results['copy'] / seconds:>10.2f}")
     finally:
         ray.shutdown()
-        cluster.shutdown()
+        with private_cluster_address():
+            cluster.shutdown()
 
 
 if __name__ == "__main__":

@@ -43,7 +43,8 @@ import torch
 import torch.distributed as dist
 
 ALIGN = 8  # bytes: every tensor starts at a multiple of the widest element size
-POLL_MAX_S = 0.05  # longest sleep between two looks at the store
+POLL_MAX_S = 0.01  # longest sleep between two looks at the store (a look is one small TCP round trip)
+IN_FLIGHT = 2  # buckets broadcast at once: the next one travels while this one is checksummed
 
 
 class WeightSyncError(RuntimeError):
@@ -135,10 +136,26 @@ def _make_group(store, generation: int, rank: int, size: int, backend: str, time
     return dist.ProcessGroupGloo(prefixed, rank, size, timeout)
 
 
-def _broadcast(group, tensor: torch.Tensor) -> None:
+def _broadcast(group, tensor: torch.Tensor):
+    """Start broadcasting ``tensor`` from rank 0; returns the work to ``wait()`` on."""
     options = dist.BroadcastOptions()
     options.rootRank, options.rootTensor = 0, 0
-    group.broadcast([tensor], options).wait()
+    return group.broadcast([tensor], options)
+
+
+def _pipelined(buckets: list[torch.Tensor], start: Callable[[int], tuple]) -> Iterator[tuple[int, torch.Tensor]]:
+    """Broadcast buckets with up to IN_FLIGHT of them under way; yields (index, bucket) as each arrives.
+    ``start(i)`` begins bucket i and returns (work, the tensor it fills)."""
+    pending = []
+    for index in range(len(buckets)):
+        pending.append((index, *start(index)))
+        if len(pending) == IN_FLIGHT:
+            done, work, tensor = pending.pop(0)
+            work.wait()
+            yield done, tensor
+    for done, work, tensor in pending:
+        work.wait()
+        yield done, tensor
 
 
 def _allreduce(group, tensor: torch.Tensor) -> None:
@@ -316,8 +333,13 @@ class CollectiveSender:
         self._post(f"go/{n}", "go")
         self._set_waiting(list(range(self.num_producers)), f"version {entry.version}'s transfer")
         device = _device(self.backend)
-        for bucket in entry.buckets:
-            _broadcast(self._group, bucket.to(device))
+
+        def start(index):
+            bucket = entry.buckets[index].to(device)
+            return _broadcast(self._group, bucket), bucket
+
+        for _ in _pipelined(entry.buckets, start):
+            pass
         table = torch.zeros(self.num_producers + 1, len(entry.buckets), dtype=torch.int64,
                             device=_device(self.backend))
         table[0] = torch.tensor(entry.sums, dtype=torch.int64)
@@ -484,13 +506,17 @@ class CollectiveReceiver:
             self._staged = 0  # the staging copy is being overwritten
         device = _device(self.backend)
         sums = []
-        for index, staging in enumerate(self._staging):
+
+        def start(index):  # on CPU straight into the staging copy
+            staging = self._staging[index]
             bucket = staging if device.type == "cpu" else torch.empty_like(staging, device=device)
-            _broadcast(group, bucket)
+            return _broadcast(group, bucket), bucket
+
+        for index, bucket in _pipelined(self._staging, start):
             self._received(index, bucket)
             sums.append(checksum(bucket))
-            if bucket is not staging:
-                staging.copy_(bucket)
+            if bucket is not self._staging[index]:
+                self._staging[index].copy_(bucket)
         table = torch.zeros(self.num_producers + 1, len(self._staging), dtype=torch.int64, device=device)
         table[self.rank + 1] = torch.tensor(sums, dtype=torch.int64)
         _allreduce(group, table)
