@@ -26,9 +26,9 @@ def test_plan_buckets_aligns_and_never_splits_a_tensor():
     assert sizes == [32, 32, 80, 8]
 
 
-def test_checksum_sums_int32_words_and_mismatches_name_member_and_bucket():
-    words = torch.tensor([1, 2, 3, -1, 2**31 - 1, 2**31 - 1], dtype=torch.int32)
-    assert checksum(words.view(torch.uint8)) == 1 + 2 + 3 - 1 + 2 * (2**31 - 1)  # no wrap-around in int64
+def test_checksum_sums_int64_words_modulo_2_to_the_64_and_mismatches_name_member_and_bucket():
+    words = torch.tensor([1, 2, -1, 2**63 - 1, 1], dtype=torch.int64)
+    assert checksum(words.view(torch.uint8)) == 2 - 2**63  # 2^63 + 2 wraps around to -2^63 + 2
     table = torch.tensor([[5, 7, 9], [5, 7, 9], [5, 8, 9], [6, 7, 0]])
     assert mismatches(table) == [(2, 1), (3, 0), (3, 2)]
 
@@ -37,7 +37,8 @@ def test_buckets_round_trip_every_dtype():
     tensors = [("w", torch.randn(3, 5)), ("h", torch.randn(7).to(torch.bfloat16)), ("i", torch.arange(6).view(2, 3)),
                ("m", torch.tensor([True, False, True]))]
     slots, sizes = plan_buckets([(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in tensors], 64)
-    buckets = fill_buckets(tensors, slots, sizes, torch.device("cpu"))
+    buckets = [torch.zeros(size, dtype=torch.uint8) for size in sizes]
+    fill_buckets(tensors, slots, buckets)
     for (name, tensor), (got_name, view) in zip(tensors, tensor_views(buckets, slots)):
         assert got_name == name and view.dtype == tensor.dtype and torch.equal(view, tensor)
 
