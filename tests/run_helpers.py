@@ -59,6 +59,8 @@ def killed_while_saving(monkeypatch, step: int):
     with pytest.raises(Killed):
         yield
     monkeypatch.undo()
+
+
 def timed_cli(argv: list[str], env: dict, tmp_path) -> tuple[list[str], float]:
     """rl_example.py in a child process (tests/timed_cli.py): (its non-empty output lines, the seconds spent in
     launch.run until it raised); it must have exited with status 1."""

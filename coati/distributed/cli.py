@@ -11,6 +11,7 @@ from coati.distributed.config import (ALGO_PRESETS, ALGOS, BACKENDS, GRPO_CONFIG
                                       parse_eval_datasets, parse_grpo_config, validate)
 from coati.distributed.inference_backend import SamplingParams
 from coati.distributed.loss import CORRECTIONS, POLICY_LOSSES
+from coati.distributed.weight_sync import WEIGHT_SYNC
 from rewards import REWARD_TYPES, STOP_STRINGS, default_system_prompt
 
 # Defaults that differ between the embedded demo (no --model) and a user's model.
@@ -92,6 +93,17 @@ def build_parser(prog: str = "rl_example.py") -> argparse.ArgumentParser:
     a("--vllm-kv-cache-gb", type=float, default=1.0, help="-b vllm on CPU: KV-cache memory per inferencer (GiB)")
     a("--vllm-gpu-memory-utilization", type=float, default=0.7,
       help="-b vllm on GPU: fraction of each GPU's memory vLLM may take (weights + KV cache)")
+    a("--weight-sync", choices=tuple(WEIGHT_SYNC), default=ParallelConfig.weight_sync,
+      help="how new weights reach the inferencers. object-store: one ray.put per version, read zero-copy by every "
+           "inferencer on the node (fastest on one machine). collective: a torch.distributed group of the sending "
+           "trainer rank and every inferencer (gloo on CPU, nccl on GPU), weights broadcast in buckets and checked "
+           "by checksum after every sync (see README, Weight sync, for which is faster where)")
+    a("--weight-sync-bucket-mb", type=float, default=ParallelConfig.weight_sync_bucket_mb,
+      help="--weight-sync collective: MiB per broadcast (a larger tensor goes alone); on GPU also the "
+           "temporary device memory each inferencer needs")
+    a("--weight-sync-timeout", type=float, default=ParallelConfig.weight_sync_timeout_s,
+      help="--weight-sync collective: seconds a weight version may take to reach every inferencer before the run "
+           "stops naming the inferencer and the version")
     a("-temp", "--temperature", type=float, default=1.0, help="sampling temperature for training rollouts")
     a("-topk", "--top-k", type=int, default=-1, help="top-k sampling, -1 = off")
     a("-topp", "--top-p", type=float, default=1.0, help="nucleus sampling")
@@ -214,7 +226,9 @@ def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
                                 backend=args.backend, plugin=args.plugin, precision=args.precision,
                                 vllm_kv_cache_gb=args.vllm_kv_cache_gb,
                                 vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-                                max_staleness=args.max_staleness),
+                                max_staleness=args.max_staleness, weight_sync=args.weight_sync,
+                                weight_sync_bucket_mb=args.weight_sync_bucket_mb,
+                                weight_sync_timeout_s=args.weight_sync_timeout),
         batch=BatchConfig(num_generations=args.num_generations, inference_batch_size=args.inference_batch_size,
                           inference_microbatch_size=args.inference_microbatch_size,
                           train_batch_size=args.train_batch_size, train_minibatch_size=args.train_minibatch_size,

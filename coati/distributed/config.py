@@ -90,6 +90,9 @@ class ParallelConfig:
     vllm_kv_cache_gb: float = 1.0  # -b vllm on CPU: KV-cache memory per inferencer
     vllm_gpu_memory_utilization: float = 0.7  # -b vllm on GPU: fraction of the device vLLM may take
     max_staleness: int = 0  # -nb: producers may run this many weight versions ahead (0: sync mode)
+    weight_sync: str = "object-store"  # --weight-sync: how weights reach the producers (weight_sync.WEIGHT_SYNC)
+    weight_sync_bucket_mb: float = 128.0  # --weight-sync collective: bytes per broadcast
+    weight_sync_timeout_s: float = 600.0  # --weight-sync collective: longest a version may take to reach producers
 
     @property
     def dp_size(self) -> int:
@@ -451,6 +454,7 @@ def validate(config: RLConfig) -> None:
     _require(p.producer_tensor_parallel_size >= 1, f"-ptp must be at least 1, got {p.producer_tensor_parallel_size}")
     _require(p.producer_tensor_parallel_size == 1 or p.backend == "vllm",
              "-ptp > 1 (inference tensor parallelism) needs -b vllm")
+    _validate_weight_sync(p)
     _require(p.vllm_kv_cache_gb > 0, f"--vllm-kv-cache-gb must be > 0, got {p.vllm_kv_cache_gb}")
     _require(0 < p.vllm_gpu_memory_utilization <= 1,
              f"--vllm-gpu-memory-utilization must lie in (0, 1], got {p.vllm_gpu_memory_utilization}")
@@ -477,6 +481,15 @@ def _validate_cluster(r: RunConfig) -> None:
             raise ConfigError(str(err)) from None
     _require(r.master_port is None or 1 <= r.master_port <= 65535,
              f"--master_port must lie in 1..65535 (the trainers' rendezvous port), got {r.master_port}")
+
+
+def _validate_weight_sync(p: ParallelConfig) -> None:
+    from coati.distributed.weight_sync import WEIGHT_SYNC
+
+    _require(p.weight_sync in WEIGHT_SYNC,
+             f"--weight-sync must be one of {', '.join(WEIGHT_SYNC)}, got {p.weight_sync!r}")
+    _require(p.weight_sync_bucket_mb > 0, f"--weight-sync-bucket-mb must be > 0, got {p.weight_sync_bucket_mb:g}")
+    _require(p.weight_sync_timeout_s > 0, f"--weight-sync-timeout must be > 0 seconds, got {p.weight_sync_timeout_s:g}")
 
 
 def _validate_keys(d: DataConfig) -> None:

@@ -24,7 +24,8 @@ a full round, not every fixed number of steps: after a step that completed a rou
 of a step that needs more groups than the current round holds (the weights published then are the current
 ones, so the groups that follow are still on-policy). A step can never wait for groups whose version it has
 not published, so filtering cannot deadlock the two sides. Without filtering this is exactly "every
-steps_per_sync steps". Publishing is collective (sharded weights are gathered); only the sender ``ray.put``s.
+steps_per_sync steps". Publishing is collective (sharded weights are gathered); only the sender sends them, through
+its publisher (``--weight-sync``: the object store, or a broadcast group with the producers; weight_sync.py).
 
 Learner-side generation (``--learner-chunk-size N``, see learner_generation.py): the sender also generates N
 groups of every round with the weights it has just published, puts them into the buffer before its first draw
@@ -48,7 +49,7 @@ import torch
 from coati.distributed.config import RLConfig
 from coati.distributed.rollout import RolloutGroup, collate, split_micro_batches
 from coati.distributed.rollout_log import rollout_log_due, rollout_records
-from coati.distributed.weight_sync import pack_named_tensors, unpack_named_tensors
+from coati.distributed.weight_sync import make_publisher, pack_named_tensors
 from coati.plugins import make_plugin
 from coati.utils.quiet import quiet_actor
 
@@ -79,8 +80,8 @@ class Consumer:
         self.drawn_since_sync = 0  # groups drawn since the last published weights
         self._draws = 0  # draws in the current step
         self._draw_serial = 0  # draws since the start
-        self._published = None  # keeps the newest weights alive in the object store
-        self._published_version = 0  # the version of ``_published`` (tracked on every rank)
+        self.publisher = None  # the sender's end of the weight sync (weight_sync.make_publisher)
+        self._published_version = 0  # the newest published version (tracked on every rank)
         self.learner = None  # LearnerGenerator on the weight sender when --learner-chunk-size > 0
         self.epoch = 0  # the ppo epoch being trained (the loss keeps the first epoch's logprobs, see GRPOConsumer)
         self.publish_s = 0.0  # seconds spent publishing weights since the last step's metrics
@@ -113,6 +114,8 @@ class Consumer:
                                   p.precision, world_size=p.num_trainers, model_config=model_config)
         model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=torch.float32)
         self.plugin.setup(model, config.algo.learning_rate)
+        if self.plugin.is_weight_sender:
+            self.publisher = make_publisher(config, self.weight_store)
         if config.algo.learner_chunk_size > 0 and self.plugin.is_weight_sender:
             from coati.distributed.learner_generation import LearnerGenerator
 
@@ -312,32 +315,33 @@ class Consumer:
     def _publish(self) -> None:
         self.version += 1
         self.drawn_since_sync = 0
-        self._published_version = self.version  # on every rank (``_published`` lives on the sender only)
+        self._published_version = self.version  # on every rank (the publisher lives on the sender only)
         tensors = self.plugin.named_full_tensors()
         if not self.plugin.is_weight_sender:
             for _ in tensors:  # non-senders yield nothing but must run the gathers
                 pass
             return
-        packed = pack_named_tensors(tensors)
-        ref = ray.put(packed)
-        ray.get(self.weight_store.publish.remote(self.version, [ref]))
-        self._published = ref
+        tensors = list(tensors)
+        self.publisher.publish(self.version, tensors)
         if self.learner is not None:  # after the producers got theirs: the learner's next round uses these too
-            self.learner.load_weights(unpack_named_tensors(packed))
+            self.learner.load_weights(tensors)
 
     def snapshot_weights(self) -> tuple[int, list | None, bool]:
         """Collective: the current weights for an evaluation, as (newest published version, [ref] on the
-        sender else None, whether the weights are exactly that version). Right after a publish (nothing drawn
-        since) the published object is reused; otherwise the full weights are gathered once more. The branch
-        depends only on counters equal on every rank, so all ranks make the same collective calls."""
-        if self._published_version == self.version > 0 and self.drawn_since_sync == 0:
-            return self.version, [self._published] if self.plugin.is_weight_sender else None, True
+        sender else None, whether the weights are exactly that version). Evaluation always reads the object
+        store, whatever ``--weight-sync`` is (evaluator.py: it must see weights that were never published, and
+        never hold up a publish). Right after an object-store publish (nothing drawn since) the published object
+        is reused; otherwise the full weights are gathered once more. The branch depends only on settings and
+        counters equal on every rank, so all ranks make the same collective calls."""
+        on_sync = self._published_version == self.version > 0 and self.drawn_since_sync == 0
+        if on_sync and self.config.parallel.weight_sync == "object-store":
+            return self.version, [self.publisher.published] if self.plugin.is_weight_sender else None, True
         tensors = self.plugin.named_full_tensors()
         if not self.plugin.is_weight_sender:
             for _ in tensors:  # non-senders yield nothing but must run the gathers
                 pass
-            return self.version, None, False
-        return self.version, [ray.put(pack_named_tensors(tensors))], False
+            return self.version, None, on_sync
+        return self.version, [ray.put(pack_named_tensors(tensors))], on_sync
 
     def save_pretrained(self, path: str) -> str:
         """Collective: the policy as an HF directory (the sender writes it, with the tokenizer)."""
@@ -363,7 +367,10 @@ class Consumer:
         return {name: tensor.clone() for name, tensor in self.plugin.named_full_tensors()}
 
     def shutdown(self) -> None:
-        """Leave the trainer group: release the plugin, then the default process group."""
+        """Close the weight sync, leave the trainer group: release the plugin, then the default process group."""
+        if self.publisher is not None:
+            self.publisher.close()
+            self.publisher = None
         if self.plugin is not None:
             self.plugin.close()
         import torch.distributed as dist

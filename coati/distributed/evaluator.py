@@ -21,6 +21,11 @@ This module is (b), for four reasons:
 4. *Small, local change.* The producer loop (also edited for resume and learner-side generation) is not
    touched.
 
+Under ``--weight-sync collective`` the evaluator still gets its snapshots through the object store, not as a
+member of the broadcast group: a snapshot is usually *not* a published version (step N between two syncs), the
+group would make every publish wait until the evaluator (busy evaluating) takes part, and a snapshot is one
+``ray.put`` per -ei steps, so the object store costs little here.
+
 The cost: one more copy of the model (its own engine: with ``-b vllm`` another KV cache too) and, while
 evals are pending, their weight snapshots in the object store. The driver keeps at most ``MAX_PENDING``
 steps' evals in flight and waits for the oldest beyond that (back-pressure instead of unbounded memory).

@@ -16,7 +16,7 @@ from coati.distributed.evaluation import evaluate
 from coati.distributed.generation import prompt_shard, rollout_groups, tokenise_prompts
 from coati.distributed.inference_backend import SamplingParams, TransformersBackend
 from coati.distributed.rollout import RolloutGroup
-from coati.distributed.weight_sync import unpack_named_tensors
+from coati.distributed.weight_sync import make_receiver
 from coati.utils.quiet import quiet_actor
 from rewards.scorer import RewardScorer
 
@@ -47,6 +47,8 @@ class Producer:
         self.config, self.rank, self.buffer, self.weight_store = config, rank, buffer, weight_store
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         torch.manual_seed(config.run.seed + 1000 + rank)
+        # collective: joins the group and receives in the background from here on (also while the model loads)
+        self.weights = make_receiver(config, weight_store, rank)
         self.backend = make_backend(config, rank)
         self.tokenizer = self.backend.tokenizer
         code_options = config.data.code.scorer_options() if config.data.reward_type == "code" else None
@@ -67,10 +69,8 @@ class Producer:
                 "rounds_per_episode": self.rounds_per_episode}
 
     def _sync_weights(self, min_version: int, timeout_s: float = 600.0) -> None:
-        version, refs = ray.get(self.weight_store.wait_for.remote(min_version, timeout_s))
-        if version > self.version and refs:
-            self.backend.load_weights(unpack_named_tensors(ray.get(refs[0])))
-            self.version = version
+        """Wait for a version >= ``min_version`` and load the newest one (newer than ours)."""
+        self.version = self.weights.load_newest(self.backend.load_weights, self.version, min_version, timeout_s)
 
     def _episode_order(self, episode: int) -> list[int]:
         """Prompt order of ``episode``: each episode reshuffles the previous one's order."""
@@ -81,10 +81,7 @@ class Producer:
 
     def _refresh_weights(self) -> None:
         """Load the newest published weights if they are newer than ours; never waits (async mode)."""
-        version, refs = ray.get(self.weight_store.latest.remote())
-        if version > self.version and refs:
-            self.backend.load_weights(unpack_named_tensors(ray.get(refs[0])))
-            self.version = version
+        self.version = self.weights.load_newest(self.backend.load_weights, self.version)
 
     def run(self, num_rounds: int, start_round: int = 0) -> int:
         """Generate rounds ``start_round`` .. ``num_rounds - 1`` and put each, whole, into the buffer.
