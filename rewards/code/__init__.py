@@ -1,7 +1,10 @@
 """Code rewards: run the response's program on stdin test cases inside an OS sandbox.
 
 Data (PRIME format): each row has ``test_cases = {"inputs": [str, ...], "outputs": [str, ...]}``;
-:func:`validate_test_cases` checks one.
+:func:`validate_test_cases` checks one. An optional ``"harness"`` (Python source) turns the row into a test of
+code that is not a whole program, such as a function (HumanEval, :mod:`coati.dataset.humaneval`): the harness
+is what runs on each case, with the response's code given to it as the string ``SOLUTION``
+(:func:`program_for`).
 
 Program: the LAST closed ```python block (```py and ```python3 count too, any case) of the response; bare
 ``` blocks are ignored because reasoning puts sample input/output in them. None -> reward 0, reason
@@ -20,7 +23,7 @@ Reward: ``combine(format_ok, score)`` from :mod:`rewards.types`, score = fractio
 (with "(k/n passed)" appended when scoring by fraction).
 """
 
-from rewards.code.extract import extract_code, normalise_output, outputs_match, validate_test_cases
+from rewards.code.extract import extract_code, normalise_output, outputs_match, program_for, validate_test_cases
 from rewards.code.prompts import CODE_SYSTEM_PROMPT
 from rewards.code.sandbox import SandboxLimits, SandboxUnavailable, check_sandbox_available
 from rewards.code.scorer import CodeRewardScorer
@@ -34,5 +37,6 @@ __all__ = [
     "extract_code",
     "normalise_output",
     "outputs_match",
+    "program_for",
     "validate_test_cases",
 ]

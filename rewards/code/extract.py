@@ -29,7 +29,8 @@ def extract_code(response: str) -> str | None:
 def validate_test_cases(obj: object) -> str | None:
     """None when ``obj`` is a valid PRIME ``test_cases`` object, else a short message saying what is wrong.
 
-    Valid: ``{"inputs": [str, ...], "outputs": [str, ...]}`` with lists of equal, non-zero length.
+    Valid: ``{"inputs": [str, ...], "outputs": [str, ...]}`` with lists of equal, non-zero length, and
+    optionally ``"harness": str`` (see :func:`program_for`).
     """
     if not isinstance(obj, dict):
         return "test_cases must be an object with 'inputs' and 'outputs'"
@@ -44,7 +45,24 @@ def validate_test_cases(obj: object) -> str | None:
         return f"test_cases.inputs and test_cases.outputs differ in length ({lengths})"
     if not obj["inputs"]:
         return "test_cases must hold at least one case"
+    harness = obj.get("harness")
+    if harness is not None and (not isinstance(harness, str) or not harness.strip()):
+        return "test_cases.harness must be a non-empty string of Python source when given"
     return None
+
+
+def program_for(code: str, test_cases: dict) -> str:
+    """The program run on every case: the response's code itself or, when the row has a ``harness``, the
+    harness with the code given to it as the string ``SOLUTION``.
+
+    A harness lets a row test something other than a stdin -> stdout program (a function, a class) with the
+    same stdin/stdout cases: it decides what to run and what to print, for example by ``exec``-ing
+    ``SOLUTION`` and calling the function it defines. It runs in the same sandbox as any program.
+    """
+    harness = test_cases.get("harness")
+    if harness is None:
+        return code
+    return f"SOLUTION = {code!r}\n{harness}"
 
 
 def normalise_output(text: str) -> str:

@@ -7,7 +7,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping, Sequence
 
-from rewards.code.extract import extract_code, outputs_match, validate_test_cases
+from rewards.code.extract import extract_code, outputs_match, program_for, validate_test_cases
 from rewards.code.sandbox import (
     DEFAULT_PYTHON,
     DEFAULT_UID_BASE,
@@ -73,7 +73,8 @@ class CodeRewardScorer:
             return RewardResult(reward=0.0, correct=False, format_ok=False, extracted=None, reason="no code block")
         uid = self._uids.acquire()
         try:
-            return self._run_cases(code, test_cases["inputs"], test_cases["outputs"], uid)
+            return self._run_cases(code, program_for(code, test_cases), test_cases["inputs"],
+                                   test_cases["outputs"], uid)
         finally:
             self._uids.release(uid)
 
@@ -102,10 +103,10 @@ class CodeRewardScorer:
             result = run_program(code, stdin.encode("utf-8"), self.limits, uid, self.python)
         return result
 
-    def _run_cases(self, code: str, inputs: list[str], outputs: list[str], uid: int) -> RewardResult:
+    def _run_cases(self, code: str, program: str, inputs: list[str], outputs: list[str], uid: int) -> RewardResult:
         passed, first_failure = 0, None
         for i, (stdin, expected) in enumerate(zip(inputs, outputs)):
-            result = self._run_case(code, stdin, uid)
+            result = self._run_case(program, stdin, uid)
             if result.status == OK and outputs_match(result.stdout.decode("utf-8", "replace"), expected):
                 passed += 1
                 continue

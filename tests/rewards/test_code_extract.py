@@ -2,7 +2,7 @@
 
 import pytest
 
-from rewards.code import CODE_SYSTEM_PROMPT, extract_code, normalise_output, outputs_match, validate_test_cases
+from rewards.code import CODE_SYSTEM_PROMPT, extract_code, normalise_output, outputs_match, program_for, validate_test_cases
 
 
 def test_last_python_block_wins():
@@ -42,6 +42,20 @@ def test_validate_test_cases():
     assert validate_test_cases({"inputs": "1", "outputs": ["1"]}) == "test_cases.inputs must be a list of strings"
     assert "differ in length" in validate_test_cases({"inputs": ["1", "2"], "outputs": ["1"]})
     assert validate_test_cases({"inputs": [], "outputs": []}) == "test_cases must hold at least one case"
+    assert validate_test_cases({"inputs": ["1"], "outputs": ["1"], "harness": "print(1)"}) is None
+    for harness in ("", "  \n", 3):
+        assert validate_test_cases({"inputs": ["1"], "outputs": ["1"], "harness": harness}) == (
+            "test_cases.harness must be a non-empty string of Python source when given")
+
+
+def test_program_for_hands_the_code_to_the_harness():
+    code = "def f():\n    return '\"\\'\n"
+    assert program_for(code, {"inputs": ["1"], "outputs": ["1"]}) == code
+    program = program_for(code, {"inputs": ["1"], "outputs": ["1"], "harness": "exec(SOLUTION)\nprint(f())\n"})
+    namespace = {}
+    exec(compile(program.split("\n", 1)[0], "p", "exec"), namespace)
+    assert namespace["SOLUTION"] == code
+    assert program.endswith("\nexec(SOLUTION)\nprint(f())\n")
 
 
 def test_output_normalisation():
