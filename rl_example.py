@@ -1,7 +1,8 @@
 """Distributed RL post-training over Ray: ``python rl_example.py --help`` lists the flags.
 
 With no arguments it runs the embedded demo: a tiny Qwen2 (built and warm-started locally, cached) learns
-2-digit addition with GRPO, and held-out accuracy is printed before and after.
+2-digit addition with GRPO, and held-out accuracy is printed before and after. ``-rt code`` alone runs the
+code demo: a second tiny model learns to write short stdin -> stdout programs, scored in the sandbox.
 """
 
 from __future__ import annotations
@@ -18,9 +19,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.model is None:
             config_from_args(args, demo=_placeholder_demo())  # reject bad flags before building anything
-            from coati.models.demo import ensure_demo_assets
+            if args.reward_type == "code":
+                from coati.models.code_demo import ensure_code_demo_assets
 
-            demo = ensure_demo_assets()
+                demo = ensure_code_demo_assets()
+            else:
+                from coati.models.demo import ensure_demo_assets
+
+                demo = ensure_demo_assets()
         config = config_from_args(args, demo)
         check_inputs(config)
     except ConfigError as err:
@@ -42,8 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 def _placeholder_demo():
     from coati.models.demo import DemoAssets
 
-    return DemoAssets(model_dir="<demo>", train_path="<demo>", eval_path="<demo>", report={},
-                      code_train_path="<demo>", code_eval_path="<demo>")
+    return DemoAssets(model_dir="<demo>", train_path="<demo>", eval_path="<demo>", report={})
 
 
 if __name__ == "__main__":

@@ -142,8 +142,7 @@ def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
     if embedded and args.reward_type == "think_answer_tags":
         raise ConfigError("the embedded demo model answers in \\boxed{}: use -rt boxed (or -rt code), "
                           "or pass -m/--model and -d/--dataset")
-    demo_train, demo_eval = ((demo.code_train_path, demo.code_eval_path) if code else
-                             (demo.train_path, demo.eval_path)) if embedded else (None, None)
+    demo_train, demo_eval = (demo.train_path, demo.eval_path) if embedded else (None, None)
     train_path = args.dataset or demo_train
     if train_path is None:
         raise ConfigError("-d/--dataset is required with -m/--model (a math or code jsonl)")
