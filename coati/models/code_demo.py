@@ -5,7 +5,7 @@ Built once and cached beside the addition demo (``code-demo-<fingerprint>/`` in 
 eval and dev rows, and a supervised warm start on specs outside all three that stops, as the addition
 demo's does, at the first checkpoint whose *sampled* pass rate on the dev rows (scored in the real sandbox)
 reaches ``target_sampled_pass_rate``. GRPO then starts from a model that writes ```python blocks and is
-partly right. The tokenizer is the character one plus a few code tokens (the fences, ``input()``,
+partly right. The model is a Llama of the same size (see the recipe). The tokenizer is the character one plus a few code tokens (the fences, ``input()``,
 ``print(``), which shorten completions to ~25 tokens.
 """
 
@@ -29,7 +29,9 @@ CODE_WORD_TOKENS = ("```python\n", "```", "input()", "print(")
 
 @dataclass(frozen=True)
 class CodeDemoRecipe:
-    spec: TinyModelSpec = TinyModelSpec()
+    # Llama, not Qwen2: transformers 5 loads a qwen2 directory's tokenizer as Qwen2Tokenizer, whose byte-level
+    # pre-tokenizer drops this vocabulary's spaces and splits its code tokens; a llama one loads as saved.
+    spec: TinyModelSpec = TinyModelSpec(arch="llama")
     seed: int = 0
     num_train: int = 160
     num_eval: int = 96

@@ -4,7 +4,7 @@
 The warm start stops at the first checkpoint whose *sampled* accuracy on a dev split reaches
 ``target_sampled_accuracy``: accuracy jumps within ~100 steps, so the checkpoint is chosen by evaluation,
 not by step count, and GRPO starts from a model that is partly right. Run ``python -m coati.models.demo``
-to (re)build by hand.
+(``--code`` for the code demo of :mod:`coati.models.code_demo`) to (re)build by hand.
 """
 
 from __future__ import annotations
@@ -165,11 +165,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cache-dir", default=None, help="default: $COATI_CACHE or ~/.cache/coati")
     parser.add_argument("--rebuild", action="store_true", help="delete the cached demo assets first")
+    parser.add_argument("--code", action="store_true", help="the code demo's assets (rl_example.py -rt code)")
     args = parser.parse_args()
-    recipe = DemoRecipe()
+    if args.code:
+        from coati.models.code_demo import CodeDemoRecipe, code_demo_root, ensure_code_demo_assets
+
+        root, build = code_demo_root(args.cache_dir, CodeDemoRecipe()), ensure_code_demo_assets
+    else:
+        root, build = os.path.join(args.cache_dir or default_cache_dir(), f"demo-{DemoRecipe().fingerprint()}"), ensure_demo_assets
     if args.rebuild:
-        shutil.rmtree(os.path.join(args.cache_dir or default_cache_dir(), f"demo-{recipe.fingerprint()}"), True)
-    assets = ensure_demo_assets(args.cache_dir, recipe)
+        shutil.rmtree(root, True)
+    assets = build(args.cache_dir)
     print(json.dumps({"model_dir": assets.model_dir, "train": assets.train_path, "eval": assets.eval_path,
                       "chosen": assets.report["chosen"]}, indent=1))
 
