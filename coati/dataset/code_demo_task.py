@@ -8,7 +8,7 @@ word-for-word translation of the spec, evaluated with Python's precedence. Three
 - ``ab``: two integers on a line; ``a OP b OP C``;
 - ``s``: one word; ``s repeated K times``, ``first K letters of s``, ``last K letters of s``.
 
-A task is the spec (family, words, numbers): 1,700 of them. Rows are PRIME code rows with
+A task is the spec (family, words, numbers): 756 of them (648 ``x``, 81 ``ab``, 27 ``s``). Rows are PRIME code rows with
 ``cases`` seeded test inputs each; train, eval and the warm start's dev split are disjoint sets of specs, and
 the warm start trains on specs that are in none of them, so held-out pass rate measures generalisation to
 unseen combinations.

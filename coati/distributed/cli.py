@@ -13,8 +13,9 @@ from rewards import REWARD_TYPES, STOP_STRINGS, default_system_prompt
 # Defaults that differ between the embedded demo (no --model) and a user's model.
 DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 8, "max_prompt_tokens": 64, "num_episodes": 3}
 MODEL_DEFAULTS = {"learning_rate": 1e-6, "max_new_tokens": 1024, "max_prompt_tokens": 512, "num_episodes": 1}
-# -rt code on the embedded model: the pipeline runs end to end; the tiny model cannot write programs yet.
-CODE_DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 64, "max_prompt_tokens": 512, "num_episodes": 1}
+# -rt code without a model: the code demo (coati/models/code_demo.py). Its programs are ~25 tokens; its 192
+# train prompts make 3 rounds (6 steps) per episode, and sandbox scoring dominates a step.
+CODE_DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 48, "max_prompt_tokens": 64, "num_episodes": 4}
 ALGO_HELP = (
     "algorithm preset. GRPO: clip 0.2/0.2, sample_level loss, beta = -kl. "
     "DAPO: filter_range [0.01, 0.99] + dynamic_batching, clip 0.2/0.28, skip_threshold 20, beta 0, token_level "

@@ -33,14 +33,14 @@ class CodeDemoRecipe:
     # pre-tokenizer drops this vocabulary's spaces and splits its code tokens; a llama one loads as saved.
     spec: TinyModelSpec = TinyModelSpec(arch="llama")
     seed: int = 0
-    num_train: int = 160
+    num_train: int = 192  # 3 rounds of 64 prompts per episode
     num_eval: int = 96
     num_dev: int = 64
-    cases: int = 3  # test inputs per row
+    cases: int = 2  # test inputs per row; scoring (one sandbox run per case) dominates a GRPO step
     batch_size: int = 64
     learning_rate: float = 1e-3
     max_steps: int = 1500
-    eval_every: int = 25
+    eval_every: int = 5  # the sampled pass rate climbs from ~0.05 to ~0.5 within 10-20 steps
     target_sampled_pass_rate: float = 0.3
     max_new_tokens: int = 48
 

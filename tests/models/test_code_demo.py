@@ -47,6 +47,7 @@ def test_tokenizer_survives_auto_tokenizer(tmp_path):
         "\n", "print(", "a", "-", "b", "*", "9", ")", "\n", "```"]
 
 
+@pytest.mark.e2e  # builds the code demo (a warm start scored in the sandbox): a minute or more
 def test_code_demo_is_partly_right(code_demo_assets):
     chosen = code_demo_assets.report["chosen"]
     assert 0.3 <= chosen["sampled"] <= 0.7, chosen
