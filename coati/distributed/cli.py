@@ -14,8 +14,9 @@ from rewards import REWARD_TYPES, STOP_STRINGS, default_system_prompt
 # Defaults that differ between the embedded demo (no --model) and a user's model.
 DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 8, "max_prompt_tokens": 64, "num_episodes": 3}
 MODEL_DEFAULTS = {"learning_rate": 1e-6, "max_new_tokens": 1024, "max_prompt_tokens": 512, "num_episodes": 1}
-# -rt code on the embedded model: the pipeline runs end to end; the tiny model cannot write programs yet.
-CODE_DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 64, "max_prompt_tokens": 512, "num_episodes": 1}
+# -rt code without a model: the code demo (coati/models/code_demo.py). Its programs are ~25 tokens; its 192
+# train prompts make 3 rounds (6 steps) per episode, and sandbox scoring dominates a step.
+CODE_DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 48, "max_prompt_tokens": 64, "num_episodes": 4}
 ALGO_HELP = (
     "algorithm preset. GRPO: clip 0.2/0.2, sample_level loss, beta = -kl. "
     "DAPO: filter_range [0.01, 0.99] + dynamic_batching, clip 0.2/0.28, skip_threshold 20, beta 0, token_level "
@@ -161,8 +162,7 @@ def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
     if embedded and args.reward_type == "think_answer_tags":
         raise ConfigError("the embedded demo model answers in \\boxed{}: use -rt boxed (or -rt code), "
                           "or pass -m/--model and -d/--dataset")
-    demo_train, demo_eval = ((demo.code_train_path, demo.code_eval_path) if code else
-                             (demo.train_path, demo.eval_path)) if embedded else (None, None)
+    demo_train, demo_eval = (demo.train_path, demo.eval_path) if embedded else (None, None)
     train_path = args.dataset or demo_train
     if train_path is None:
         raise ConfigError("-d/--dataset is required with -m/--model (a math or code jsonl)")

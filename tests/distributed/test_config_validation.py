@@ -73,10 +73,12 @@ def test_code_flags_reach_the_scorer_options():
     from coati.distributed.cli import build_parser, config_from_args
     from coati.models.demo import DemoAssets
 
-    demo = DemoAssets("m", "t", "e", {}, "ct", "ce")
+    demo = DemoAssets("m", "t", "e", {})
     args = build_parser().parse_args(["-rt", "code", "--code-all-or-nothing", "--code-memory-mb", "2048",
                                       "--code-cpu-seconds", "3", "--code-workers", "2"])
-    options = config_from_args(args, demo).data.code.scorer_options()
+    config = config_from_args(args, demo)
+    assert (config.model.path, config.data.train_path, config.data.eval_paths) == ("m", "t", {"code": "e"})
+    options = config.data.code.scorer_options()
     assert options["all_or_nothing"] and options["max_workers"] == 2
     assert options["limits"].address_space_bytes == 2048 << 20 and options["limits"].cpu_time_s == 3
 
