@@ -23,3 +23,11 @@ class RewardScorer:
         if self._code is not None:
             return self._code.score_batch(responses, [example.test_cases] * len(responses))
         return score_group(responses, GoldAnswer(example.gt_answer), self.reward_type)
+
+    def score_each(self, responses: list[str], examples) -> list[RewardResult]:
+        """One response per example (an evaluation): code responses run in parallel on all sandbox workers."""
+        if len(responses) != len(examples):
+            raise ValueError(f"{len(responses)} responses but {len(examples)} examples")
+        if self._code is not None:
+            return self._code.score_batch(responses, [example.test_cases for example in examples])
+        return [self.score([response], example)[0] for response, example in zip(responses, examples)]
