@@ -12,11 +12,16 @@ from coati.distributed.loss import CORRECTIONS
 from rewards import REWARD_TYPES, STOP_STRINGS, default_system_prompt
 
 # Defaults that differ between the embedded demo (no --model) and a user's model.
-DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 8, "max_prompt_tokens": 64, "num_episodes": 3}
-MODEL_DEFAULTS = {"learning_rate": 1e-6, "max_new_tokens": 1024, "max_prompt_tokens": 512, "num_episodes": 1}
-# -rt code without a model: the code demo (coati/models/code_demo.py). Its programs are ~25 tokens; its 192
-# train prompts make 3 rounds (6 steps) per episode, and sandbox scoring dominates a step.
-CODE_DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 48, "max_prompt_tokens": 64, "num_episodes": 4}
+_BATCHES = {"inference_batch_size": 64, "inference_microbatch_size": 64, "train_batch_size": 32,
+            "train_minibatch_size": 32, "train_microbatch_size": 256}
+DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 8, "max_prompt_tokens": 64, "num_episodes": 3, **_BATCHES}
+MODEL_DEFAULTS = {"learning_rate": 1e-6, "max_new_tokens": 1024, "max_prompt_tokens": 512, "num_episodes": 1,
+                  **_BATCHES}
+# -rt code without a model: the code demo (coati/models/code_demo.py). Its programs are ~25 tokens and every
+# sample runs in the sandbox, so a step costs far more than an addition step: small rounds buy many steps.
+CODE_DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 48, "max_prompt_tokens": 64, "num_episodes": 4,
+                      "inference_batch_size": 16, "inference_microbatch_size": 16, "train_batch_size": 8,
+                      "train_minibatch_size": 8, "train_microbatch_size": 64}
 ALGO_HELP = (
     "algorithm preset. GRPO: clip 0.2/0.2, sample_level loss, beta = -kl. "
     "DAPO: filter_range [0.01, 0.99] + dynamic_batching, clip 0.2/0.28, skip_threshold 20, beta 0, token_level "
@@ -63,11 +68,16 @@ def build_parser(prog: str = "rl_example.py") -> argparse.ArgumentParser:
       help="trainer actors forming one torch.distributed group (dp = t / (tp * pp))")
     a("-i", "--num-inferencer", type=int, default=1, help="inferencer (producer) actors")
     a("-g", "--num-generations", type=int, default=8, help="completions per prompt (G)")
-    a("-ibs", "--inference-batch-size", type=int, default=64, help="prompts per inferencer round")
-    a("-imbs", "--inference-microbatch-size", type=int, default=64, help="prompts per generate call")
-    a("-tbs", "--train-batch-size", type=int, default=32, help="prompts per optimizer step per data-parallel rank")
-    a("-tMbs", "--train-minibatch-size", type=int, default=32, help="prompts pulled from the buffer at a time")
-    a("-tmbs", "--train-microbatch-size", type=int, default=256, help="samples per forward/backward pass")
+    a("-ibs", "--inference-batch-size", type=int, default=None,
+      help="prompts per inferencer round; default: 64 (16 for the code demo)")
+    a("-imbs", "--inference-microbatch-size", type=int, default=None,
+      help="prompts per generate call; default: 64 (16 for the code demo)")
+    a("-tbs", "--train-batch-size", type=int, default=None,
+      help="prompts per optimizer step per data-parallel rank; default: 32 (8 for the code demo)")
+    a("-tMbs", "--train-minibatch-size", type=int, default=None,
+      help="prompts pulled from the buffer at a time; default: 32 (8 for the code demo)")
+    a("-tmbs", "--train-microbatch-size", type=int, default=None,
+      help="samples per forward/backward pass; default: 256 (64 for the code demo)")
     a("--ray_dir", default=None, help="Ray's temporary directory")
     a("--master_address", default=None,
       help="address of trainer rank 0 for the trainers' torch.distributed group (default: its node's IP)")
@@ -198,10 +208,8 @@ def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
                                 vllm_kv_cache_gb=args.vllm_kv_cache_gb,
                                 vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization,
                                 max_staleness=args.max_staleness),
-        batch=BatchConfig(num_generations=args.num_generations, inference_batch_size=args.inference_batch_size,
-                          inference_microbatch_size=args.inference_microbatch_size,
-                          train_batch_size=args.train_batch_size, train_minibatch_size=args.train_minibatch_size,
-                          train_microbatch_size=args.train_microbatch_size),
+        batch=BatchConfig(num_generations=args.num_generations,
+                          **{key: _given(getattr(args, key), defaults[key]) for key in _BATCHES}),
         algo=build_algo_config(args.algo, _given(args.learning_rate, defaults["learning_rate"]), args.max_grad_norm,
                                max_new_tokens, parse_grpo_config(args.grpo_config), kl_coeff=args.kl_coeff,
                                ppo_epochs=args.ppo_epochs, topk_samples=args.topk_samples,
