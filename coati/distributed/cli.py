@@ -14,14 +14,15 @@ from rewards import REWARD_TYPES, STOP_STRINGS, default_system_prompt
 # Defaults that differ between the embedded demo (no --model) and a user's model.
 _BATCHES = {"inference_batch_size": 64, "inference_microbatch_size": 64, "train_batch_size": 32,
             "train_minibatch_size": 32, "train_microbatch_size": 256}
-DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 8, "max_prompt_tokens": 64, "num_episodes": 3, **_BATCHES}
+DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 8, "max_prompt_tokens": 64, "num_episodes": 3,
+                 "ppo_epochs": None, **_BATCHES}
 MODEL_DEFAULTS = {"learning_rate": 1e-6, "max_new_tokens": 1024, "max_prompt_tokens": 512, "num_episodes": 1,
-                  **_BATCHES}
-# -rt code without a model: the code demo (coati/models/code_demo.py). Its programs are ~25 tokens and every
-# sample runs in the sandbox, so a step costs far more than an addition step: small rounds buy many steps.
-CODE_DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 48, "max_prompt_tokens": 64, "num_episodes": 4,
-                      "inference_batch_size": 16, "inference_microbatch_size": 16, "train_batch_size": 8,
-                      "train_minibatch_size": 8, "train_microbatch_size": 64}
+                  "ppo_epochs": None, **_BATCHES}
+# -rt code without a model: the code demo (coati/models/code_demo.py). Every sample runs in the sandbox, so
+# samples are dear: small rounds and 4 passes over each batch get the most out of the ~3,000 it draws.
+CODE_DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 16, "max_prompt_tokens": 64, "num_episodes": 2,
+                      "ppo_epochs": 4, "inference_batch_size": 16, "inference_microbatch_size": 16,
+                      "train_batch_size": 8, "train_minibatch_size": 8, "train_microbatch_size": 64}
 ALGO_HELP = (
     "algorithm preset. GRPO: clip 0.2/0.2, sample_level loss, beta = -kl. "
     "DAPO: filter_range [0.01, 0.99] + dynamic_batching, clip 0.2/0.28, skip_threshold 20, beta 0, token_level "
@@ -97,7 +98,8 @@ def build_parser(prog: str = "rl_example.py") -> argparse.ArgumentParser:
       help="longer prompts are skipped (and counted); default: 64 for the demo, else 512")
     a("-a", "--algo", choices=ALGOS, default="GRPO", help=ALGO_HELP)
     a("--grpo-config", default=None, help=GRPO_CONFIG_HELP)
-    a("--ppo-epochs", type=int, default=None, help="optimizer passes over every rollout batch (default 1)")
+    a("--ppo-epochs", type=int, default=None,
+      help="optimizer passes over every rollout batch (default 1; 4 for the code demo)")
     a("--topk-samples", type=int, default=None,
       help="keep only the K highest-reward samples of each group in the loss (ties: lower index; default: all)")
     a("--learner-chunk-size", type=int, default=None,
@@ -187,6 +189,7 @@ def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
     stops = STOP_STRINGS[args.reward_type]
     sampling = SamplingParams(n=args.num_generations, temperature=args.temperature, top_k=args.top_k,
                               top_p=args.top_p, max_new_tokens=max_new_tokens, stop_strings=stops)
+    grpo_overrides = parse_grpo_config(args.grpo_config)
     eval_sampling = (
         ("sampled", SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, stop_strings=stops)),
         ("greedy", SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_strings=stops)),
@@ -211,8 +214,9 @@ def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
         batch=BatchConfig(num_generations=args.num_generations,
                           **{key: _given(getattr(args, key), defaults[key]) for key in _BATCHES}),
         algo=build_algo_config(args.algo, _given(args.learning_rate, defaults["learning_rate"]), args.max_grad_norm,
-                               max_new_tokens, parse_grpo_config(args.grpo_config), kl_coeff=args.kl_coeff,
-                               ppo_epochs=args.ppo_epochs, topk_samples=args.topk_samples,
+                               max_new_tokens, grpo_overrides, kl_coeff=args.kl_coeff,
+                               ppo_epochs=args.ppo_epochs if args.ppo_epochs is not None or "ppo_epochs" in grpo_overrides
+                               else defaults["ppo_epochs"], topk_samples=args.topk_samples,
                                learner_chunk_size=args.learner_chunk_size,
                                correction=args.off_policy_correction or ("decoupled" if args.max_staleness > 0
                                                                          else "behaviour"),

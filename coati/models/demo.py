@@ -108,6 +108,8 @@ class WarmStart:
     dev_examples: list[Example]
     scorer: RewardScorer
     max_new_tokens: int
+    first_check: int = 0  # no dev check before this step (each check of a code model runs the sandbox)
+    greedy_every_check: bool = True  # False: greedy accuracy only at the chosen checkpoint
 
 
 def warm_start(model, tokenizer, recipe, data: WarmStart, log=print) -> tuple[dict, list[dict]]:
@@ -131,13 +133,17 @@ def warm_start(model, tokenizer, recipe, data: WarmStart, log=print) -> tuple[di
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        if step % recipe.eval_every == 0:
-            sampled, greedy = dev_accuracy(1.0), dev_accuracy(0.0)
+        if step % recipe.eval_every == 0 and step >= data.first_check:
+            sampled = dev_accuracy(1.0)
+            done = sampled >= recipe.target_sampled_accuracy or step + recipe.eval_every > recipe.max_steps
+            greedy = dev_accuracy(0.0) if done or data.greedy_every_check else None
             history.append({"step": step, "loss": round(loss.item(), 4), "sampled": sampled, "greedy": greedy})
-            log(f"warm start step {step}: loss {loss.item():.3f}, dev accuracy sampled {sampled:.2f} greedy {greedy:.2f}")
-            if sampled >= recipe.target_sampled_accuracy:
-                return history[-1], history
-    log(f"warm start: target {recipe.target_sampled_accuracy} not reached, keeping step {history[-1]['step']}")
+            log(f"warm start step {step}: loss {loss.item():.3f}, dev accuracy sampled {sampled:.2f}"
+                + ("" if greedy is None else f" greedy {greedy:.2f}"))
+            if done:
+                break
+    if history[-1]["sampled"] < recipe.target_sampled_accuracy:
+        log(f"warm start: target {recipe.target_sampled_accuracy} not reached, keeping step {history[-1]['step']}")
     return history[-1], history
 
 

@@ -43,11 +43,12 @@ def test_tokenizer_survives_auto_tokenizer(tmp_path):
     text = prompt_text(Spec("ab", ("minus", "times"), (9,))) + completion_text(Spec("ab", ("minus", "times"), (9,)))
     loaded = AutoTokenizer.from_pretrained(str(tmp_path))
     assert loaded(text).input_ids == tokenizer(text).input_ids
-    assert loaded.convert_ids_to_tokens(loaded(text).input_ids)[-10:] == [
-        "\n", "print(", "a", "-", "b", "*", "9", ")", "\n", "```"]
+    assert loaded.convert_ids_to_tokens(tokenizer(completion_text(Spec("ab", ("minus", "times"), (9,)))).input_ids) == [
+        "```python\n", "a,b=map(int,input().split())\n", "print(", "a", "-", "b", "*", "9", ")\n```"]
 
 
-@pytest.mark.e2e  # builds the code demo (a warm start scored in the sandbox): a minute or more
+@pytest.mark.e2e  # builds the code demo (a warm start scored in the sandbox): about a minute
 def test_code_demo_is_partly_right(code_demo_assets):
+    """Where GRPO has something to sharpen: the greedy program mostly right, samples mostly not."""
     chosen = code_demo_assets.report["chosen"]
-    assert 0.3 <= chosen["sampled"] <= 0.7, chosen
+    assert 0.15 <= chosen["sampled"] <= 0.6 and chosen["greedy"] >= 0.6, chosen
