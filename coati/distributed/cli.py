@@ -43,7 +43,8 @@ def build_parser(prog: str = "rl_example.py") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Distributed RL post-training (GRPO) over Ray. With no arguments: the embedded demo "
-                    "(a tiny model learns 2-digit addition on the CPU in a few minutes, no downloads).",
+                    "(a tiny model learns 2-digit addition on the CPU in a few minutes, no downloads); with only -rt code: "
+                    "the code demo (a tiny model learns to write short stdin -> stdout programs, scored in the sandbox).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     a = parser.add_argument
