@@ -85,7 +85,7 @@ def test_code_reward_pipeline_runs_end_to_end(code_demo_assets, tmp_path):
     train = head(code_demo_assets.train_path, tmp_path / "train.jsonl", 16)
     evals = head(code_demo_assets.eval_path, tmp_path / "eval.jsonl", 8)
     argv = ["-rt", "code", "-d", train, "-ed", json.dumps({"code": evals}), "-ibs", "8", "-imbs", "8", "-g", "2",
-            "-tbs", "8", "-tMbs", "8", "-tmbs", "16", "-mnt", "24", "-sd", str(tmp_path / "runs"), "--no-progress"]
+            "-tbs", "8", "-tMbs", "8", "-tmbs", "16", "-mnt", "24", "-e", "1", "-sd", str(tmp_path / "runs"), "--no-progress"]
     config = config_from_args(build_parser().parse_args(argv), code_demo_assets)
     check_inputs(config)
     try:
