@@ -1,7 +1,9 @@
 """``coati train`` / ``python rl_example.py``: flags -> a checked config -> a run over Ray.
 
 With no arguments it runs the embedded demo: a tiny Qwen2 (built and warm-started locally, cached) learns
-2-digit addition with GRPO, and held-out accuracy is printed before and after.
+2-digit addition with GRPO, and held-out accuracy is printed before and after. ``-rt code`` alone runs the
+code demo (coati/models/code_demo.py): a second tiny model learns to write short stdin -> stdout programs,
+scored in the sandbox.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py") -> int:
     try:
         if args.model is None:
             config_from_args(args, demo=placeholder_demo())  # reject bad flags before building anything
-            from coati.models.demo import ensure_demo_assets
-
-            demo = ensure_demo_assets()
+            if args.reward_type == "code":
+                from coati.models.code_demo import ensure_code_demo_assets as ensure_assets
+            else:
+                from coati.models.demo import ensure_demo_assets as ensure_assets
+            demo = ensure_assets()
         config = config_from_args(args, demo)
         check_inputs(config)
     except ConfigError as err:
@@ -49,8 +53,7 @@ def placeholder_demo():
     """Stands in for the demo assets while the flags are checked, so bad flags fail before the (cached) build."""
     from coati.models.demo import DemoAssets
 
-    return DemoAssets(model_dir="<demo>", train_path="<demo>", eval_path="<demo>", report={},
-                      code_train_path="<demo>", code_eval_path="<demo>")
+    return DemoAssets(model_dir="<demo>", train_path="<demo>", eval_path="<demo>", report={})
 
 
 if __name__ == "__main__":

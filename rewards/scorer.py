@@ -23,3 +23,26 @@ class RewardScorer:
         if self._code is not None:
             return self._code.score_batch(responses, [example.test_cases] * len(responses))
         return score_group(responses, GoldAnswer(example.gt_answer), self.reward_type)
+
+    def score_groups(self, groups: list[list[str]], examples) -> list[list[RewardResult]]:
+        """Each example's group of responses (a generation round). Code: one batch over all groups, so the
+        sandbox workers stay busy across groups instead of waiting at the end of each; math: group by group."""
+        if len(groups) != len(examples):
+            raise ValueError(f"{len(groups)} groups but {len(examples)} examples")
+        if self._code is None:
+            return [self.score(responses, example) for responses, example in zip(groups, examples)]
+        flat = self._code.score_batch([r for responses in groups for r in responses],
+                                      [example.test_cases for responses, example in zip(groups, examples)
+                                       for _ in responses])
+        bounds = [0]
+        for responses in groups:
+            bounds.append(bounds[-1] + len(responses))
+        return [flat[a:b] for a, b in zip(bounds, bounds[1:])]
+
+    def score_each(self, responses: list[str], examples) -> list[RewardResult]:
+        """One response per example (an evaluation): code responses run in parallel on all sandbox workers."""
+        if len(responses) != len(examples):
+            raise ValueError(f"{len(responses)} responses but {len(examples)} examples")
+        if self._code is not None:
+            return self._code.score_batch(responses, [example.test_cases for example in examples])
+        return [self.score([response], example)[0] for response, example in zip(responses, examples)]

@@ -1,4 +1,4 @@
-"""Shared fixtures: the embedded demo assets (built once per session, or taken from $COATI_CACHE)."""
+"""Shared fixtures: the embedded demos' assets (built once per session, or taken from $COATI_CACHE)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,20 @@ def demo_assets(tmp_path_factory):
 
     cache = os.environ.get("COATI_CACHE") or str(tmp_path_factory.mktemp("coati_cache"))
     return ensure_demo_assets(cache_dir=cache, log=lambda message: None)
+
+
+@pytest.fixture(scope="session")
+def code_demo_assets(tmp_path_factory):
+    """The code demo's assets (a second tiny model, warm-started on programs); needs the sandbox."""
+    from coati.models.code_demo import ensure_code_demo_assets
+    from rewards.code import SandboxUnavailable, check_sandbox_available
+
+    try:
+        check_sandbox_available()
+    except SandboxUnavailable as err:
+        pytest.skip(str(err))
+    cache = os.environ.get("COATI_CACHE") or str(tmp_path_factory.mktemp("coati_cache"))
+    return ensure_code_demo_assets(cache_dir=cache, log=lambda message: None)
 
 
 @pytest.fixture(scope="session")

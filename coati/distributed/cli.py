@@ -15,10 +15,17 @@ from coati.distributed.weight_sync import WEIGHT_SYNC
 from rewards import REWARD_TYPES, STOP_STRINGS, default_system_prompt
 
 # Defaults that differ between the embedded demo (no --model) and a user's model.
-DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 8, "max_prompt_tokens": 64, "num_episodes": 3}
-MODEL_DEFAULTS = {"learning_rate": 1e-6, "max_new_tokens": 1024, "max_prompt_tokens": 512, "num_episodes": 1}
-# -rt code on the embedded model: the pipeline runs end to end; the tiny model cannot write programs yet.
-CODE_DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 64, "max_prompt_tokens": 512, "num_episodes": 1}
+_BATCHES = {"inference_batch_size": 64, "inference_microbatch_size": 64, "train_batch_size": 32,
+            "train_minibatch_size": 32, "train_microbatch_size": 256}
+DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 8, "max_prompt_tokens": 64, "num_episodes": 3,
+                 "ppo_epochs": None, **_BATCHES}
+MODEL_DEFAULTS = {"learning_rate": 1e-6, "max_new_tokens": 1024, "max_prompt_tokens": 512, "num_episodes": 1,
+                  "ppo_epochs": None, **_BATCHES}
+# -rt code without a model: the code demo (coati/models/code_demo.py). Every sample runs in the sandbox, so
+# samples are dear: small rounds and 4 passes over each batch get the most out of the ~3,000 it draws.
+CODE_DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 16, "max_prompt_tokens": 64, "num_episodes": 2,
+                      "ppo_epochs": 4, "inference_batch_size": 16, "inference_microbatch_size": 16,
+                      "train_batch_size": 8, "train_minibatch_size": 8, "train_microbatch_size": 64}
 
 
 def _preset_text(name: str) -> str:
@@ -48,7 +55,8 @@ def build_parser(prog: str = "rl_example.py") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Distributed RL post-training (GRPO) over Ray. With no arguments: the embedded demo "
-                    "(a tiny model learns 2-digit addition on the CPU in a few minutes, no downloads).",
+                    "(a tiny model learns 2-digit addition on the CPU in a few minutes, no downloads); with only -rt code: "
+                    "the code demo (a tiny model learns to write short stdin -> stdout programs, scored in the sandbox).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     a = parser.add_argument
@@ -74,11 +82,16 @@ def build_parser(prog: str = "rl_example.py") -> argparse.ArgumentParser:
       help="trainer actors forming one torch.distributed group (dp = t / (tp * pp))")
     a("-i", "--num-inferencer", type=int, default=1, help="inferencer (producer) actors")
     a("-g", "--num-generations", type=int, default=8, help="completions per prompt (G)")
-    a("-ibs", "--inference-batch-size", type=int, default=64, help="prompts per inferencer round")
-    a("-imbs", "--inference-microbatch-size", type=int, default=64, help="prompts per generate call")
-    a("-tbs", "--train-batch-size", type=int, default=32, help="prompts per optimizer step per data-parallel rank")
-    a("-tMbs", "--train-minibatch-size", type=int, default=32, help="prompts pulled from the buffer at a time")
-    a("-tmbs", "--train-microbatch-size", type=int, default=256, help="samples per forward/backward pass")
+    a("-ibs", "--inference-batch-size", type=int, default=None,
+      help="prompts per inferencer round; default: 64 (16 for the code demo)")
+    a("-imbs", "--inference-microbatch-size", type=int, default=None,
+      help="prompts per generate call; default: 64 (16 for the code demo)")
+    a("-tbs", "--train-batch-size", type=int, default=None,
+      help="prompts per optimizer step per data-parallel rank; default: 32 (8 for the code demo)")
+    a("-tMbs", "--train-minibatch-size", type=int, default=None,
+      help="prompts pulled from the buffer at a time; default: 32 (8 for the code demo)")
+    a("-tmbs", "--train-microbatch-size", type=int, default=None,
+      help="samples per forward/backward pass; default: 256 (64 for the code demo)")
     a("--ray_dir", default=None,
       help="Ray's temp directory: the local cluster's, or, when joining, the --temp-dir that this machine's node "
            "of the cluster was started with (`ray start --temp-dir`)")
@@ -114,7 +127,8 @@ def build_parser(prog: str = "rl_example.py") -> argparse.ArgumentParser:
       help="longer prompts are skipped (and counted); default: 64 for the demo, else 512")
     a("-a", "--algo", choices=ALGOS, default="GRPO", help=ALGO_HELP)
     a("--grpo-config", default=None, help=GRPO_CONFIG_HELP)
-    a("--ppo-epochs", type=int, default=None, help="optimizer passes over every rollout batch (default 1)")
+    a("--ppo-epochs", type=int, default=None,
+      help="optimizer passes over every rollout batch (default 1; 4 for the code demo)")
     a("--topk-samples", type=int, default=None,
       help="keep only the K highest-reward samples of each group in the loss (ties: lower index; default: all)")
     a("--learner-chunk-size", type=int, default=None,
@@ -190,8 +204,7 @@ def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
     if embedded and args.reward_type == "think_answer_tags":
         raise ConfigError("the embedded demo model answers in \\boxed{}: use -rt boxed (or -rt code), "
                           "or pass -m/--model and -d/--dataset")
-    demo_train, demo_eval = ((demo.code_train_path, demo.code_eval_path) if code else
-                             (demo.train_path, demo.eval_path)) if embedded else (None, None)
+    demo_train, demo_eval = (demo.train_path, demo.eval_path) if embedded else (None, None)
     train_path = args.dataset or demo_train
     if train_path is None:
         raise ConfigError("-d/--dataset is required with -m/--model (a math or code jsonl)")
@@ -206,6 +219,7 @@ def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
     stops = STOP_STRINGS[args.reward_type]
     sampling = SamplingParams(n=args.num_generations, temperature=args.temperature, top_k=args.top_k,
                               top_p=args.top_p, max_new_tokens=max_new_tokens, stop_strings=stops)
+    grpo_overrides = parse_grpo_config(args.grpo_config)
     eval_sampling = (
         ("sampled", SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, stop_strings=stops)),
         ("greedy", SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_strings=stops)),
@@ -229,13 +243,12 @@ def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
                                 max_staleness=args.max_staleness, weight_sync=args.weight_sync,
                                 weight_sync_bucket_mb=args.weight_sync_bucket_mb,
                                 weight_sync_timeout_s=args.weight_sync_timeout),
-        batch=BatchConfig(num_generations=args.num_generations, inference_batch_size=args.inference_batch_size,
-                          inference_microbatch_size=args.inference_microbatch_size,
-                          train_batch_size=args.train_batch_size, train_minibatch_size=args.train_minibatch_size,
-                          train_microbatch_size=args.train_microbatch_size),
+        batch=BatchConfig(num_generations=args.num_generations,
+                          **{key: _given(getattr(args, key), defaults[key]) for key in _BATCHES}),
         algo=build_algo_config(args.algo, _given(args.learning_rate, defaults["learning_rate"]), args.max_grad_norm,
-                               max_new_tokens, parse_grpo_config(args.grpo_config), kl_coeff=args.kl_coeff,
-                               ppo_epochs=args.ppo_epochs, topk_samples=args.topk_samples,
+                               max_new_tokens, grpo_overrides, kl_coeff=args.kl_coeff,
+                               ppo_epochs=args.ppo_epochs if args.ppo_epochs is not None or "ppo_epochs" in grpo_overrides
+                               else defaults["ppo_epochs"], topk_samples=args.topk_samples,
                                learner_chunk_size=args.learner_chunk_size,
                                correction=args.off_policy_correction,
                                tis_cap=args.tis_cap),

@@ -22,10 +22,10 @@ def evaluate(backend: InferenceBackend, prompts: list[list[int]], examples, scor
     if params.n != 1:
         params = SamplingParams(**{**params.__dict__, "n": 1})
     outputs = backend.generate(prompts, params)
+    results = scorer.score_each([completions[0].text for completions in outputs], examples)
     records = []
-    for i, (completions, example) in enumerate(zip(outputs, examples)):
+    for i, (completions, result, example) in enumerate(zip(outputs, results, examples)):
         completion = completions[0]
-        result = scorer.score([completion.text], example)[0]
         records.append({
             "prompt": prompt_texts[i] if prompt_texts else None,
             "gt_answer": example.gt_answer,  # the gold answer as scored (GSM8K/MATH labels: their final answer)

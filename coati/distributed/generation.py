@@ -60,12 +60,13 @@ def rollout_groups(backend, scorer, batch, sampling, version: int, learner: bool
     start = time.perf_counter()
     outputs = backend.generate([ids for _, _, ids in batch], sampling)
     generate_s = (time.perf_counter() - start) / max(1, len(batch))
+    start = time.perf_counter()
+    scored = scorer.score_groups([[c.text for c in completions] for completions in outputs],
+                                 [example for example, _, _ in batch])
+    score_s = (time.perf_counter() - start) / max(1, len(batch))
     groups = []
-    for (example, text, ids), completions in zip(batch, outputs):
+    for (example, text, ids), completions, results in zip(batch, outputs, scored):
         texts = [c.text for c in completions]
-        start = time.perf_counter()
-        results = scorer.score(texts, example)
-        score_s = time.perf_counter() - start
         rewards = torch.tensor([[r.reward for r in results]])
         groups.append(RolloutGroup(
             prompt_ids=ids,

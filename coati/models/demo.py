@@ -4,7 +4,7 @@
 The warm start stops at the first checkpoint whose *sampled* accuracy on a dev split reaches
 ``target_sampled_accuracy``: accuracy jumps within ~100 steps, so the checkpoint is chosen by evaluation,
 not by step count, and GRPO starts from a model that is partly right. Run ``python -m coati.models.demo``
-to (re)build by hand.
+(``--code`` for the code demo of :mod:`coati.models.code_demo`) to (re)build by hand.
 """
 
 from __future__ import annotations
@@ -53,8 +53,6 @@ class DemoAssets:
     train_path: str
     eval_path: str
     report: dict
-    code_train_path: str = ""  # generated code tasks (PRIME format) for ``-rt code``
-    code_eval_path: str = ""
 
 
 def default_cache_dir() -> str:
@@ -64,21 +62,25 @@ def default_cache_dir() -> str:
 
 def ensure_demo_assets(cache_dir: str | None = None, recipe: DemoRecipe = DemoRecipe(), log=print) -> DemoAssets:
     root = os.path.join(cache_dir or default_cache_dir(), f"demo-{recipe.fingerprint()}")
+    return ensure_built(root, lambda out_dir: build_demo(out_dir, recipe, log))
+
+
+def ensure_built(root: str, build) -> DemoAssets:
+    """The assets in ``root`` (model/, train.jsonl, eval.jsonl, report.json), running ``build(dir)`` first
+    when they are missing; a killed build never looks finished."""
     if not os.path.isfile(os.path.join(root, "report.json")):
         os.makedirs(os.path.dirname(root), exist_ok=True)
         staging = tempfile.mkdtemp(prefix=".demo-building-", dir=os.path.dirname(root))
         try:
-            build_demo(staging, recipe, log)
+            build(staging)
             shutil.rmtree(root, ignore_errors=True)  # an unfinished build never has report.json
-            os.replace(staging, root)  # atomic: a killed build never looks finished
+            os.replace(staging, root)  # atomic
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     with open(os.path.join(root, "report.json")) as handle:
         report = json.load(handle)
-    code_train, code_eval = (_ensure_code_split(root, name, n, recipe.seed + offset)
-                             for name, n, offset in (("code_train", 256, 10), ("code_eval", 64, 11)))
     return DemoAssets(os.path.join(root, "model"), os.path.join(root, "train.jsonl"),
-                      os.path.join(root, "eval.jsonl"), report, code_train, code_eval)
+                      os.path.join(root, "eval.jsonl"), report)
 
 
 def ensure_base_model(cache_dir: str | None = None, recipe: DemoRecipe = DemoRecipe()) -> str:
@@ -98,22 +100,12 @@ def ensure_base_model(cache_dir: str | None = None, recipe: DemoRecipe = DemoRec
     return path
 
 
-def _ensure_code_split(root: str, name: str, count: int, seed: int) -> str:
-    from coati.dataset.code_task import write_code_dataset
-
-    path = os.path.join(root, f"{name}.jsonl")
-    if not os.path.isfile(path):
-        write_code_dataset(path + ".tmp", count, seed)
-        os.replace(path + ".tmp", path)
-    return path
-
-
-def _sft_batch(pairs, tokenizer):
+def _sft_batch(texts: list[tuple[str, str]], tokenizer):
     """Prompt + completion + EOS, right-padded; labels only on completion tokens (-100 elsewhere)."""
     rows, labels = [], []
-    for a, b in pairs:
-        prompt = tokenizer(prompt_text(a, b)).input_ids
-        answer = tokenizer(completion_text(a, b)).input_ids + [tokenizer.eos_token_id]
+    for prompt_str, completion_str in texts:
+        prompt = tokenizer(prompt_str).input_ids
+        answer = tokenizer(completion_str).input_ids + [tokenizer.eos_token_id]
         rows.append(prompt + answer)
         labels.append([-100] * len(prompt) + answer)
     width = max(map(len, rows))
@@ -123,6 +115,55 @@ def _sft_batch(pairs, tokenizer):
     return input_ids, (input_ids != pad).long(), label_ids
 
 
+@dataclass(frozen=True)
+class WarmStart:
+    """What :func:`warm_start` needs besides the model: the supervised (prompt, completion) texts, taken
+    ``batch_size`` at a time, and the dev split whose sampled accuracy decides when to stop."""
+
+    texts: list[tuple[str, str]]
+    dev_prompts: list[list[int]]
+    dev_examples: list[Example]
+    scorer: RewardScorer
+    max_new_tokens: int
+    first_check: int = 0  # no dev check before this step (each check of a code model runs the sandbox)
+    greedy_every_check: bool = True  # False: greedy accuracy only at the chosen checkpoint
+
+
+def warm_start(model, tokenizer, recipe, data: WarmStart, log=print) -> tuple[dict, list[dict]]:
+    """Supervised steps until the dev split's sampled accuracy reaches ``recipe.target_sampled_accuracy``
+    (checked every ``recipe.eval_every`` steps, at most ``recipe.max_steps``); returns (chosen, history)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.learning_rate)
+
+    def dev_accuracy(temperature: float) -> float:
+        backend = TransformersBackend(model, tokenizer, microbatch_size=256)
+        params = SamplingParams(temperature=temperature, max_new_tokens=data.max_new_tokens)
+        accuracy = evaluate(backend, data.dev_prompts, data.dev_examples, data.scorer, params).accuracy
+        model.train()
+        return accuracy
+
+    history = []
+    model.train()
+    for step in range(1, recipe.max_steps + 1):
+        batch = data.texts[(step - 1) * recipe.batch_size : step * recipe.batch_size]
+        input_ids, attention_mask, labels = _sft_batch(batch, tokenizer)
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % recipe.eval_every == 0 and step >= data.first_check:
+            sampled = dev_accuracy(1.0)
+            done = sampled >= recipe.target_sampled_accuracy or step + recipe.eval_every > recipe.max_steps
+            greedy = dev_accuracy(0.0) if done or data.greedy_every_check else None
+            history.append({"step": step, "loss": round(loss.item(), 4), "sampled": sampled, "greedy": greedy})
+            log(f"warm start step {step}: loss {loss.item():.3f}, dev accuracy sampled {sampled:.2f}"
+                + ("" if greedy is None else f" greedy {greedy:.2f}"))
+            if done:
+                break
+    if history[-1]["sampled"] < recipe.target_sampled_accuracy:
+        log(f"warm start: target {recipe.target_sampled_accuracy} not reached, keeping step {history[-1]['step']}")
+    return history[-1], history
+
+
 def build_demo(out_dir: str, recipe: DemoRecipe, log=print) -> None:
     torch.manual_seed(recipe.seed)
     splits = make_splits(recipe.num_train, recipe.num_eval, recipe.seed, recipe.digits)
@@ -130,41 +171,13 @@ def build_demo(out_dir: str, recipe: DemoRecipe, log=print) -> None:
     write_jsonl(splits.eval, os.path.join(out_dir, "eval.jsonl"))
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(recipe.spec, tokenizer, seed=recipe.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.learning_rate)
-
     dev_pairs = splits.warm_start_pairs(recipe.num_dev, seed=recipe.seed + 1)
-    dev_prompts = [tokenizer(prompt_text(a, b)).input_ids for a, b in dev_pairs]
-    dev_examples = [Example(messages=(), gt_answer=str(a + b)) for a, b in dev_pairs]
-    scorer = RewardScorer("boxed")
     train_pairs = splits.warm_start_pairs(recipe.max_steps * recipe.batch_size, seed=recipe.seed + 2)
-
-    def dev_accuracy(temperature: float) -> float:
-        backend = TransformersBackend(model, tokenizer, microbatch_size=256)
-        params = SamplingParams(temperature=temperature, max_new_tokens=8)
-        accuracy = evaluate(backend, dev_prompts, dev_examples, scorer, params).accuracy
-        model.train()
-        return accuracy
-
-    history = []
-    chosen = None
-    model.train()
-    for step in range(1, recipe.max_steps + 1):
-        batch = train_pairs[(step - 1) * recipe.batch_size : step * recipe.batch_size]
-        input_ids, attention_mask, labels = _sft_batch(batch, tokenizer)
-        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if step % recipe.eval_every == 0:
-            sampled, greedy = dev_accuracy(1.0), dev_accuracy(0.0)
-            history.append({"step": step, "loss": round(loss.item(), 4), "sampled": sampled, "greedy": greedy})
-            log(f"warm start step {step}: loss {loss.item():.3f}, dev accuracy sampled {sampled:.2f} greedy {greedy:.2f}")
-            if sampled >= recipe.target_sampled_accuracy:
-                chosen = history[-1]
-                break
-    if chosen is None:
-        chosen = history[-1]
-        log(f"warm start: target {recipe.target_sampled_accuracy} not reached, keeping step {chosen['step']}")
+    data = WarmStart(texts=[(prompt_text(a, b), completion_text(a, b)) for a, b in train_pairs],
+                     dev_prompts=[tokenizer(prompt_text(a, b)).input_ids for a, b in dev_pairs],
+                     dev_examples=[Example(messages=(), gt_answer=str(a + b)) for a, b in dev_pairs],
+                     scorer=RewardScorer("boxed"), max_new_tokens=8)
+    chosen, history = warm_start(model, tokenizer, recipe, data, log)
     save_tiny(model, tokenizer, os.path.join(out_dir, "model"))
     report = {"recipe": asdict(recipe), "chosen": chosen, "history": history}
     with open(os.path.join(out_dir, "report.json"), "w") as handle:
@@ -175,11 +188,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cache-dir", default=None, help="default: $COATI_CACHE or ~/.cache/coati")
     parser.add_argument("--rebuild", action="store_true", help="delete the cached demo assets first")
+    parser.add_argument("--code", action="store_true", help="the code demo's assets (rl_example.py -rt code)")
     args = parser.parse_args()
-    recipe = DemoRecipe()
+    if args.code:
+        from coati.models.code_demo import CodeDemoRecipe, code_demo_root, ensure_code_demo_assets
+
+        root, build = code_demo_root(args.cache_dir, CodeDemoRecipe()), ensure_code_demo_assets
+    else:
+        root, build = os.path.join(args.cache_dir or default_cache_dir(), f"demo-{DemoRecipe().fingerprint()}"), ensure_demo_assets
     if args.rebuild:
-        shutil.rmtree(os.path.join(args.cache_dir or default_cache_dir(), f"demo-{recipe.fingerprint()}"), True)
-    assets = ensure_demo_assets(args.cache_dir, recipe)
+        shutil.rmtree(root, True)
+    assets = build(args.cache_dir)
     print(json.dumps({"model_dir": assets.model_dir, "train": assets.train_path, "eval": assets.eval_path,
                       "chosen": assets.report["chosen"]}, indent=1))
 

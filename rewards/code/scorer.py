@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -79,10 +80,24 @@ class CodeRewardScorer:
             self._uids.release(uid)
 
     def score_batch(self, responses: Sequence[str], test_cases_list: Sequence[Mapping]) -> list[RewardResult]:
-        """Rewards of many responses (for example a group of G samples), scored in parallel, in order."""
+        """Rewards of many responses (for example a group of G samples), scored in parallel, in order.
+
+        Responses whose program and test cases are the same are run once and share the result: a sharpened
+        policy writes the same program for most of a group, and a program's verdict on fixed inputs is
+        taken to be a property of the program (one that draws random numbers gets one draw per batch).
+        """
         if len(responses) != len(test_cases_list):
             raise ValueError(f"{len(responses)} responses but {len(test_cases_list)} test-case sets")
-        return list(self._executor.map(self.score, responses, test_cases_list))
+        first: dict[tuple, int] = {}  # (program, test cases) -> index of its first response
+        keys = []
+        for i, (response, test_cases) in enumerate(zip(responses, test_cases_list)):
+            key = (extract_code(response), json.dumps(test_cases, sort_keys=True))
+            keys.append(key)
+            first.setdefault(key, i)
+        unique = sorted(first.values())
+        results = dict(zip(unique, self._executor.map(self.score, [responses[i] for i in unique],
+                                                       [test_cases_list[i] for i in unique])))
+        return [results[first[key]] for key in keys]
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)

@@ -73,10 +73,12 @@ def test_code_flags_reach_the_scorer_options():
     from coati.distributed.cli import build_parser, config_from_args
     from coati.models.demo import DemoAssets
 
-    demo = DemoAssets("m", "t", "e", {}, "ct", "ce")
+    demo = DemoAssets("m", "t", "e", {})
     args = build_parser().parse_args(["-rt", "code", "--code-all-or-nothing", "--code-memory-mb", "2048",
                                       "--code-cpu-seconds", "3", "--code-workers", "2"])
-    options = config_from_args(args, demo).data.code.scorer_options()
+    config = config_from_args(args, demo)
+    assert (config.model.path, config.data.train_path, config.data.eval_paths) == ("m", "t", {"code": "e"})
+    options = config.data.code.scorer_options()
     assert options["all_or_nothing"] and options["max_workers"] == 2
     assert options["limits"].address_space_bytes == 2048 << 20 and options["limits"].cpu_time_s == 3
 
@@ -168,3 +170,24 @@ def test_real_cli_prints_no_traceback():
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == ["error: -tbs (16) must be >= -tMbs (32)"]
+
+
+def test_code_demo_defaults_and_what_overrides_them():
+    """-rt code without a model takes the code demo's flags; a user's model or explicit flags do not."""
+    from coati.distributed.cli import build_parser, config_from_args
+    from coati.models.demo import DemoAssets
+
+    demo = DemoAssets("m", "t", "e", {})
+
+    def config(*argv):
+        return config_from_args(build_parser().parse_args(list(argv)), demo)
+
+    code = config("-rt", "code")
+    assert (code.batch.inference_batch_size, code.batch.train_batch_size, code.batch.train_microbatch_size) == (16, 8, 64)
+    assert (code.algo.ppo_epochs, code.run.num_episodes, code.sampling.max_new_tokens) == (4, 2, 16)
+    addition = config()
+    assert (addition.batch.inference_batch_size, addition.batch.train_batch_size, addition.algo.ppo_epochs) == (64, 32, 1)
+    user = config("-rt", "code", "-m", "model_dir", "-d", "rows.jsonl")
+    assert (user.batch.inference_batch_size, user.batch.train_batch_size, user.algo.ppo_epochs) == (64, 32, 1)
+    assert config("-rt", "code", "--ppo-epochs", "2", "-tbs", "16", "-tMbs", "16").algo.ppo_epochs == 2
+    assert config("-rt", "code", "--grpo-config", '{"ppo_epochs": 1}').algo.ppo_epochs == 1

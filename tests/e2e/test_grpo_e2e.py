@@ -80,20 +80,13 @@ def test_demo_cli_learns(demo_assets, tmp_path):
 
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
-def test_code_reward_pipeline_runs_end_to_end(demo_assets, tmp_path):
-    """-rt code on the embedded model: sandboxed scoring inside the producer, training, weight sync."""
-    pytest.importorskip("rewards.code")
-    from rewards.code import SandboxUnavailable, check_sandbox_available
-
-    try:
-        check_sandbox_available()
-    except SandboxUnavailable as err:
-        pytest.skip(str(err))
-    train = head(demo_assets.code_train_path, tmp_path / "train.jsonl", 16)
-    evals = head(demo_assets.code_eval_path, tmp_path / "eval.jsonl", 8)
+def test_code_reward_pipeline_runs_end_to_end(code_demo_assets, tmp_path):
+    """-rt code on the code demo's model: sandboxed scoring inside the producer, training, weight sync."""
+    train = head(code_demo_assets.train_path, tmp_path / "train.jsonl", 16)
+    evals = head(code_demo_assets.eval_path, tmp_path / "eval.jsonl", 8)
     argv = ["-rt", "code", "-d", train, "-ed", json.dumps({"code": evals}), "-ibs", "8", "-imbs", "8", "-g", "2",
-            "-tbs", "8", "-tMbs", "8", "-tmbs", "16", "-mnt", "24", "-sd", str(tmp_path / "runs"), "--no-progress"]
-    config = config_from_args(build_parser().parse_args(argv), demo_assets)
+            "-tbs", "8", "-tMbs", "8", "-tmbs", "16", "-mnt", "24", "-e", "1", "-sd", str(tmp_path / "runs"), "--no-progress"]
+    config = config_from_args(build_parser().parse_args(argv), code_demo_assets)
     check_inputs(config)
     try:
         result = run(config, log=lambda message: None)

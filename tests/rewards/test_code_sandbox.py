@@ -340,6 +340,17 @@ def test_score_batch_keeps_order(scorer):
         scorer.score_batch(responses, cases[:-1])
 
 
+def test_identical_programs_of_a_batch_run_once(scorer):
+    # A coin flip per run: 8 separate runs would all agree with probability 2/256; one shared run always does.
+    coin = fenced("import os\nprint(os.urandom(1)[0] % 2)")
+    other = fenced("print(1)")
+    results = scorer.score_batch([coin] * 8 + [other], [one_case("1\n")] * 9)
+    assert len({r.correct for r in results[:8]}) == 1
+    assert results[8].correct
+    different_cases = scorer.score_batch([other, other], [one_case("1\n"), one_case("2\n")])
+    assert [r.correct for r in different_cases] == [True, False]
+
+
 @pytest.mark.timeout(30)
 def test_missing_bubblewrap_refuses_to_run(monkeypatch, tmp_path, scorer):
     monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap, no prlimit on PATH
