@@ -76,8 +76,23 @@ class DataConfig:
         return RowFormat(reward_type=self.reward_type, input_key=self.input_key, label_key=self.label_key)
 
 
+class TrainerLayout:
+    """What a trainer group's layout fields (num_trainers, tensor/pipeline_parallel_size, plugin, zero_stage)
+    imply; shared by the GRPO run's ParallelConfig and the RLHF stages' options."""
+
+    @property
+    def dp_size(self) -> int:
+        return self.num_trainers // (self.tensor_parallel_size * self.pipeline_parallel_size)
+
+    @property
+    def plugin_name(self) -> str:
+        """The trainer plugin (see coati.plugins) for this family and layout."""
+        return plugin_for(self.plugin, self.num_trainers, self.tensor_parallel_size, self.pipeline_parallel_size,
+                          self.zero_stage)
+
+
 @dataclass(frozen=True)
-class ParallelConfig:
+class ParallelConfig(TrainerLayout):
     num_inferencers: int = 1
     num_trainers: int = 1
     tensor_parallel_size: int = 1
@@ -94,15 +109,6 @@ class ParallelConfig:
     weight_sync_bucket_mb: float = 128.0  # --weight-sync collective: bytes per broadcast
     weight_sync_timeout_s: float = 600.0  # --weight-sync collective: longest a version may take to reach producers
 
-    @property
-    def dp_size(self) -> int:
-        return self.num_trainers // (self.tensor_parallel_size * self.pipeline_parallel_size)
-
-    @property
-    def plugin_name(self) -> str:
-        """The trainer plugin (see coati.plugins) for this family and layout."""
-        return plugin_for(self.plugin, self.num_trainers, self.tensor_parallel_size, self.pipeline_parallel_size,
-                          self.zero_stage)
 
 
 PLUGIN_FAMILIES = ("torch", "colossalai")

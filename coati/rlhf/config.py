@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from coati.distributed.config import PLUGIN_FAMILIES, ConfigError, plugin_for
+from coati.distributed.config import PLUGIN_FAMILIES, ConfigError, TrainerLayout
 from coati.utils.dataclass_cli import option
 
 # Defaults that differ between the embedded demo (no --model) and a user's model (TRL/OpenRLHF-like values).
@@ -19,7 +19,7 @@ MODEL_LR = {"sft": 2e-5, "rm": 9e-6}
 
 
 @dataclass(frozen=True)
-class StageConfig:
+class StageConfig(TrainerLayout):
     model: str | None = option(None, "local HF model directory to start from (default: the embedded tiny model: "
                                      "untrained for sft, the demo's warm-started one for rm)", "-m")
     dataset: str | None = option(None, "training rows: .jsonl, .json list, .parquet or save_to_disk directory "
@@ -64,15 +64,6 @@ class StageConfig:
     @property
     def run_dir(self) -> str:
         return os.path.join(self.save_dir, self.project or self.stage)
-
-    @property
-    def dp_size(self) -> int:
-        return self.num_trainers // (self.tensor_parallel_size * self.pipeline_parallel_size)
-
-    @property
-    def plugin_name(self) -> str:
-        return plugin_for(self.plugin, self.num_trainers, self.tensor_parallel_size, self.pipeline_parallel_size,
-                          self.zero_stage)
 
     @property
     def rows_per_micro_batch(self) -> int:
