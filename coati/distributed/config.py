@@ -15,6 +15,7 @@ from coati.dataset.rows import RowFormat
 from coati.distributed.inference_backend import SamplingParams
 from coati.distributed.advantage import adv_estimator_names, get_adv_estimator
 from coati.distributed.loss import CORRECTIONS, LOSS_VARIATIONS, POLICY_LOSSES, PolicyLossConfig
+from coati.distributed.ppo_config import PPOConfig
 from rewards import REWARD_TYPES, STOP_STRINGS
 
 # What each -a preset changes from the defaults (the defaults of PolicyLossConfig, GroupConfig and AlgoConfig,
@@ -26,6 +27,9 @@ ALGO_PRESETS: dict[str, dict] = {
              "beta": 0.0, "loss_variation": "token_level", "soft_over_length_punishment": True,
              "filter_truncated_response": True},
     "PG": {"objective": "reinforce", "advantage": "group_mean"},
+    # RLHF-PPO: per-token GAE advantages from a critic, the reward model's score and a KL penalty in the reward
+    # (the KL lives in the reward, so the loss's beta stays 0); options in ppo_config.PPOConfig.
+    "PPO": {"advantage": "gae", "loss_variation": "token_level"},
 }
 ALGOS = tuple(ALGO_PRESETS)
 BACKENDS = ("transformers", "vllm")
@@ -163,6 +167,12 @@ class AlgoConfig:
     groups: GroupConfig = GroupConfig()
     ppo_epochs: int = 1  # optimizer passes over every rollout batch
     learner_chunk_size: int = 0  # prompts the trainer generates itself per step (0: off)
+    ppo: PPOConfig = PPOConfig()  # the critic, reward model and KL-in-reward of token-value estimators (PPO)
+
+    @property
+    def uses_critic(self) -> bool:
+        """Whether the advantage estimator reads a critic's per-token values (PPO) rather than group rewards."""
+        return get_adv_estimator(self.groups.advantage).inputs == "token_values"
 
 
 @dataclass(frozen=True)
@@ -346,7 +356,7 @@ def _is_type(value, kind) -> bool:
 
 def build_algo_config(name: str, learning_rate: float, max_grad_norm: float, max_new_tokens: int,
                       overrides: dict | None = None, kl_coeff: float | None = None, correction: str = "behaviour",
-                      tis_cap: float = 2.0, **flags) -> AlgoConfig:
+                      tis_cap: float = 2.0, ppo: PPOConfig | None = None, **flags) -> AlgoConfig:
     """Preset of ``name`` <- --grpo-config ``overrides`` <- dedicated flags (``kl_coeff`` = -kl, and
     ``ppo_epochs``, ``topk_samples``, ``learner_chunk_size``): later wins; a flag left at None does not override.
     ``correction`` and ``tis_cap``: the off-policy correction of the loss (--off-policy-correction, --tis-cap).
@@ -365,7 +375,8 @@ def build_algo_config(name: str, learning_rate: float, max_grad_norm: float, max
                             correction=correction, tis_cap=tis_cap)
     groups = GroupConfig(**{key: values[key] for key in _GROUP_KEYS if key != "filter_range"}, filter_range=filter_range)
     return AlgoConfig(name=name, learning_rate=learning_rate, max_grad_norm=max_grad_norm, loss=loss, groups=groups,
-                      ppo_epochs=values["ppo_epochs"], learner_chunk_size=values["learner_chunk_size"])
+                      ppo_epochs=values["ppo_epochs"], learner_chunk_size=values["learner_chunk_size"],
+                      ppo=ppo or PPOConfig())
 
 
 def _validate_algo(config: RLConfig) -> None:
@@ -376,11 +387,10 @@ def _validate_algo(config: RLConfig) -> None:
              f"{key} loss_variation must be one of {', '.join(LOSS_VARIATIONS)}, got {loss.loss_variation!r}")
     _require(loss.objective in POLICY_LOSSES,
              f"{key} objective must be one of {', '.join(POLICY_LOSSES)}, got {loss.objective!r}")
-    group_estimators = ", ".join(adv_estimator_names("group"))
-    _require(g.advantage in adv_estimator_names(), f"{key} advantage must be one of {group_estimators}, got {g.advantage!r}")
-    _require(get_adv_estimator(g.advantage).inputs == "group",
-             f"{key} advantage {g.advantage!r} needs a critic's per-token values (PPO with a critic, not available "
-             f"yet); {config.algo.name} takes one of {group_estimators}")
+    _require(g.advantage in adv_estimator_names(),
+             f"{key} advantage must be one of {', '.join(adv_estimator_names())}, got {g.advantage!r}")
+    if a.uses_critic:
+        _validate_ppo(config)
     for name, eps in (("clip_eps_low", loss.clip_eps_low), ("clip_eps_high", loss.clip_eps_high)):
         _require(eps >= 0, f"{key} {name} must be >= 0, got {eps}")
     _require(loss.clip_eps_low < 1, f"{key} clip_eps_low must be < 1 (the ratio is clipped at 1 - eps), "
@@ -411,6 +421,36 @@ def _validate_algo(config: RLConfig) -> None:
              "has just published, which is the sync protocol; drop one of the two")
 
 
+def _validate_ppo(config: RLConfig) -> None:
+    """A critic's estimator (-a PPO): a score source, and what the critic and the KL-in-reward exclude."""
+    a, ppo, p = config.algo, config.algo.ppo, config.parallel
+    name = f"advantage {a.groups.advantage!r} (-a {a.name})"
+    _require(ppo.uses_reward_model or ppo.verifiable_reward_weight > 0,
+             f"{name} needs a score: pass --reward-model DIR (a `coati rm` output) and/or --verifiable-reward-weight > 0")
+    _require(p.tensor_parallel_size == 1 and p.pipeline_parallel_size == 1,
+             f"{name} trains a critic beside the policy: the -tp/-pp shard policies know only the LM head, not the "
+             "critic's value head; use data parallelism and ZeRO/FSDP2 (-t, -zero)")
+    _require(a.loss.kl_coeff == 0,
+             f"{name} puts the KL to the reference in the reward (--kl-coef {ppo.kl_coef:g}); -kl/--kl-coeff (the loss's "
+             "KL term of GRPO) must stay 0")
+    _require(a.groups.filter_range is None and not a.groups.dynamic_batching,
+             f"{name} trains on every group: drop filter_range / dynamic_batching from --grpo-config")
+    _require(a.learner_chunk_size == 0, f"{name}: --learner-chunk-size is not available with a critic (the "
+                                        "learner's groups would not be scored by the reward model)")
+    _require(ppo.gamma >= 0 and 0 <= ppo.lam <= 1, f"--gamma must be >= 0 and --lam in [0, 1], got {ppo.gamma}, {ppo.lam}")
+    _require(ppo.value_clip > 0, f"--value-clip must be > 0, got {ppo.value_clip}")
+    _require(ppo.kl_coef >= 0, f"--kl-coef must be >= 0, got {ppo.kl_coef}")
+    _require(ppo.kl_target is None or ppo.kl_target > 0, f"--kl-target must be > 0 (or unset), got {ppo.kl_target}")
+    _require(ppo.kl_horizon >= 1, f"--kl-horizon must be at least 1, got {ppo.kl_horizon}")
+    _require(ppo.score_clip is None or ppo.score_clip > 0, f"--score-clip must be > 0, got {ppo.score_clip}")
+    _require(ppo.critic_learning_rate is None or ppo.critic_learning_rate > 0,
+             f"--critic-learning-rate must be > 0, got {ppo.critic_learning_rate}")
+    for flag, path in (("--reward-model", ppo.reward_model), ("--critic-model", ppo.critic_model)):
+        _require(path is None or os.path.isfile(os.path.join(path, "config.json")),
+                 f"{flag} directory not found or without config.json: {path} (pass a directory written by "
+                 "save_pretrained, e.g. runs/rm/final)")
+
+
 def validate(config: RLConfig) -> None:
     """Cheap checks of the settings themselves (no file is opened here)."""
     p, b, s, d = config.parallel, config.batch, config.sampling, config.data
@@ -432,7 +472,9 @@ def validate(config: RLConfig) -> None:
                         ("-e/--num-episodes", config.run.num_episodes), ("-mnt/--max-new-tokens", s.max_new_tokens),
                         ("-mpt/--max-prompt-tokens", d.max_prompt_tokens)):
         _require(value >= 1, f"{flag} must be at least 1, got {value}")
-    _require(b.num_generations >= 2, "-g/--num-generations must be at least 2: advantages compare samples within a group")
+    _require(b.num_generations >= 2 or config.algo.uses_critic,
+             "-g/--num-generations must be at least 2: group advantages compare samples within a group "
+             "(-a PPO's critic allows -g 1)")
     _require(p.plugin in PLUGIN_FAMILIES, f"unknown --plugin {p.plugin!r}; choose one of {', '.join(PLUGIN_FAMILIES)}")
     _validate_layout(config)
     produced, consumed = p.num_inferencers * b.inference_batch_size, p.dp_size * b.train_batch_size
