@@ -30,6 +30,8 @@ import torch
 MicroBatch = dict[str, torch.Tensor]
 # (logits of the micro-batch, the micro-batch) -> (loss to backpropagate, detached statistics)
 LossFn = Callable[[torch.Tensor, MicroBatch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+# (logits of the micro-batch, the micro-batch) -> anything (forward_only's results, one per micro-batch)
+ForwardFn = Callable[[torch.Tensor, MicroBatch], object]
 
 
 class TrainerPlugin(ABC):
@@ -49,6 +51,12 @@ class TrainerPlugin(ABC):
         it runs on the last stage and its statistics are broadcast to the other stages, so every rank
         returns the same list.
         """
+
+    def forward_only(self, micro_batches: list[MicroBatch], fn: ForwardFn) -> list:
+        """``fn(logits, micro_batch)`` of every micro-batch under ``torch.no_grad()``, nothing accumulated (e.g. a
+        critic's values before its update). Collective, like ``forward_backward``; layouts whose forward is
+        split over ranks (pipeline stages) do not offer it."""
+        raise NotImplementedError(f"{type(self).__name__} has no forward-only pass")
 
     @abstractmethod
     def optimizer_step(self, max_grad_norm: float | None) -> float:

@@ -147,6 +147,13 @@ class ColossalPlugin(TrainerPlugin):
             stats.append(micro_stats)
         return stats
 
+    @torch.no_grad()
+    def forward_only(self, micro_batches: list[MicroBatch], fn):
+        if self.pp_size > 1:
+            raise NotImplementedError("colossalai-hybrid with pipeline stages has no forward-only pass")
+        return [fn(self.model(input_ids=m["input_ids"], attention_mask=m["attention_mask"]).logits.float(), m)
+                for m in micro_batches]
+
     def _pipeline_step(self, micro_batches: list[MicroBatch], loss_fn: LossFn):
         """All micro-batches of the call become one pipeline batch; each is a pipeline micro-batch."""
         batch = concat_micro_batches(micro_batches)

@@ -137,6 +137,12 @@ class TorchNativePlugin(TrainerPlugin):
             stats.append(micro_stats)
         return stats
 
+    @torch.no_grad()
+    def forward_only(self, micro_batches: list[MicroBatch], fn):
+        # the wrapped module: FSDP2 gathers its shards in forward; DDP's forward without grad reduces nothing
+        return [fn(self.wrapped(input_ids=m["input_ids"], attention_mask=m["attention_mask"]).logits, m)
+                for m in micro_batches]
+
     def optimizer_step(self, max_grad_norm):
         params = [p for p in self.module.parameters() if p.grad is not None]
         norm = math.sqrt(float(grad_norm_sq(params)))

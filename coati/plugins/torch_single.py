@@ -29,6 +29,11 @@ class SingleProcessPlugin(TrainerPlugin):
             stats.append(micro_stats)
         return stats
 
+    @torch.no_grad()
+    def forward_only(self, micro_batches: list[MicroBatch], fn):
+        return [fn(self.model(input_ids=m["input_ids"], attention_mask=m["attention_mask"]).logits, m)
+                for m in micro_batches]
+
     def optimizer_step(self, max_grad_norm):
         params = [p for p in self.model.parameters() if p.grad is not None]
         if max_grad_norm:
