@@ -3,10 +3,10 @@
 ``<save-dir>/<project>/step_N/`` holds
 - the policy as an HF directory (``model.safetensors``, ``config.json``, tokenizer files): ``from_pretrained``
   loads it, the other entries are ignored by transformers;
-- ``trainer_state/``: the plugin's ``save_state`` (parameters and optimizer state, one shard per rank for
-  sharded plugins; ``coati.plugins.state``);
-- ``consumer_state/rank_R.pt``: each trainer rank's counters (steps, groups drawn, draw serial, weight version)
-  and RNG states;
+- ``trainer_state/<role>/``: each trained model's plugin ``save_state`` (``actor``, and ``critic`` for PPO;
+  parameters and optimizer state, one shard per rank for sharded plugins; ``coati.plugins.state``);
+- ``consumer_state/rank_R.pt``: each trainer rank's counters (steps, groups drawn, draw serial, weight version,
+  and the algorithm's own state, e.g. PPO's KL coefficient) and RNG states;
 - ``pending_rollouts.json``: the groups producers had put into the buffer that were not drawn yet, with their
   (round, slot) places in the draw order;
 - ``run_state.json``: the driver's step and skipped-step counts, the weight version, each producer's next round,
@@ -69,8 +69,10 @@ def save_consumer(consumer, staging: str) -> dict:
     """Collective: HF export (the sender writes), the plugin's trainer state (every rank its shards), and this
     rank's counters and RNG states. Returns the counters (equal on every rank)."""
     consumer.save_pretrained(staging)
-    consumer.plugin.save_state(os.path.join(staging, TRAINER_STATE))
+    for role in consumer.roles.values():
+        role.save_state(os.path.join(staging, TRAINER_STATE))
     counters = {name: getattr(consumer, name) for name in COUNTERS}
+    counters.update(consumer.algorithm_state())
     os.makedirs(os.path.join(staging, CONSUMER_STATE), exist_ok=True)
     torch.save({"counters": counters, "world_size": consumer.plugin.world_size, "torch_rng": torch.get_rng_state(),
                 "python_rng": random.getstate()},
@@ -81,11 +83,13 @@ def save_consumer(consumer, staging: str) -> dict:
 def load_consumer(consumer, path: str) -> dict:
     """Collective, after ``setup``: trainer state (any layout the plugin can read), counters, RNG states, and
     the checkpoint's weights published again under their version (the store of a new run starts at 0)."""
-    consumer.plugin.load_state(os.path.join(path, TRAINER_STATE))
+    for role in consumer.roles.values():
+        role.load_state(os.path.join(path, TRAINER_STATE))
     own = os.path.join(path, CONSUMER_STATE, f"rank_{consumer.rank}.pt")
     state = torch.load(own if os.path.isfile(own) else os.path.join(path, CONSUMER_STATE, "rank_0.pt"),
                        weights_only=False)
-    counters = state["counters"]
+    counters = {name: value for name, value in state["counters"].items() if name in COUNTERS}
+    consumer.load_algorithm_state({name: value for name, value in state["counters"].items() if name not in COUNTERS})
     if counters["version"] > 0:  # evaluation and late producers read the newest weights from the store
         consumer.version = counters["version"] - 1
         consumer.publish_weights()
@@ -194,7 +198,9 @@ def _check_state_format(path: str, config) -> None:
     """The plugin families read each other's trainer state only in part (``coati.plugins.state``)."""
     from coati.plugins.state import COLOSSAL_FORMAT, DCP_FORMAT, MANIFEST
 
-    with open(os.path.join(path, TRAINER_STATE, MANIFEST)) as handle:
+    from coati.distributed.roles import ACTOR, role_state_dir
+
+    with open(os.path.join(role_state_dir(os.path.join(path, TRAINER_STATE), ACTOR), MANIFEST)) as handle:
         saved = json.load(handle)
     p = config.parallel
     readers_of_dcp = p.plugin == "torch" or (p.plugin_name == "colossalai-ddp" and p.precision == "fp32")

@@ -50,7 +50,7 @@ from coati.distributed.config import RLConfig
 from coati.distributed.rollout import RolloutGroup, collate, split_micro_batches
 from coati.distributed.rollout_log import rollout_log_due, rollout_records
 from coati.distributed.weight_sync import make_publisher, pack_named_tensors
-from coati.plugins import make_plugin
+from coati.distributed.roles import ACTOR, TrainedModel, grad_norm_name
 from coati.utils.quiet import quiet_actor
 
 
@@ -73,6 +73,7 @@ class Consumer:
         self.num_threads = num_threads or os.cpu_count() or 1
         torch.set_num_threads(self.num_threads)
         self.plugin = None
+        self.roles: dict[str, TrainedModel] = {}  # the policy first, then e.g. a critic (roles.py)
         self.step_count = 0
         self.version = 0
         self.total_groups: int | None = None
@@ -110,10 +111,9 @@ class Consumer:
             from coati.plugins.dist import init_trainer_group
 
             init_trainer_group(self.rank, p.num_trainers, master_address or "127.0.0.1", master_port or 29506)
-        self.plugin = make_plugin(p.plugin_name, p.tensor_parallel_size, p.pipeline_parallel_size, p.zero_stage,
-                                  p.precision, world_size=p.num_trainers, model_config=model_config)
         model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=torch.float32)
-        self.plugin.setup(model, config.algo.learning_rate)
+        self.roles[ACTOR] = TrainedModel.build(ACTOR, p, model, config.algo.learning_rate, self.loss_fn, model_config)
+        self.plugin = self.roles[ACTOR].plugin  # the policy's: it sets the data-parallel shares and is published
         if self.plugin.is_weight_sender:
             self.publisher = make_publisher(config, self.weight_store)
         if config.algo.learner_chunk_size > 0 and self.plugin.is_weight_sender:
@@ -128,10 +128,22 @@ class Consumer:
         return self.learner.info() if self.learner is not None else None
 
     def setup_algorithm(self) -> None:
-        """Hook for subclasses (e.g. loading a reference model)."""
+        """Hook for subclasses (e.g. loading a reference model, adding a critic with ``add_role``)."""
+
+    def add_role(self, name: str, model: torch.nn.Module, learning_rate: float, loss_fn) -> TrainedModel:
+        """Train ``model`` beside the policy, on the same ranks and layout (collective: every rank adds it)."""
+        self.roles[name] = TrainedModel.build(name, self.config.parallel, model, learning_rate, loss_fn)
+        return self.roles[name]
 
     def loss_fn(self, logits: torch.Tensor, micro_batch: dict) -> tuple[torch.Tensor, dict]:
         raise NotImplementedError
+
+    def algorithm_state(self) -> dict:
+        """Hook: the algorithm's own state a checkpoint must keep (plain values, equal on every rank)."""
+        return {}
+
+    def load_algorithm_state(self, state: dict) -> None:
+        """Hook: restore what ``algorithm_state`` returned."""
 
     def select_groups(self, groups: list[RolloutGroup]) -> tuple[list[RolloutGroup], dict]:
         """Hook: the groups worth training on (e.g. an accuracy filter) and counters to add up per step.
@@ -248,24 +260,27 @@ class Consumer:
             batches = self.build_batches(share, groups, padding)
             epochs = self.config.algo.ppo_epochs
             totals: dict[str, float] = {}
-            grad_norms = []
+            grad_norms: dict[str, list[float]] = {name: [] for name in self.roles}
             train_start = time.perf_counter()
             for self.epoch in range(epochs):
                 stats: list[dict] = []
                 for batch in batches:
-                    stats += self.plugin.forward_backward(split_micro_batches(batch, self._micro_batch_samples()),
-                                                          self.loss_fn)
-                grad_norms.append(self.plugin.optimizer_step(self.config.algo.max_grad_norm))
-                for name in stats[0]:
-                    values = [float(s[name]) for s in stats]
+                    micro_batches = split_micro_batches(batch, self._micro_batch_samples())
+                    for role in self.roles.values():  # each role's statistics have names of their own
+                        stats += role.accumulate(micro_batches)
+                for name, role in self.roles.items():
+                    grad_norms[name].append(role.optimizer_step(self.config.algo.max_grad_norm))
+                for name in dict.fromkeys(key for s in stats for key in s):
+                    values = [float(s[name]) for s in stats if name in s]
                     if name in self.max_stats:
                         totals[name] = max([totals.get(name, float("-inf"))] + values)
                     else:
                         totals[name] = totals.get(name, 0.0) + sum(values)
             totals = self._reduce_stats(totals)
-            # Per-epoch means (maxima as they are); grad_norm is the first epoch's (later epochs see the same data).
+            # Per-epoch means (maxima as they are); grad norms are the first epoch's (later epochs see the same data).
             metrics.update({name: value if name in self.max_stats else value / epochs for name, value in totals.items()})
-            metrics.update(grad_norm=grad_norms[0], optimizer_steps=epochs, train_s=time.perf_counter() - train_start)
+            metrics.update({grad_norm_name(name): norms[0] for name, norms in grad_norms.items()})
+            metrics.update(optimizer_steps=epochs, train_s=time.perf_counter() - train_start)
             metrics.update(staleness_mean=sum(self._staleness) / len(self._staleness), staleness_max=max(self._staleness))
             self.step_count += 1
         metrics.update(info)
@@ -371,8 +386,8 @@ class Consumer:
         if self.publisher is not None:
             self.publisher.close()
             self.publisher = None
-        if self.plugin is not None:
-            self.plugin.close()
+        for role in self.roles.values():
+            role.close()
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():

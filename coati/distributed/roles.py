@@ -1,0 +1,72 @@
+"""The models a trainer group trains, each on every rank through a plugin of its own: the policy (``actor``)
+and, for PPO, the ``critic``.
+
+The trainer group (consumer.py) owns what is shared: drawing groups, data-parallel shares, publishing weights,
+checkpoints. A ``TrainedModel`` owns one model's plugin, its loss and its optimizer steps, so adding a model
+to the group (a critic beside the policy, as verl's workers separate them) is one more role, not another
+trainer. Every role uses the group's layout (-t/-zero/--plugin), built from the same process group, and
+checkpoints its state under ``trainer_state/<role>/``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+import torch
+
+from coati.plugins import make_plugin
+from coati.plugins.base import LossFn, TrainerPlugin
+from coati.plugins.state import MANIFEST
+
+ACTOR = "actor"
+
+
+@dataclass
+class TrainedModel:
+    name: str
+    plugin: TrainerPlugin
+    loss_fn: LossFn
+
+    @classmethod
+    def build(cls, name: str, parallel, model: torch.nn.Module, learning_rate: float, loss_fn: LossFn,
+              model_config=None) -> "TrainedModel":
+        """Lay ``model`` out as the group's ``parallel`` config says (collective: every rank builds it)."""
+        plugin = make_plugin(parallel.plugin_name, parallel.tensor_parallel_size, parallel.pipeline_parallel_size,
+                             parallel.zero_stage, parallel.precision, world_size=parallel.num_trainers,
+                             model_config=model_config if model_config is not None else getattr(model, "config", None))
+        plugin.setup(model, learning_rate)
+        return cls(name, plugin, loss_fn)
+
+    def accumulate(self, micro_batches: list[dict]) -> list[dict]:
+        """Forward and backward every micro-batch with this role's loss; its statistics per micro-batch."""
+        return self.plugin.forward_backward(micro_batches, self.loss_fn)
+
+    def optimizer_step(self, max_grad_norm: float) -> float:
+        return self.plugin.optimizer_step(max_grad_norm)
+
+    def state_dir(self, trainer_state: str) -> str:
+        return os.path.join(trainer_state, self.name)
+
+    def save_state(self, trainer_state: str) -> None:
+        self.plugin.save_state(self.state_dir(trainer_state))
+
+    def load_state(self, trainer_state: str) -> None:
+        self.plugin.load_state(role_state_dir(trainer_state, self.name))
+
+    def close(self) -> None:
+        self.plugin.close()
+
+
+def role_state_dir(trainer_state: str, name: str) -> str:
+    """Where role ``name``'s state lies in a checkpoint's ``trainer_state``; checkpoints written before the
+    roles existed hold the policy's state directly there."""
+    path = os.path.join(trainer_state, name)
+    if name == ACTOR and not os.path.isdir(path) and os.path.isfile(os.path.join(trainer_state, MANIFEST)):
+        return trainer_state
+    return path
+
+
+def grad_norm_name(role: str) -> str:
+    """Metric name of a role's gradient norm: ``grad_norm`` for the policy (as before roles), else prefixed."""
+    return "grad_norm" if role == ACTOR else f"{role}_grad_norm"
+
