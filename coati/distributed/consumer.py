@@ -377,9 +377,10 @@ class Consumer:
 
         return load_consumer(self, path)
 
-    def full_state(self) -> dict[str, torch.Tensor]:
-        """Full weights as a plain dict on the sender (tests compare them across runs and layouts); collective."""
-        return {name: tensor.clone() for name, tensor in self.plugin.named_full_tensors()}
+    def full_state(self, role: str = ACTOR) -> dict[str, torch.Tensor]:
+        """Full weights of a trained model as a plain dict on the sender (tests compare them across runs and
+        layouts); collective."""
+        return {name: tensor.clone() for name, tensor in self.roles[role].plugin.named_full_tensors()}
 
     def shutdown(self) -> None:
         """Close the weight sync, leave the trainer group: release the plugin, then the default process group."""

@@ -54,18 +54,29 @@ def tokenise_prompts(tokenizer, examples, system_prompt: str, max_prompt_tokens:
     return kept, skipped
 
 
-def rollout_groups(backend, scorer, batch, sampling, version: int, learner: bool = False) -> list[RolloutGroup]:
+def rollout_groups(backend, scorer, batch, sampling, version: int, learner: bool = False,
+                   reward_model=None) -> list[RolloutGroup]:
     """Generate ``sampling.n`` completions for each (example, text, ids) of ``batch`` with ``backend``, score
-    them, and build one group per prompt tagged with the weights ``version`` that generated it."""
+    them, and build one group per prompt tagged with the weights ``version`` that generated it.
+
+    ``reward_model``: a callable (prompt ids list, response ids list) -> scores; its scores go to
+    ``RolloutGroup.scores`` (PPO), timed with the verifiable scoring."""
     start = time.perf_counter()
     outputs = backend.generate([ids for _, _, ids in batch], sampling)
     generate_s = (time.perf_counter() - start) / max(1, len(batch))
     start = time.perf_counter()
     scored = scorer.score_groups([[c.text for c in completions] for completions in outputs],
                                  [example for example, _, _ in batch])
+    model_scores = [[] for _ in batch]
+    if reward_model is not None:
+        flat = reward_model([ids for (_, _, ids), completions in zip(batch, outputs) for _ in completions],
+                            [c.token_ids for completions in outputs for c in completions])
+        at = 0
+        for index, completions in enumerate(outputs):
+            model_scores[index], at = flat[at : at + len(completions)], at + len(completions)
     score_s = (time.perf_counter() - start) / max(1, len(batch))
     groups = []
-    for (example, text, ids), completions, results in zip(batch, outputs, scored):
+    for (example, text, ids), completions, results, rm_scores in zip(batch, outputs, scored, model_scores):
         texts = [c.text for c in completions]
         rewards = torch.tensor([[r.reward for r in results]])
         groups.append(RolloutGroup(
@@ -84,5 +95,6 @@ def rollout_groups(backend, scorer, batch, sampling, version: int, learner: bool
             learner=learner,
             generate_s=generate_s,
             score_s=score_s,
+            scores=rm_scores,
         ))
     return groups

@@ -20,6 +20,7 @@ from coati.distributed.cluster import init_ray, node_label, reserve, where
 from coati.distributed.config import RLConfig
 from coati.distributed.eval_schedule import EvalSchedule
 from coati.distributed.grpo_consumer import GRPOConsumer
+from coati.distributed.ppo_consumer import PPOConsumer
 from coati.distributed.producer import Producer
 from coati.distributed.schedule import thread_budgets
 from coati.distributed.supervision import PRODUCER_OPTIONS, Supervisor
@@ -68,7 +69,9 @@ def _run(config: RLConfig, log, reservation, start: float) -> RunResult:
     store = ray.remote(WeightStore).options(name=names["weights"], **beside_driver).remote()
     buffer = ray.remote(RolloutBuffer).options(name=names["buffer"], **beside_driver).remote(
         schedule.buffer_capacity, schedule.slots())
-    consumers = [ray.remote(GRPOConsumer).options(**reservation.trainer_options(rank)).remote(
+    # the advantage estimator decides: group rewards (GRPO, DAPO, PG) or a critic's per-token values (PPO)
+    consumer_class = PPOConsumer if config.algo.uses_critic else GRPOConsumer
+    consumers = [ray.remote(consumer_class).options(**reservation.trainer_options(rank)).remote(
         config, rank, buffer, store, trainer_threads) for rank in range(p.num_trainers)]
     producers = [ray.remote(Producer).options(**reservation.inferencer_options(rank), **PRODUCER_OPTIONS).remote(
         config, rank, names["buffer"], names["weights"], producer_threads) for rank in range(p.num_inferencers)]

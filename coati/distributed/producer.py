@@ -53,12 +53,25 @@ class Producer:
         self.tokenizer = self.backend.tokenizer
         code_options = config.data.code.scorer_options() if config.data.reward_type == "code" else None
         self.scorer = RewardScorer(config.data.reward_type, code_options)
+        # -a PPO: the reward model scores here, beside the engine: a forward pass per response costs less than
+        # generating it, and the scores travel with the groups (no extra actor, no second transfer of samples).
+        self.reward_model = self._load_reward_model(config.algo.ppo.reward_model)
         self.version = 0
         examples = load_examples(config.data.train_path, config.data.rows)
         start, end = prompt_shard(len(examples), config.parallel.num_inferencers, config.batch.inference_batch_size,
                                   config.algo.learner_chunk_size, rank)
         self.examples, self.skipped_long = self._tokenise(examples[start:end])
         self.rounds_per_episode = len(self.examples) // config.batch.inference_batch_size
+
+    def _load_reward_model(self, path: str | None):
+        if path is None:
+            return None
+        from functools import partial
+
+        from coati.rlhf.reward_model import load_reward_model, reward_model_scores
+
+        return partial(reward_model_scores, load_reward_model(path), self.tokenizer,
+                       micro_batch_size=self.config.batch.inference_microbatch_size)
 
     def _tokenise(self, examples):
         return tokenise_prompts(self.tokenizer, examples, self.config.data.system_prompt,
@@ -127,7 +140,8 @@ class Producer:
         return max(0, num_rounds - start_round)
 
     def _rollout(self, batch, params=None) -> list[RolloutGroup]:
-        return rollout_groups(self.backend, self.scorer, batch, params or self.config.sampling, self.version)
+        return rollout_groups(self.backend, self.scorer, batch, params or self.config.sampling, self.version,
+                              reward_model=self.reward_model)
 
     def evaluate(self, path: str, params: SamplingParams, latest_weights: bool = True) -> dict:
         """Accuracy on a held-out jsonl with the newest published weights; records for the eval logs."""
