@@ -445,10 +445,6 @@ def _validate_ppo(config: RLConfig) -> None:
     _require(ppo.score_clip is None or ppo.score_clip > 0, f"--score-clip must be > 0, got {ppo.score_clip}")
     _require(ppo.critic_learning_rate is None or ppo.critic_learning_rate > 0,
              f"--critic-learning-rate must be > 0, got {ppo.critic_learning_rate}")
-    for flag, path in (("--reward-model", ppo.reward_model), ("--critic-model", ppo.critic_model)):
-        _require(path is None or os.path.isfile(os.path.join(path, "config.json")),
-                 f"{flag} directory not found or without config.json: {path} (pass a directory written by "
-                 "save_pretrained, e.g. runs/rm/final)")
 
 
 def validate(config: RLConfig) -> None:
@@ -620,6 +616,18 @@ def _check_model_layout(config: RLConfig) -> None:
         raise ConfigError(f"{config.model.path}: {err}") from None
 
 
+def _check_ppo_models(ppo: PPOConfig) -> None:
+    """--reward-model is a reward model (a single-label score head), --critic-model an HF directory."""
+    if ppo.reward_model is not None:
+        from coati.rlhf.reward_model import reward_model_problem
+
+        problem = reward_model_problem(ppo.reward_model)
+        _require(problem is None, f"--reward-model: {problem}")
+    _require(ppo.critic_model is None or os.path.isfile(os.path.join(ppo.critic_model, "config.json")),
+             f"--critic-model directory not found or without config.json: {ppo.critic_model} (pass a directory "
+             "written by save_pretrained, e.g. runs/rlhf/rm/final)")
+
+
 def check_inputs(config: RLConfig) -> None:
     """Checks that open files: the model directory and every dataset (parsed in full, line by line)."""
     from coati.dataset.loader import DatasetError, load_examples
@@ -645,6 +653,8 @@ def check_inputs(config: RLConfig) -> None:
         except DatasetError as err:
             raise ConfigError(f"-ed/--eval-dataset task {name!r}: {err}") from None
     _check_model_layout(config)
+    if config.algo.uses_critic:
+        _check_ppo_models(config.algo.ppo)
     if config.run.resume is not None:
         from coati.distributed.checkpointing import check_resume
 

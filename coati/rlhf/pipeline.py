@@ -1,0 +1,269 @@
+"""``coati rlhf``: the three-stage RLHF pipeline, SFT -> reward model -> PPO, from one YAML file (or ``--dummy``).
+
+The YAML file::
+
+    save_dir: runs            # every stage writes under <save_dir>/<project>/<stage>/
+    project: rlhf
+    model: path/to/base       # the model SFT starts from (default: the embedded tiny model, untrained)
+    stages: [sft, rm, ppo]    # a subset runs those alone; a later stage then needs its inputs given
+    sft: {dataset: sft.jsonl, eval_dataset: sft_eval.jsonl, epochs: 1, ...}        # `coati sft` options
+    rm:  {dataset: pairs.jsonl, eval_dataset: pairs_eval.jsonl, ...}               # `coati rm` options
+    ppo: {dataset: prompts.jsonl, eval_dataset: '{"math": "p.jsonl"}', ...}       # `coati ppo` options
+
+Each stage's section holds exactly the options of the command that runs it alone (same names, same checks).
+What links the stages is filled in unless the section sets it: the reward model starts from the SFT output,
+PPO's policy is the SFT output and its reward model the RM output (the critic starts from the reward model).
+Every stage's options are checked before the first one trains, so a typo in the PPO section stops the
+pipeline within seconds, not after SFT.
+
+``--dummy``: the quickstart on the embedded addition task (coati/rlhf/dummy.py writes the three data sets; the
+correct sum is the preferred answer), with settings sized for 2 CPU cores (``DUMMY`` below).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field, replace
+
+STAGES = ("sft", "rm", "ppo")
+TOP_KEYS = ("save_dir", "project", "model", "stages", *STAGES)
+
+# The quickstart's settings, chosen for the tiny model on 2 CPU cores (README: measured numbers and time).
+DUMMY = {
+    "sft": {"epochs": 1, "batch_size": 32, "micro_batch_size": 32},
+    "rm": {"epochs": 1, "batch_size": 32, "micro_batch_size": 32},
+    "ppo": {"num_generations": 4, "inference_batch_size": 32, "inference_microbatch_size": 32,
+            "train_batch_size": 16, "train_minibatch_size": 16, "train_microbatch_size": 64, "num_episodes": 1,
+            "max_new_tokens": 8, "ppo_epochs": 2, "learning_rate": 1e-4, "critic_learning_rate": 3e-4,
+            "kl_coef": 0.05, "reward_type": "boxed"},
+}
+
+
+class PipelineError(ValueError):
+    """A bad pipeline file or stage section; one line naming the key and the fix."""
+
+
+@dataclass
+class Plan:
+    save_dir: str = "runs"
+    project: str = "rlhf"
+    model: str | None = None
+    stages: tuple[str, ...] = STAGES
+    sections: dict = field(default_factory=dict)  # stage -> its options as given
+
+    def stage_dir(self, stage: str) -> str:
+        return os.path.join(self.save_dir, self.project, stage)
+
+    def output(self, stage: str) -> str:
+        """The model a stage leaves: SFT and RM their ``final``, PPO its last ``step_N`` (resolved after the run)."""
+        return os.path.join(self.stage_dir(stage), "final")
+
+
+def read_plan(path: str) -> Plan:
+    import yaml
+
+    if not os.path.isfile(path):
+        raise PipelineError(f"--config file not found: {path}")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            raw = yaml.safe_load(handle) or {}
+    except yaml.YAMLError as err:
+        raise PipelineError(f"--config {path} is not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise PipelineError(f"--config {path} must be a mapping with keys {', '.join(TOP_KEYS)}")
+    unknown = sorted(set(raw) - set(TOP_KEYS))
+    if unknown:
+        raise PipelineError(f"--config {path} has unknown key {unknown[0]!r}; valid keys: {', '.join(TOP_KEYS)}")
+    stages = tuple(raw.get("stages") or STAGES)
+    bad = [s for s in stages if s not in STAGES]
+    if bad or list(stages) != sorted(stages, key=STAGES.index):
+        raise PipelineError(f"--config {path} stages must be an ordered subset of {list(STAGES)}, got {list(stages)}")
+    sections = {}
+    for stage in STAGES:
+        section = raw.get(stage) or {}
+        if not isinstance(section, dict):
+            raise PipelineError(f"--config {path} section {stage!r} must be a mapping of option: value")
+        sections[stage] = {str(k).replace("-", "_"): v for k, v in section.items()}
+    return Plan(save_dir=str(raw.get("save_dir", "runs")), project=str(raw.get("project", "rlhf")),
+                model=raw.get("model"), stages=stages, sections=sections)
+
+
+def dummy_plan(save_dir: str, project: str) -> Plan:
+    from coati.rlhf.dummy import write_dummy_data
+
+    data = write_dummy_data(os.path.join(save_dir, project, "data"))
+    sections = {
+        "sft": {**DUMMY["sft"], "dataset": data["sft"], "eval_dataset": data["sft_eval"]},
+        "rm": {**DUMMY["rm"], "dataset": data["preferences"], "eval_dataset": data["preferences_eval"]},
+        "ppo": {**DUMMY["ppo"], "dataset": data["prompts"],
+                "eval_dataset": json.dumps({"addition": data["prompts_eval"]})},
+    }
+    return Plan(save_dir=save_dir, project=project, sections=sections)
+
+
+def stage_config(plan: Plan, stage: str):
+    """The checked options of a supervised stage, with the links to the previous stage filled in."""
+    from coati.rlhf.config import RMConfig, SFTConfig, validate
+
+    cls = SFTConfig if stage == "sft" else RMConfig
+    values = dict(plan.sections[stage])
+    known = {f for f in cls.__dataclass_fields__}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise PipelineError(f"section {stage!r} has unknown option {unknown[0]!r} (see `coati {stage} --help`)")
+    if stage == "sft":
+        values.setdefault("model", plan.model)
+    elif "sft" in plan.stages:
+        values.setdefault("model", plan.output("sft"))
+    values.setdefault("save_dir", os.path.join(plan.save_dir, plan.project))
+    values.setdefault("project", stage)
+    config = cls(**values)
+    validate(config)
+    return config
+
+
+def ppo_argv(plan: Plan) -> list[str]:
+    """`coati ppo` flags for the PPO section: its options as --long-flags, the links filled in."""
+    values = dict(plan.sections["ppo"])
+    if "sft" in plan.stages:
+        values.setdefault("model", plan.output("sft"))
+    elif plan.model is not None:
+        values.setdefault("model", plan.model)
+    if "rm" in plan.stages:
+        values.setdefault("reward_model", plan.output("rm"))
+    values.setdefault("save_dir", os.path.join(plan.save_dir, plan.project))
+    values.setdefault("project", "ppo")
+    argv = ["-a", "PPO"]
+    for key, value in values.items():
+        flag = "--" + key.replace("_", "-") if key not in ("master_address", "master_port", "ray_dir") else f"--{key}"
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, (dict, list)):
+            argv += [flag, json.dumps(value)]
+        elif value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def ppo_config(plan: Plan, check_files: bool):
+    from coati.distributed.cli import build_parser, config_from_args
+    from coati.distributed.config import ConfigError, check_inputs
+
+    try:
+        args = build_parser("coati ppo").parse_args(ppo_argv(plan))
+    except SystemExit:
+        raise PipelineError("section 'ppo' has an option `coati ppo` does not take (see `coati ppo --help`)") from None
+    if args.model is None:
+        raise PipelineError("section 'ppo' needs model: (the policy to train) when the pipeline has no sft stage")
+    try:
+        config = config_from_args(args)
+        if check_files:  # the models an earlier stage writes are not there before it ran
+            check_inputs(config)
+    except ConfigError as err:
+        raise PipelineError(f"section 'ppo': {err}") from None
+    return config
+
+
+@dataclass
+class PipelineResult:
+    sft: object = None  # StageResult
+    rm: object = None
+    ppo: object = None  # launch.RunResult
+    ppo_eval: dict = field(default_factory=dict)  # "task/mode" -> {"before": {...}, "after": {...}}
+    wall_s: float = 0.0
+
+
+def run_pipeline(plan: Plan, log=print) -> PipelineResult:
+    """Check every stage, then run them in order."""
+    from coati.rlhf.cli import resolve_inputs
+    from coati.rlhf.stage import load_stage_rows, run_stage
+
+    start = time.time()
+    configs = {stage: stage_config(plan, stage) for stage in ("sft", "rm") if stage in plan.stages}
+    for stage, config in configs.items():  # rows are checked now; a model made by an earlier stage is not there yet
+        if config.dataset is None:
+            raise PipelineError(f"section {stage!r} needs dataset: (or run `coati rlhf --dummy`)")
+        load_stage_rows(config, config.dataset, config.eval_dataset)
+    if "ppo" in plan.stages:
+        ppo_config(plan, check_files=False)
+    result = PipelineResult()
+    for stage in ("sft", "rm"):
+        if stage in plan.stages:
+            log(f"== {stage}")
+            model_path, train_path, eval_path = resolve_inputs(configs[stage], log=log)
+            setattr(result, stage, run_stage(configs[stage], train_path, eval_path, model_path, log=log))
+    if "ppo" in plan.stages:
+        from coati.distributed.launch import run
+
+        log("== ppo")
+        config = ppo_config(plan, check_files=True)
+        result.ppo = run(config, log=log)
+        result.ppo_eval = eval_summary(config)
+    result.wall_s = time.time() - start
+    return result
+
+
+def eval_summary(config) -> dict:
+    """'task/mode' -> {'before': row, 'after': row} of the PPO run's first and last eval rows."""
+    rows: dict[str, dict] = {}
+    with open(os.path.join(config.run.run_dir, "metrics.jsonl"), encoding="utf-8") as handle:
+        for line in handle:
+            row = json.loads(line)
+            if row.get("kind") == "eval":
+                entry = rows.setdefault(f"{row['task']}/{row['mode']}", {})
+                entry.setdefault("before", row)
+                entry["after"] = row
+    return rows
+
+
+def report(result: PipelineResult) -> list[str]:
+    lines = []
+    if result.sft is not None:
+        lines.append(f"sft: {result.sft.steps} steps, training loss {result.sft.losses[0]:.3f} -> "
+                     f"{result.sft.losses[-1]:.3f}; held-out loss {result.sft.before.get('eval_loss', float('nan')):.3f}"
+                     f" -> {result.sft.after.get('eval_loss', float('nan')):.3f} ({result.sft.wall_s:.0f} s)")
+    if result.rm is not None:
+        lines.append(f"rm: {result.rm.steps} steps, held-out pairwise accuracy "
+                     f"{result.rm.before.get('eval_accuracy', float('nan')):.3f} -> "
+                     f"{result.rm.after.get('eval_accuracy', float('nan')):.3f} ({result.rm.wall_s:.0f} s)")
+    if result.ppo is not None:
+        lines.append(f"ppo: {result.ppo.steps} steps ({result.ppo.wall_s:.0f} s); model {result.ppo.final_model_dir}")
+        for key, entry in result.ppo_eval.items():
+            before, after = entry["before"], entry["after"]
+            text = f"  held-out {key}: accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}"
+            if "mean_rm_score" in before:
+                text += f", mean reward-model score {before['mean_rm_score']:.3f} -> {after['mean_rm_score']:.3f}"
+            lines.append(text)
+    lines.append(f"pipeline: {result.wall_s:.0f} s")
+    return lines
+
+
+def main(argv: list[str] | None = None, prog: str = "coati rlhf") -> int:
+    from coati.distributed.config import ConfigError
+    from coati.utils.dataclass_cli import ConfigFileError
+
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", metavar="FILE.yaml", help="the pipeline file (see above)")
+    source.add_argument("--dummy", action="store_true",
+                        help="the quickstart: generated addition data, the embedded tiny model, all three stages")
+    parser.add_argument("-sd", "--save-dir", default="runs", help="--dummy: outputs under <save-dir>/<project>/")
+    parser.add_argument("-p", "--project", default="rlhf", help="--dummy: the pipeline's name")
+    args = parser.parse_args(argv)
+    try:
+        plan = read_plan(args.config) if args.config else dummy_plan(args.save_dir, args.project)
+        result = run_pipeline(plan)
+    except (PipelineError, ConfigError, ConfigFileError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print("\n" + "\n".join(report(result)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
