@@ -3,6 +3,7 @@ producers do, generate one completion per prompt and mode, score, write the summ
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -102,6 +103,20 @@ def evaluate_mode(backend, scorer, reward_model, plan: Plan, mode: str) -> tuple
     return metrics, records
 
 
+@contextlib.contextmanager
+def _no_load_bars():
+    """Two "Loading weights" bars per run say nothing the table does not; restored after (in-process callers)."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
 def run(plan: Plan) -> dict:
     """Load the reward model (first: a bad one fails before the policy is loaded) and the policy, evaluate every
     mode, write the summary and the samples; the summary."""
@@ -109,12 +124,13 @@ def run(plan: Plan) -> dict:
 
     config, inputs = plan.config, plan.inputs
     reward_model = None
-    if config.reward_model:
-        try:
-            reward_model = load_reward_model(config.reward_model)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
-    policy = AutoModelForCausalLM.from_pretrained(inputs.model, dtype=torch.float32)
+    with _no_load_bars():
+        if config.reward_model:
+            try:
+                reward_model = load_reward_model(config.reward_model)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+        policy = AutoModelForCausalLM.from_pretrained(inputs.model, dtype=torch.float32)
     backend = TransformersBackend(policy, plan.tokenizer, config.micro_batch_size)
     scorer = RewardScorer(config.reward_type) if any(has_answer(e) for e, _, _ in plan.batch) else None
     modes, records = {}, []
