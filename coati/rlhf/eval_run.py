@@ -51,7 +51,8 @@ def _max_new_tokens(config: EvalConfig, model_dir: str, longest_prompt: int) -> 
         positions = json.load(handle).get("max_position_embeddings")
     if positions:  # the demo model has 1024 positions: 1024 new tokens after a prompt would run past them
         wanted = min(wanted, positions - longest_prompt)
-    _require(wanted >= 1, f"the longest prompt ({longest_prompt} tokens) fills the model's {positions} positions: lower -mpt")
+    _require(wanted >= 1, f"the longest prompt ({longest_prompt} tokens) fills the model's {positions} positions: "
+                          "lower -mpt")
     return wanted
 
 

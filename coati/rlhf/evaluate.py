@@ -73,13 +73,15 @@ def _require(condition: bool, message: str) -> None:
 def _model_problem(path: str) -> str | None:
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
-        return f"model directory not found or without config.json: {path} (pass -m an HF directory, e.g. runs/sft/final)"
+        return (f"model directory not found or without config.json: {path} "
+                "(pass -m an HF directory, e.g. runs/sft/final)")
     with open(config_path, encoding="utf-8") as handle:
         architectures = json.load(handle).get("architectures") or []
     if any(name.endswith("ForSequenceClassification") for name in architectures):
         return f"{path} is a reward model ({architectures[0]}), not a causal LM: pass it as --reward-model"
     if not any(os.path.isfile(os.path.join(path, name)) for name in ("tokenizer.json", "tokenizer_config.json")):
-        return f"{path} has no tokenizer files (tokenizer.json / tokenizer_config.json): save the tokenizer beside the model"
+        return (f"{path} has no tokenizer files (tokenizer.json / tokenizer_config.json): "
+                "save the tokenizer beside the model")
     return None
 
 

@@ -28,7 +28,8 @@ def reward_model_problem(path: str) -> str | None:
     """Why ``path`` is not a reward-model directory, from its config.json alone (None: it looks like one)."""
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
-        return f"reward model directory not found or without config.json: {path} (pass a `coati rm` output, e.g. runs/rm/final)"
+        return (f"reward model directory not found or without config.json: {path} "
+                "(pass a `coati rm` output, e.g. runs/rm/final)")
     try:
         with open(config_path, encoding="utf-8") as handle:
             config = json.load(handle)
@@ -77,7 +78,8 @@ def _special_ids(model, tokenizer_or_pad_id) -> tuple[int, int]:
         eos_id = tokenizer_or_pad_id.eos_token_id
         pad_id = tokenizer_or_pad_id.pad_token_id if tokenizer_or_pad_id.pad_token_id is not None else eos_id
     if not isinstance(eos_id, int):
-        raise ValueError(f"no single EOS id (model config eos_token_id {eos_id!r}): pass the tokenizer instead of a pad id")
+        raise ValueError(f"no single EOS id (model config eos_token_id {eos_id!r}): "
+                         "pass the tokenizer instead of a pad id")
     model_pad = model.config.get_text_config().pad_token_id
     if pad_id != model_pad:
         # transformers finds the scored position by the config's pad id: padding with another id would move it

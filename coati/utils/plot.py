@@ -89,8 +89,8 @@ def choose_panels(rows: list[dict]) -> dict[str, list[tuple[str, str]]]:
 
 def _grid(plt, count: int, cols: int, height: float):
     cols = min(cols, count)
-    fig, axes = plt.subplots((count + cols - 1) // cols, cols, figsize=(5.5 * cols + 0.5, height * ((count + cols - 1) // cols)),
-                             squeeze=False)
+    rows = (count + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols + 0.5, height * rows), squeeze=False)
     for ax in list(axes.flat)[count:]:
         ax.axis("off")
     return fig, list(axes.flat)

@@ -142,6 +142,8 @@ def test_bad_inputs_are_one_error_line_before_any_model(demo_assets, reward_mode
     good = write_rows(tmp_path / "good.jsonl", math_rows(demo_assets, 2))
     bad = write_rows(tmp_path / "bad.jsonl", [{"prompt": "1+1="}, {"question": "2+2="}])
     no_tokenizer = shutil.copytree(model, tmp_path / "bare", ignore=shutil.ignore_patterns("tokenizer*"))
+    options = tmp_path / "eval.yaml"
+    options.write_text("max_new_tokens: 8\nlearning_rate: 1e-4\n")
     cases = [
         (["-m", str(tmp_path / "nope"), "-d", good], "model directory not found or without config.json"),
         (["-m", model, "-d", str(tmp_path / "nope.jsonl")], "dataset file not found"),
@@ -154,6 +156,7 @@ def test_bad_inputs_are_one_error_line_before_any_model(demo_assets, reward_mode
         (["-m", model, "-d", good, "--label-key", "answer"], f'{good}:1: missing "answer"'),
         (["-m", model, "-d", good, "-mnt", "0"], "-mnt/--max-new-tokens must be at least 1"),
         (["-m", model, "-d", good, "-mpt", "2"], "all 2 prompts are longer than -mpt 2 tokens"),
+        (["-m", model, "-d", good, "--config", str(options)], f"--config {options} has unknown key 'learning_rate'"),
     ]
     for argv, message in cases:
         assert main(argv) == 2, argv

@@ -60,7 +60,8 @@ def test_scores_are_unpadded_forwards_of_prompt_response_eos(rm):
     with_eos = reward_model_scores(model, tokenizer, prompts[1:2], [responses[1] + [eos]], 4)
     assert with_eos == pytest.approx(reward_model_scores(model, tokenizer, prompts[1:2], responses[1:2], 4), abs=1e-6)
     # the pad id as an int (EOS from the model's config) gives the same scores
-    assert reward_model_scores(model, tokenizer.pad_token_id, prompts, responses, 2) == pytest.approx(expected, abs=1e-5)
+    by_pad_id = reward_model_scores(model, tokenizer.pad_token_id, prompts, responses, 2)
+    assert by_pad_id == pytest.approx(expected, abs=1e-5)
 
 
 def test_scores_equal_reward_task_training_rows(rm):
