@@ -75,8 +75,11 @@ def _model_problem(path: str) -> str | None:
     if not os.path.isfile(config_path):
         return (f"model directory not found or without config.json: {path} "
                 "(pass -m an HF directory, e.g. runs/sft/final)")
-    with open(config_path, encoding="utf-8") as handle:
-        architectures = json.load(handle).get("architectures") or []
+    try:
+        with open(config_path, encoding="utf-8") as handle:
+            architectures = json.load(handle).get("architectures") or []
+    except (OSError, ValueError, AttributeError) as err:
+        return f"{config_path}: not a JSON object ({err})"
     if any(name.endswith("ForSequenceClassification") for name in architectures):
         return f"{path} is a reward model ({architectures[0]}), not a causal LM: pass it as --reward-model"
     if not any(os.path.isfile(os.path.join(path, name)) for name in ("tokenizer.json", "tokenizer_config.json")):

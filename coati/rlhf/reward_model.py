@@ -72,11 +72,11 @@ def load_reward_model(path: str, dtype: torch.dtype = torch.float32, device: str
 def _special_ids(model, tokenizer_or_pad_id) -> tuple[int, int]:
     """(pad id, EOS id) as RewardTask used them: the tokenizer's pad (its EOS when it has none) and EOS; an int
     is the pad id and the EOS comes from the model's config."""
-    if isinstance(tokenizer_or_pad_id, int):
-        pad_id, eos_id = tokenizer_or_pad_id, model.config.eos_token_id
-    else:
+    if hasattr(tokenizer_or_pad_id, "eos_token_id"):
         eos_id = tokenizer_or_pad_id.eos_token_id
         pad_id = tokenizer_or_pad_id.pad_token_id if tokenizer_or_pad_id.pad_token_id is not None else eos_id
+    else:  # an int, a numpy or 0-d tensor id
+        pad_id, eos_id = int(tokenizer_or_pad_id), model.config.eos_token_id
     if not isinstance(eos_id, int):
         raise ValueError(f"no single EOS id (model config eos_token_id {eos_id!r}): "
                          "pass the tokenizer instead of a pad id")
