@@ -1,8 +1,11 @@
-"""Rows of the supervised RLHF stages: SFT demonstrations and preference pairs.
+"""Rows of the RLHF stages: SFT demonstrations, preference pairs, and prompts to evaluate a checkpoint on.
 
 - SFT: ``{"prompt": ..., "completion": "..."}``: the model learns the completion given the prompt.
 - Preferences: ``{"prompt": ..., "chosen": "...", "rejected": "..."}``: the reward model learns to score the
   chosen response above the rejected one.
+- Prompts (``coati evaluate``): ``{"prompt": ...}``, or a math/code row (``{"messages": ..., "gt_answer": "3"}``,
+  rows.py); the answer is optional: rows with one are scored with the verifiable reward, rows without one only
+  by a reward model.
 
 The prompt is what math/code rows' prompts may be (rows.py): a string, one role/content object, or a chat
 list ending with the user's turn. Responses are non-empty strings. Files are any format of loader.py
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coati.dataset.loader import load_rows
-from coati.dataset.rows import normalise_messages
+from coati.dataset.rows import Example, RowFormat, normalise_messages, row_to_example
 
 PROMPT_KEY = "prompt"
 
@@ -71,3 +74,31 @@ def load_sft(path: str) -> list[SFTExample]:
 
 def load_preferences(path: str) -> list[PreferenceExample]:
     return load_rows(path, preference_row)
+
+
+def prompt_row(row: Any, where: str, fmt: RowFormat, input_key: str | None) -> Example:
+    """An Example whose ``gt_answer`` / ``test_cases`` is None when the row has no answer.
+
+    ``input_key`` None: the row's ``messages`` (math/code rows), else its ``prompt`` (RLHF rows). An answer the
+    row has is checked as training checks it; ``fmt.label_key`` given: every row must have one (the user said
+    where the answers are, so a row without one is a mistake, not an unlabelled prompt)."""
+    if not isinstance(row, dict):
+        raise ValueError("each row must be a JSON object")
+    key = input_key or next((name for name in ("messages", PROMPT_KEY) if row.get(name) is not None), None)
+    if key is None or row.get(key) is None:
+        present = ", ".join(name for name, value in row.items() if value is not None) or "none"
+        wanted = f'"{input_key}"' if input_key else '"messages" or "prompt"'
+        raise ValueError(f"missing {wanted} (the prompt; this row has {present}: name the right one with --input-key)")
+    fmt = RowFormat(reward_type=fmt.reward_type, input_key=key, label_key=fmt.label_key)
+    if fmt.label_key or row.get(fmt.label_field) is not None:
+        return row_to_example(row, fmt, where)
+    return Example(messages=normalise_messages(row[key], key), source=where)
+
+
+def load_prompts(path: str, fmt: RowFormat = RowFormat(), input_key: str | None = None) -> list[Example]:
+    """Every row of ``path`` as a prompt with its answer when it has one (``fmt``: reward type, label key)."""
+    return load_rows(path, lambda row, where: prompt_row(row, where, fmt, input_key))
+
+
+def has_answer(example: Example) -> bool:
+    return example.gt_answer is not None or example.test_cases is not None

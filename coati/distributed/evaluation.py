@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from coati.distributed.inference_backend import InferenceBackend, SamplingParams
+from coati.distributed.inference_backend import Completion, InferenceBackend, SamplingParams
 from rewards.scorer import RewardScorer
 
 
@@ -21,7 +21,13 @@ def evaluate(backend: InferenceBackend, prompts: list[list[int]], examples, scor
     """One completion per prompt (``params.n`` is forced to 1) scored with the training reward."""
     if params.n != 1:
         params = SamplingParams(**{**params.__dict__, "n": 1})
-    outputs = backend.generate(prompts, params)
+    return score_outputs(backend.generate(prompts, params), examples, scorer, prompt_texts)
+
+
+def score_outputs(outputs: list[list[Completion]], examples, scorer: RewardScorer,
+                  prompt_texts: list[str] | None = None) -> EvalResult:
+    """``evaluate``'s scoring of completions already generated (``outputs[i][0]`` answers ``examples[i]``), for
+    callers that also need the token ids (``coati evaluate`` scores them with a reward model)."""
     results = scorer.score_each([completions[0].text for completions in outputs], examples)
     records = []
     for i, (completions, result, example) in enumerate(zip(outputs, results, examples)):

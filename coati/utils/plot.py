@@ -1,7 +1,10 @@
 """PNG plots of a run's metrics.jsonl: training curves and held-out evaluation curves over steps.
 
 ``python -m coati.plot RUN_DIR`` writes ``RUN_DIR/plots/train.png`` and, when the run has evaluations,
-``RUN_DIR/plots/eval.png``.
+``RUN_DIR/plots/eval.png``. Panels are chosen by the metrics the rows have (``choose_panels``): GRPO's policy
+curves, an RM stage's held-out pairwise accuracy, and a PPO run's critic (value loss, explained variance, clipped
+value fraction), KL penalty (KL per token, its coefficient) and reward-model scores (training rollouts; eval rows'
+``rm_score``).
 """
 
 from __future__ import annotations
@@ -12,12 +15,18 @@ import os
 import sys
 from collections import defaultdict
 
-# What to draw from the training rows, in panel order; panels whose key never appears are left out.
+# What to draw from the training rows, in panel order; panels whose key never appears are left out, so a GRPO
+# run draws no critic panels and a PPO run (critic, reward model, KL in the reward) draws them beside its own.
 TRAIN_PANELS = (
     ("reward", "mean reward"),
+    ("rm_score", "reward-model score of rollouts (mean)"),
     ("accuracy", "rollout accuracy"),
     ("loss", "policy loss"),
-    ("kl", "KL to reference"),
+    ("value_loss", "critic value loss"),
+    ("explained_variance", "critic explained variance"),
+    ("value_clip_fraction", "clipped value fraction"),
+    ("kl", "KL to reference (per token)"),
+    ("kl_coef", "KL coefficient (beta)"),
     ("response_length", "response length (tokens)"),
     ("clip_fraction", "clipped token fraction"),
     ("grad_norm", "gradient norm"),
@@ -25,6 +34,12 @@ TRAIN_PANELS = (
     ("staleness_mean", "staleness of trained groups (versions)"),
     ("mismatch_k3", "behaviour vs trainer logprobs (k3)"),
     ("is_truncated", "importance weights capped (fraction)"),
+)
+# Metrics of the eval rows (kind "eval", one curve per task / mode): the verifiable accuracy of GRPO/PPO evals
+# and an RM stage's held-out pairwise accuracy; the reward model's mean score of a PPO run's eval responses.
+EVAL_PANELS = (
+    ("accuracy", "held-out accuracy"),
+    ("rm_score", "held-out reward-model score (mean)"),
 )
 
 
@@ -59,6 +74,28 @@ def _smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
+def _numeric(row: dict, key: str) -> bool:
+    return isinstance(row.get(key), (int, float)) and not isinstance(row.get(key), bool)
+
+
+def choose_panels(rows: list[dict]) -> dict[str, list[tuple[str, str]]]:
+    """{"train": [(key, title)], "eval": [(key, title)]}: the panels of TRAIN_PANELS / EVAL_PANELS that some
+    row of that kind has a number for (an SFT stage's eval rows have a loss only: no eval panel)."""
+    train = [r for r in rows if r.get("kind", "train") == "train"]
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    return {"train": [(key, title) for key, title in TRAIN_PANELS if any(_numeric(r, key) for r in train)],
+            "eval": [(key, title) for key, title in EVAL_PANELS if any(_numeric(r, key) for r in evals)]}
+
+
+def _grid(plt, count: int, cols: int, height: float):
+    cols = min(cols, count)
+    rows = (count + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols + 0.5, height * rows), squeeze=False)
+    for ax in list(axes.flat)[count:]:
+        ax.axis("off")
+    return fig, list(axes.flat)
+
+
 def plot_run(run_dir: str) -> list[str]:
     import matplotlib
 
@@ -66,45 +103,42 @@ def plot_run(run_dir: str) -> list[str]:
     import matplotlib.pyplot as plt
 
     rows = read_metrics(run_dir)
+    panels = choose_panels(rows)
     out_dir = os.path.join(run_dir, "plots")
     os.makedirs(out_dir, exist_ok=True)
     written = []
     train = [r for r in rows if r.get("kind", "train") == "train"]
-    panels = [(key, title) for key, title in TRAIN_PANELS if any(key in r for r in train)]
-    if panels:
-        cols = 2
-        fig, axes = plt.subplots((len(panels) + cols - 1) // cols, cols, figsize=(11, 2.8 * ((len(panels) + 1) // 2)),
-                                 squeeze=False)
+    if panels["train"]:
+        fig, axes = _grid(plt, len(panels["train"]), 2, 2.8)
         window = max(1, len(train) // 20)
-        for ax, (key, title) in zip(axes.flat, panels):
-            points = [(r["step"], r[key]) for r in train if isinstance(r.get(key), (int, float))]
-            steps, values = zip(*points)
+        for ax, (key, title) in zip(axes, panels["train"]):
+            steps, values = zip(*[(r["step"], r[key]) for r in train if _numeric(r, key)])
             ax.plot(steps, values, color="tab:blue", alpha=0.3, linewidth=1)
             ax.plot(steps, _smooth(list(values), window), color="tab:blue", linewidth=2)
             ax.set_title(title)
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
-        for ax in list(axes.flat)[len(panels):]:
-            ax.axis("off")
         fig.suptitle(f"training: {os.path.basename(os.path.abspath(run_dir))}")
         fig.tight_layout()
         written.append(os.path.join(out_dir, "train.png"))
         fig.savefig(written[-1], dpi=110)
         plt.close(fig)
-    curves: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    for row in rows:
-        if row.get("kind") == "eval" and "accuracy" in row:  # an SFT stage's eval rows have a loss only
-            curves[f"{row.get('task', 'eval')} / {row.get('mode', '')}"].append((row["step"], row["accuracy"]))
-    if curves:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for label, points in sorted(curves.items()):
-            steps, values = zip(*sorted(points))
-            ax.plot(steps, values, marker="o", label=label)
-        ax.set_xlabel("step")
-        ax.set_ylabel("held-out accuracy")
-        ax.set_ylim(0, 1)
-        ax.grid(alpha=0.3)
-        ax.legend()
+    if panels["eval"]:
+        fig, axes = _grid(plt, len(panels["eval"]), 2, 4.0)
+        for ax, (key, title) in zip(axes, panels["eval"]):
+            curves: dict[str, list[tuple[int, float]]] = defaultdict(list)
+            for row in rows:
+                if row.get("kind") == "eval" and _numeric(row, key):
+                    curves[f"{row.get('task', 'eval')} / {row.get('mode', '')}"].append((row["step"], row[key]))
+            for label, points in sorted(curves.items()):
+                steps, values = zip(*sorted(points))
+                ax.plot(steps, values, marker="o", label=label)
+            ax.set_title(title)
+            ax.set_xlabel("step")
+            if key == "accuracy":
+                ax.set_ylim(0, 1)
+            ax.grid(alpha=0.3)
+            ax.legend()
         fig.tight_layout()
         written.append(os.path.join(out_dir, "eval.png"))
         fig.savefig(written[-1], dpi=110)

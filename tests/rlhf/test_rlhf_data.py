@@ -80,3 +80,44 @@ def test_dummy_data_prefers_the_correct_sum_and_holds_out_the_demo_eval_split(tm
     # the eval prompts are math rows for the RL stage, with their answers
     first = json.loads(open(paths["prompts_eval"]).readline())
     assert set(first) == {"messages", "gt_answer"}
+
+
+def test_prompt_rows_load_with_or_without_answers(tmp_path):
+    from coati.dataset.rlhf_rows import has_answer, load_prompts
+    from coati.dataset.rows import RowFormat
+
+    path = write_lines(tmp_path / "prompts.jsonl", [
+        {"prompt": "1+1="},
+        {"messages": {"role": "user", "content": "2+2="}, "gt_answer": "4"},
+        {"prompt": [{"role": "user", "content": "3+3="}], "gt_answer": "The sum is \\boxed{6}."},
+    ])
+    rows = load_prompts(path)
+    assert [r.messages[-1]["content"] for r in rows] == ["1+1=", "2+2=", "3+3="]
+    assert [r.gt_answer for r in rows] == [None, "4", "6"] and [has_answer(r) for r in rows] == [False, True, True]
+    assert rows[0].source == f"{path}:1"
+    gsm = write_lines(tmp_path / "gsm.jsonl", [{"question": "4+4=", "answer": "... #### 8"}])
+    [row] = load_prompts(gsm, RowFormat(label_key="answer"), input_key="question")
+    assert row.gt_answer == "8"
+    [row] = load_prompts(gsm, input_key="question")  # the answer is under another name: an unlabelled prompt
+    assert row.gt_answer is None
+
+
+@pytest.mark.parametrize("row, kwargs, message", [
+    ({"question": "1+1="}, {}, 'missing "messages" or "prompt" (the prompt; this row has question: name the right '
+                               'one with --input-key)'),
+    ({"prompt": "1+1="}, {"input_key": "question"}, 'missing "question"'),
+    ({"prompt": "1+1="}, {"label_key": "answer"}, 'missing "answer"'),
+    ({"prompt": "1+1=", "gt_answer": ""}, {}, 'missing "gt_answer"'),
+    ({"prompt": ""}, {}, '"prompt" is an empty string'),
+    ("{broken", {}, "not valid JSON"),
+])
+def test_bad_prompt_rows_are_one_line_naming_file_and_line(tmp_path, row, kwargs, message):
+    from coati.dataset.rlhf_rows import load_prompts
+    from coati.dataset.rows import RowFormat
+
+    good = {"prompt": "1+1=", "question": "1+1=", "answer": "2"}
+    path = write_lines(tmp_path / "data.jsonl", [good, row])
+    with pytest.raises(DatasetError) as info:
+        load_prompts(path, RowFormat(label_key=kwargs.get("label_key")), kwargs.get("input_key"))
+    text = str(info.value)
+    assert "\n" not in text and text.startswith(f"{path}:2: ") and message in text, text

@@ -41,3 +41,40 @@ def test_plot_writes_non_empty_pngs(tmp_path):
 def test_plot_cli_errors_clearly(tmp_path, capsys):
     assert plot_main([str(tmp_path / "missing")]) == 2
     assert "metrics.jsonl not found" in capsys.readouterr().err
+
+
+PPO_KEYS = ("value_loss", "explained_variance", "kl", "kl_coef", "rm_score", "value_clip_fraction")
+
+
+def write_rows(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_ppo_metrics_get_panels_only_when_present(tmp_path):
+    from coati.utils.plot import choose_panels
+
+    ppo = [{"step": s, "kind": "train", "reward": 0.1 * s, "loss": 0.2, "value_loss": 1 / s,
+            "explained_variance": 0.05 * s, "kl": 0.001 * s, "kl_coef": 0.05, "rm_score": 0.3 * s,
+            "value_clip_fraction": 0.1} for s in range(1, 11)]
+    ppo += [{"step": s, "kind": "eval", "task": "add", "mode": mode, "accuracy": 0.5, "rm_score": 0.1 * s}
+            for s in (0, 10) for mode in ("greedy", "sampled")]
+    panels = choose_panels(ppo)
+    assert [key for key, _ in panels["train"]] == ["reward", "rm_score", "loss", "value_loss", "explained_variance",
+                                                   "value_clip_fraction", "kl", "kl_coef"]
+    assert [key for key, _ in panels["eval"]] == ["accuracy", "rm_score"]
+    write_rows(tmp_path / "metrics.jsonl", ppo)
+    written = plot_run(str(tmp_path))
+    assert [os.path.basename(p) for p in written] == ["train.png", "eval.png"]
+    assert all(open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n" for p in written)
+
+    grpo = [{"step": s, "kind": "train", "reward": 0.1, "loss": 0.2, "kl": 0.01, "response_length": 6.0}
+            for s in (1, 2)]
+    grpo.append({"step": 2, "kind": "eval", "task": "add", "mode": "greedy", "accuracy": 0.4})
+    panels = choose_panels(grpo)
+    assert not {key for key, _ in panels["train"]} & (set(PPO_KEYS) - {"kl"})
+    assert [key for key, _ in panels["eval"]] == ["accuracy"]
+    # an SFT stage: train losses and held-out losses only, so no eval figure (as before)
+    sft = [{"step": 1, "kind": "train", "loss": 1.0}, {"step": 1, "kind": "eval", "task": "sft", "loss": 0.9}]
+    assert choose_panels(sft) == {"train": [("loss", "policy loss")], "eval": []}
+    write_rows(tmp_path / "metrics.jsonl", sft)
+    assert [os.path.basename(p) for p in plot_run(str(tmp_path))] == ["train.png"]
