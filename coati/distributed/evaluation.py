@@ -14,14 +14,28 @@ class EvalResult:
     format_rate: float
     mean_reward: float
     records: list[dict] = field(default_factory=list)  # prompt, response, extracted answer, reward per sample
+    rm_score: float | None = None  # the reward model's mean score of the responses (when one is given)
+
+    def summary(self) -> dict:
+        """The numbers an eval row logs (rm_score only with a reward model)."""
+        numbers = {"accuracy": self.accuracy, "format_rate": self.format_rate, "mean_reward": self.mean_reward}
+        return numbers if self.rm_score is None else {**numbers, "rm_score": self.rm_score}
 
 
 def evaluate(backend: InferenceBackend, prompts: list[list[int]], examples, scorer: RewardScorer,
-             params: SamplingParams, prompt_texts: list[str] | None = None) -> EvalResult:
-    """One completion per prompt (``params.n`` is forced to 1) scored with the training reward."""
+             params: SamplingParams, prompt_texts: list[str] | None = None, reward_model=None) -> EvalResult:
+    """One completion per prompt (``params.n`` is forced to 1) scored with the training reward, and with
+    ``reward_model`` ((prompt ids list, response ids list) -> scores, as the PPO producers use) when given."""
     if params.n != 1:
         params = SamplingParams(**{**params.__dict__, "n": 1})
-    return score_outputs(backend.generate(prompts, params), examples, scorer, prompt_texts)
+    outputs = backend.generate(prompts, params)
+    result = score_outputs(outputs, examples, scorer, prompt_texts)
+    if reward_model is not None and outputs:
+        scores = reward_model(prompts, [completions[0].token_ids for completions in outputs])
+        for record, score in zip(result.records, scores):
+            record["rm_score"] = score
+        result.rm_score = sum(scores) / len(scores)
+    return result
 
 
 def score_outputs(outputs: list[list[Completion]], examples, scorer: RewardScorer,

@@ -50,6 +50,7 @@ from coati.distributed.generation import tokenise_prompts
 from coati.distributed.inference_backend import SamplingParams
 from coati.distributed.weight_sync import unpack_named_tensors
 from coati.utils.quiet import quiet_actor
+from coati.rlhf.reward_model import reward_model_scorer
 from rewards.scorer import RewardScorer
 
 MAX_PENDING = 2  # steps whose evals may be in flight at once (each holds one weight snapshot)
@@ -69,6 +70,8 @@ class Evaluator:
         self.backend = make_backend(config, config.parallel.num_inferencers)
         code_options = config.data.code.scorer_options() if config.data.reward_type == "code" else None
         self.scorer = RewardScorer(config.data.reward_type, code_options)
+        self.reward_model = reward_model_scorer(config.algo.ppo.reward_model, self.backend.tokenizer,
+                                                config.batch.inference_microbatch_size)
         self.loaded = None  # (step, version) of the weights in the backend; None: the initial model
         self.tasks = {task: self._tokenise(path) for task, path in config.data.eval_paths.items()}
 
@@ -89,6 +92,6 @@ class Evaluator:
             self.loaded = (step, version)
         examples, skipped = self.tasks[task]
         result = evaluate(self.backend, [ids for _, _, ids in examples], [e for e, _, _ in examples],
-                          self.scorer, params, prompt_texts=[text for _, text, _ in examples])
-        return {"accuracy": result.accuracy, "format_rate": result.format_rate, "mean_reward": result.mean_reward,
-                "count": len(examples), "skipped_too_long": skipped, "version": version, "records": result.records}
+                          self.scorer, params, prompt_texts=[text for _, text, _ in examples],
+                          reward_model=self.reward_model)
+        return {**result.summary(), "count": len(examples), "skipped_too_long": skipped, "version": version, "records": result.records}

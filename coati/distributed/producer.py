@@ -18,6 +18,7 @@ from coati.distributed.inference_backend import SamplingParams, TransformersBack
 from coati.distributed.rollout import RolloutGroup
 from coati.distributed.weight_sync import make_receiver
 from coati.utils.quiet import quiet_actor
+from coati.rlhf.reward_model import reward_model_scorer
 from rewards.scorer import RewardScorer
 
 
@@ -55,23 +56,14 @@ class Producer:
         self.scorer = RewardScorer(config.data.reward_type, code_options)
         # -a PPO: the reward model scores here, beside the engine: a forward pass per response costs less than
         # generating it, and the scores travel with the groups (no extra actor, no second transfer of samples).
-        self.reward_model = self._load_reward_model(config.algo.ppo.reward_model)
+        self.reward_model = reward_model_scorer(config.algo.ppo.reward_model, self.tokenizer,
+                                                config.batch.inference_microbatch_size)
         self.version = 0
         examples = load_examples(config.data.train_path, config.data.rows)
         start, end = prompt_shard(len(examples), config.parallel.num_inferencers, config.batch.inference_batch_size,
                                   config.algo.learner_chunk_size, rank)
         self.examples, self.skipped_long = self._tokenise(examples[start:end])
         self.rounds_per_episode = len(self.examples) // config.batch.inference_batch_size
-
-    def _load_reward_model(self, path: str | None):
-        if path is None:
-            return None
-        from functools import partial
-
-        from coati.rlhf.reward_model import load_reward_model, reward_model_scores
-
-        return partial(reward_model_scores, load_reward_model(path), self.tokenizer,
-                       micro_batch_size=self.config.batch.inference_microbatch_size)
 
     def _tokenise(self, examples):
         return tokenise_prompts(self.tokenizer, examples, self.config.data.system_prompt,
@@ -149,7 +141,7 @@ class Producer:
             self._sync_weights(0)
         examples, skipped = self._tokenise(load_examples(path, self.config.data.rows))
         result = evaluate(self.backend, [ids for _, _, ids in examples], [e for e, _, _ in examples],
-                          self.scorer, params, prompt_texts=[text for _, text, _ in examples])
-        return {"accuracy": result.accuracy, "format_rate": result.format_rate, "mean_reward": result.mean_reward,
-                "count": len(examples), "skipped_too_long": skipped, "version": self.version,
+                          self.scorer, params, prompt_texts=[text for _, text, _ in examples],
+                          reward_model=self.reward_model)
+        return {**result.summary(), "count": len(examples), "skipped_too_long": skipped, "version": self.version,
                 "records": result.records}

@@ -235,8 +235,8 @@ def report(result: PipelineResult) -> list[str]:
         for key, entry in result.ppo_eval.items():
             before, after = entry["before"], entry["after"]
             text = f"  held-out {key}: accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}"
-            if "mean_rm_score" in before:
-                text += f", mean reward-model score {before['mean_rm_score']:.3f} -> {after['mean_rm_score']:.3f}"
+            if "rm_score" in before:
+                text += f", mean reward-model score {before['rm_score']:.3f} -> {after['rm_score']:.3f}"
             lines.append(text)
     lines.append(f"pipeline: {result.wall_s:.0f} s")
     return lines

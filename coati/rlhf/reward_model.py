@@ -120,3 +120,13 @@ def reward_model_scores(model, tokenizer_or_pad_id, prompt_ids_list: list[list[i
         logits = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits
         scores.extend(logits[:, 0].float().tolist())
     return scores
+
+
+def reward_model_scorer(path: str | None, tokenizer, micro_batch_size: int = 16):
+    """``reward_model_scores`` bound to the reward model at ``path`` (loaded now) and ``tokenizer``: the callable
+    (prompt ids list, response ids list) -> scores that rollouts and evaluations take; None without a path."""
+    if path is None:
+        return None
+    from functools import partial
+
+    return partial(reward_model_scores, load_reward_model(path), tokenizer, micro_batch_size=micro_batch_size)
