@@ -25,6 +25,8 @@ COMMANDS = {
     "rm": Command("coati.rlhf.cli:rm_main", "reward model from {prompt, chosen, rejected} pairs (--config rm.yaml)"),
     "evaluate": Command("coati.rlhf.evaluate:main", "a checkpoint on a file of prompts: verifiable accuracy and/or "
                                                    "reward-model scores (-m CKPT -d FILE --reward-model RM)"),
+    "rlhf": Command("coati.rlhf.pipeline:main", "the RLHF pipeline sft -> rm -> ppo from one YAML file "
+                                                 "(--config rlhf.yaml); --dummy: the quickstart on generated data"),
     "plot": Command("coati.utils.plot:main", "PNG plots of a run's metrics.jsonl: coati plot RUN_DIR"),
 }
 
