@@ -1,5 +1,5 @@
 """The ``coati`` command: ``coati train [flags]`` (the flags of rl_example.py), ``coati sft`` / ``coati rm``
-(the supervised RLHF stages), ``coati plot RUN_DIR``.
+(the supervised RLHF stages), ``coati ppo`` (``coati train`` with ``-a PPO``), ``coati plot RUN_DIR``.
 
 Subcommands form a registry: a new stage (SFT, reward model, PPO) adds one ``Command`` whose target is a
 ``main(argv, prog) -> exit code``. Targets are imported only when their command runs, so ``coati plot`` and
@@ -23,6 +23,8 @@ COMMANDS = {
     "train": Command("coati.train:main", "RL post-training over Ray (GRPO, DAPO, PG); no flags: the embedded demo"),
     "sft": Command("coati.rlhf.cli:sft_main", "supervised fine-tuning on {prompt, completion} rows (--config sft.yaml)"),
     "rm": Command("coati.rlhf.cli:rm_main", "reward model from {prompt, chosen, rejected} pairs (--config rm.yaml)"),
+    "ppo": Command("coati.train:ppo_main", "RLHF-PPO: coati train with -a PPO by default (--reward-model DIR, "
+                                           "--config ppo.yaml)"),
     "plot": Command("coati.utils.plot:main", "PNG plots of a run's metrics.jsonl: coati plot RUN_DIR"),
 }
 
