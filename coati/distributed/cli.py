@@ -12,9 +12,8 @@ import argparse
 from dataclasses import dataclass
 
 from coati.distributed.advantage import adv_estimator_names
-from coati.distributed.config import (GRPO_CONFIG_KEYS, BatchConfig, ConfigError, DataConfig, ModelConfig,
-                                      ParallelConfig, RLConfig, RunConfig, build_algo_config, parse_eval_datasets,
-                                      parse_grpo_config, validate)
+from coati.distributed.config import (GRPO_CONFIG_KEYS, ConfigError, DataConfig, ModelConfig, RLConfig,
+                                      build_algo_config, parse_eval_datasets, parse_grpo_config, validate)
 from coati.distributed.inference_backend import SamplingParams
 from coati.distributed.loss import POLICY_LOSSES
 from coati.distributed.ppo_config import PPOConfig
@@ -97,18 +96,17 @@ def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
             values[key] = default
 
     max_new_tokens, stops = values["max_new_tokens"], STOP_STRINGS[reward_type]
-    config = RLConfig(
+    # the parts built from their flags alone (parallel, batch, run) are constructed from the values directly
+    config = construct(
+        RLConfig, values,
         model=construct(ModelConfig, values, is_embedded_demo=embedded),
         data=construct(DataConfig, values, eval_paths=eval_paths),
         sampling=construct(SamplingParams, values, n=values["num_generations"], stop_strings=stops),
-        parallel=construct(ParallelConfig, values),
-        batch=construct(BatchConfig, values),
         algo=build_algo_config(values["algo"], values["learning_rate"], values["max_grad_norm"], max_new_tokens,
                                grpo_overrides, kl_coeff=values["kl_coeff"], ppo_epochs=values["ppo_epochs"],
                                topk_samples=values["topk_samples"], learner_chunk_size=values["learner_chunk_size"],
                                correction=values["off_policy_correction"], tis_cap=values["tis_cap"],
                                ppo=construct(PPOConfig, values)),
-        run=construct(RunConfig, values),
         eval_sampling=(
             ("sampled", SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, stop_strings=stops)),
             ("greedy", SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_strings=stops)),

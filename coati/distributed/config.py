@@ -49,7 +49,8 @@ ALGO_HELP = (
     "group_norm advantage, beta = -kl, cache_length = min(1024, mnt // 4)). "
     + "; ".join(_preset_text(name) for name in ALGOS)
     + ". GRPO: group-normalised advantages; DAPO: dynamic sampling, clip-higher, token-level loss, overlong "
-    "shaping; PG: REINFORCE with a group-mean baseline (no ratio or clip). Every field can be changed with --grpo-config"
+    "shaping; PG: REINFORCE with a group-mean baseline (no ratio or clip). Every field can be changed with "
+    "--grpo-config"
 )
 
 
@@ -614,8 +615,6 @@ def _validate_cluster(r: RunConfig) -> None:
 
 
 def _validate_weight_sync(p: ParallelConfig) -> None:
-    from coati.distributed.weight_sync import WEIGHT_SYNC
-
     _require(p.weight_sync in WEIGHT_SYNC,
              f"--weight-sync must be one of {', '.join(WEIGHT_SYNC)}, got {p.weight_sync!r}")
     _require(p.weight_sync_bucket_mb > 0, f"--weight-sync-bucket-mb must be > 0, got {p.weight_sync_bucket_mb:g}")
