@@ -1,5 +1,6 @@
 """The ``coati`` command: ``coati train [flags]`` (the flags of rl_example.py), ``coati sft`` / ``coati rm``
-(the supervised RLHF stages), ``coati evaluate`` (any checkpoint on a file of prompts), ``coati plot RUN_DIR``.
+(the supervised RLHF stages), ``coati ppo`` (``coati train`` with ``-a PPO``), ``coati rlhf`` (the three stages in
+one go), ``coati evaluate`` (any checkpoint on a file of prompts), ``coati plot RUN_DIR``.
 
 Subcommands form a registry: a new stage (SFT, reward model, PPO) adds one ``Command`` whose target is a
 ``main(argv, prog) -> exit code``. Targets are imported only when their command runs, so ``coati plot`` and
@@ -23,6 +24,8 @@ COMMANDS = {
     "train": Command("coati.train:main", "RL post-training over Ray (GRPO, DAPO, PG); no flags: the embedded demo"),
     "sft": Command("coati.rlhf.cli:sft_main", "supervised fine-tuning on {prompt, completion} rows (--config sft.yaml)"),
     "rm": Command("coati.rlhf.cli:rm_main", "reward model from {prompt, chosen, rejected} pairs (--config rm.yaml)"),
+    "ppo": Command("coati.train:ppo_main", "RLHF-PPO: coati train with -a PPO by default (--reward-model DIR, "
+                                           "--config ppo.yaml)"),
     "evaluate": Command("coati.rlhf.evaluate:main", "a checkpoint on a file of prompts: verifiable accuracy and/or "
                                                    "reward-model scores (-m CKPT -d FILE --reward-model RM)"),
     "rlhf": Command("coati.rlhf.pipeline:main", "the RLHF pipeline sft -> rm -> ppo from one YAML file "

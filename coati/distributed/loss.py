@@ -42,6 +42,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from coati.utils.dataclass_cli import option
+
 LOSS_VARIATIONS = ("token_level", "sample_level")
 CORRECTIONS = ("behaviour", "decoupled")
 # Statistics that are maxima over the step (not sums over micro-batches, not means over ranks).
@@ -52,12 +54,17 @@ MAX_STATS = ("is_weight_max", "mismatch_max_abs")
 class PolicyLossConfig:
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
-    kl_coeff: float = 0.0  # beta: weight of the k3 KL to the frozen reference model (0: no reference)
+    kl_coeff: float = option(0.0, "weight (beta) of the k3 KL to the initial model; default: 0 (no reference model), "
+                                  "as in every preset", "-kl", resolved=True)
     loss_variation: str = "sample_level"
     objective: str = "ppo_clip"
     skip_threshold: float | None = None  # None: off; else > 1
-    correction: str = "behaviour"  # off-policy correction: behaviour | decoupled
-    tis_cap: float = 2.0  # decoupled: cap C of the truncated importance weight min(pi_prox / pi_behaviour, C)
+    correction: str = option(
+        "behaviour", "behaviour: PPO ratio against the producer's logprobs; decoupled: ratio against the trainer's "
+                     "policy at the start of the step, each token weighted by min(pi_prox / pi_behaviour, --tis-cap). "
+                     "Default: behaviour (with one optimizer step per batch, decoupled learned clearly worse under "
+                     "-nb: benchmarks/bench_async.py)", flag="--off-policy-correction", choices=CORRECTIONS)
+    tis_cap: float = option(2.0, "cap C of the truncated importance weight (decoupled correction)")
 
 
 # name -> fn(logprobs, anchor_logprobs, advantages, config) -> (per-token loss, clip_low, clip_high indicators)
