@@ -12,7 +12,8 @@ The YAML file::
 
 Each stage's section holds exactly the options of the command that runs it alone (same names, same checks).
 What links the stages is filled in unless the section sets it: the reward model starts from the SFT output,
-PPO's policy is the SFT output and its reward model the RM output (the critic starts from the reward model).
+PPO's policy is the SFT output and its reward model the RM output (the critic starts from the reward model), and
+PPO's prompts get the system prompt SFT trained with (none unless set; not the -rt reward type's default).
 Every stage's options are checked before the first one trains, so a typo in the PPO section stops the
 pipeline within seconds, not after SFT.
 
@@ -135,6 +136,8 @@ def ppo_argv(plan: Plan) -> list[str]:
         values.setdefault("model", plan.model)
     if "rm" in plan.stages:
         values.setdefault("reward_model", plan.output("rm"))
+    # the policy and the reward model learnt their prompts with the SFT/RM system prompt: PPO's must be the same
+    values.setdefault("system_prompt", plan.sections["sft"].get("system_prompt", plan.sections["rm"].get("system_prompt", "")))
     values.setdefault("save_dir", os.path.join(plan.save_dir, plan.project))
     values.setdefault("project", "ppo")
     argv = ["-a", "PPO"]
