@@ -185,6 +185,10 @@ class Reservation:
     inferencer_groups: list
     evaluator_group: object | None
     node_ips: dict = field(default_factory=dict)  # node id -> IP
+    node_cpus: dict = field(default_factory=dict)  # node id -> CPUs Ray counts on it
+    trainer_nodes: list = field(default_factory=list)  # node id of each trainer rank
+    inferencer_nodes: list = field(default_factory=list)  # node id of each inferencer
+    evaluator_node: str | None = None  # node id of the evaluator's bundle (GPU clusters)
 
     def _options(self, group, index: int, bundle: dict) -> dict:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -242,8 +246,15 @@ def reserve(config, timeout_s: float = PLACEMENT_TIMEOUT_S) -> Reservation:
                            f"{timeout_s:g} s: other jobs hold them (`ray status` lists what is in use)")
     bundle_nodes = placement_group_table(trainers)["bundles_to_node_id"]
     order = rank_order([bundle_nodes[index] for index in range(p.num_trainers)])
+
+    def node_of(group) -> str:
+        return placement_group_table(group)["bundles_to_node_id"][0]
+
     return Reservation(plan, trainers, order, inferencers, evaluator,
-                       {node["NodeID"]: node["NodeManagerAddress"] for node in nodes})
+                       {node["NodeID"]: node["NodeManagerAddress"] for node in nodes},
+                       {node["NodeID"]: node["Resources"].get("CPU", 0.0) for node in nodes},
+                       [bundle_nodes[index] for index in order], [node_of(group) for group in inferencers],
+                       node_of(evaluator) if evaluator else None)
 
 
 def node_label(place: dict) -> str:

@@ -22,7 +22,7 @@ from coati.distributed.eval_schedule import EvalSchedule
 from coati.distributed.grpo_consumer import GRPOConsumer
 from coati.distributed.ppo_consumer import PPOConsumer
 from coati.distributed.producer import Producer
-from coati.distributed.schedule import thread_budgets
+from coati.distributed.schedule import node_cores, node_thread_budgets, thread_budgets
 from coati.distributed.supervision import PRODUCER_OPTIONS, Supervisor
 from coati.distributed.weight_sync import WeightStore
 from coati.distributed.buffer import RolloutBuffer
@@ -60,11 +60,14 @@ def _run(config: RLConfig, log, reservation, start: float) -> RunResult:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     p, schedule = config.parallel, config.schedule
-    cores = max(1, os.cpu_count() or 1)
-    producer_threads, trainer_threads = thread_budgets(cores, p.num_inferencers, p.num_trainers, schedule.is_async)
+    here = ray.get_runtime_context().get_node_id()
+    # Thread budgets per node: each actor shares the cores of the node it was placed on (nodes differ).
+    cores = node_cores(reservation.node_cpus, here, max(1, os.cpu_count() or 1))
+    producer_threads, trainer_threads = node_thread_budgets(cores, reservation.inferencer_nodes,
+                                                            reservation.trainer_nodes, schedule.is_async)
+    evaluator_threads = _evaluator_threads(cores, reservation.evaluator_node or here, reservation, schedule.is_async)
     # Buffer and weight store hold the run's state: they stay with the driver, not on a node that may go away.
-    beside_driver = {"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(
-        ray.get_runtime_context().get_node_id(), soft=False)}
+    beside_driver = {"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(here, soft=False)}
     names = {role: f"coati-{role}-{uuid.uuid4().hex[:12]}" for role in ("weights", "buffer")}  # for the producers
     store = ray.remote(WeightStore).options(name=names["weights"], **beside_driver).remote()
     buffer = ray.remote(RolloutBuffer).options(name=names["buffer"], **beside_driver).remote(
@@ -72,15 +75,18 @@ def _run(config: RLConfig, log, reservation, start: float) -> RunResult:
     # the advantage estimator decides: group rewards (GRPO, DAPO, PG) or a critic's per-token values (PPO)
     consumer_class = PPOConsumer if config.algo.uses_critic else GRPOConsumer
     consumers = [ray.remote(consumer_class).options(**reservation.trainer_options(rank)).remote(
-        config, rank, buffer, store, trainer_threads) for rank in range(p.num_trainers)]
+        config, rank, buffer, store, trainer_threads[rank]) for rank in range(p.num_trainers)]
     producers = [ray.remote(Producer).options(**reservation.inferencer_options(rank), **PRODUCER_OPTIONS).remote(
-        config, rank, names["buffer"], names["weights"], producer_threads) for rank in range(p.num_inferencers)]
+        config, rank, names["buffer"], names["weights"], producer_threads[rank]) for rank in range(p.num_inferencers)]
     places = {"trainers": ray.get([actor.__ray_call__.remote(where) for actor in consumers]),
               "inferencers": ray.get([actor.__ray_call__.remote(where) for actor in producers])}
+    for role, threads in (("trainers", trainer_threads), ("inferencers", producer_threads)):
+        for place, count in zip(places[role], threads):
+            place["threads"] = count
     _record_placement(config, reservation, places, log)
     supervisor = Supervisor(config.run.run_dir, consumers, producers, places)
     try:
-        return _train(config, log, start, consumers, producers, buffer, supervisor, producer_threads, cores, reservation)
+        return _train(config, log, start, consumers, producers, buffer, supervisor, evaluator_threads, reservation)
     except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as err:
         stopped = supervisor.stopped(err)
         if stopped is err:
@@ -89,8 +95,7 @@ def _run(config: RLConfig, log, reservation, start: float) -> RunResult:
         raise stopped from None
 
 
-def _train(config, log, start, consumers, producers, buffer, supervisor, producer_threads, cores,
-           reservation) -> RunResult:
+def _train(config, log, start, consumers, producers, buffer, supervisor, evaluator_threads, reservation) -> RunResult:
     from tqdm import tqdm
 
     schedule = config.schedule
@@ -120,9 +125,7 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, produce
     if resume and trim_metrics(config.run.run_dir, state["step"]):
         log(f"metrics.jsonl: dropped the rows after step {state['step']}, which this resumed run redoes")
     logger = MetricsLogger(config.run.run_dir, config.run.project, _jsonable(config), log, resume=bool(resume))
-    # The evaluator runs beside training: half the cores in sync mode, a producer's share in async mode.
-    evals = EvalSchedule(config, producers[0], consumers, logger, log,
-                         num_threads=producer_threads if schedule.is_async else max(1, cores // 2),
+    evals = EvalSchedule(config, producers[0], consumers, logger, log, num_threads=evaluator_threads,
                          resume=bool(resume), actor_options=reservation.evaluator_options())
     rollouts = None
     if config.run.rollout_save_dir:
@@ -183,6 +186,15 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, produce
     ray.get([consumer.shutdown.remote() for consumer in consumers])
     logger.close()
     return RunResult(total_steps, eval_before, eval_after, final_dir, logger.path, time.time() - start)
+
+
+def _evaluator_threads(cores: dict[str, int], node: str, reservation, concurrent: bool) -> int:
+    """The evaluator runs beside training on ``node`` (its bundle's on GPU clusters; on CPU clusters it has no
+    slot and stays with the driver): half that node's cores in sync mode, a producer's share in async mode."""
+    if not concurrent:
+        return max(1, cores[node] // 2)
+    return thread_budgets(cores[node], reservation.inferencer_nodes.count(node), reservation.trainer_nodes.count(node),
+                          concurrent=True)[0]
 
 
 def _record_placement(config: RLConfig, reservation, places: dict, log) -> None:

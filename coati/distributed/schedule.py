@@ -24,6 +24,7 @@ which actor finished first, so a sync run is reproducible and resumes exactly.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 LEARNER = "learner"  # the source name of learner-side generation (--learner-chunk-size)
@@ -106,6 +107,28 @@ def thread_budgets(cores: int, num_producers: int, num_trainers: int, concurrent
     """
     cores = max(1, cores)
     if not concurrent:
-        return cores, max(1, cores // num_trainers)
-    share = max(1, cores // (num_producers + num_trainers))
+        return cores, max(1, cores // max(1, num_trainers))
+    share = max(1, cores // max(1, num_producers + num_trainers))
     return share, share
+
+
+def node_thread_budgets(node_cores: Mapping[str, int], producer_nodes: Sequence[str], trainer_nodes: Sequence[str],
+                        concurrent: bool) -> tuple[list[int], list[int]]:
+    """torch threads for each producer and each trainer rank (two lists, by rank) on a cluster whose nodes
+    differ: ``thread_budgets`` with the cores of the node each actor was placed on and only the actors placed
+    there, since actors on other nodes take none of its cores. ``producer_nodes[i]`` / ``trainer_nodes[r]``:
+    the node of producer i / trainer rank r; ``node_cores``: each node's cores. On one node this is exactly
+    ``thread_budgets`` of the whole run."""
+    def budgets(node: str) -> tuple[int, int]:
+        return thread_budgets(node_cores[node], producer_nodes.count(node), trainer_nodes.count(node), concurrent)
+
+    return [budgets(node)[0] for node in producer_nodes], [budgets(node)[1] for node in trainer_nodes]
+
+
+def node_cores(node_cpus: Mapping[str, float], driver_node: str, driver_cores: int) -> dict[str, int]:
+    """The cores each node's thread budgets share: the CPUs Ray counts on it (what ``ray start`` detected there,
+    or its ``--num-cpus``), and on the driver's own node never more than the machine has, because a local
+    cluster declares at least one CPU per actor so that every actor gets a slot even on fewer cores."""
+    cores = {node: max(1, int(cpus)) for node, cpus in node_cpus.items()}
+    cores[driver_node] = max(1, min(cores.get(driver_node, driver_cores), driver_cores))
+    return cores

@@ -35,27 +35,35 @@ ForwardFn = Callable[[torch.Tensor, MicroBatch], object]
 
 
 class TrainerPlugin(ABC):
+    # Where the model computes (``coati.plugins.dist.trainer_device``: this rank's GPU in an nccl group, else
+    # the CPU), decided in ``setup``. Callers hand over CPU micro-batches and get CPU full tensors back; only
+    # ``loss_fn`` sees device tensors, so a loss must create its own tensors on the logits' device.
+    device: torch.device = torch.device("cpu")
+
     @abstractmethod
     def setup(self, model: torch.nn.Module, learning_rate: float, betas: tuple[float, float] = (0.9, 0.99),
               weight_decay: float = 0.0) -> None:
         """Take ownership of ``model`` (full weights on CPU, identical on every rank) and build the optimizer.
 
-        Multi-rank plugins shard/wrap the model over the default process group here (collective).
+        The model (or this rank's part of it) moves to ``device`` before it is wrapped or sharded. Multi-rank
+        plugins shard/wrap the model over the default process group here (collective).
         """
 
     @abstractmethod
     def forward_backward(self, micro_batches: list[MicroBatch], loss_fn: LossFn) -> list[dict[str, torch.Tensor]]:
         """Forward and backward every micro-batch, accumulating gradients; statistics per micro-batch.
 
-        ``loss_fn`` always sees full (vocabulary-complete) logits of a micro-batch; under pipeline parallelism
-        it runs on the last stage and its statistics are broadcast to the other stages, so every rank
-        returns the same list.
+        Each micro-batch's tensors are moved to ``device`` first: ``loss_fn`` sees them there, with full
+        (vocabulary-complete) logits; its statistics are returned as it made them (callers take ``float``).
+        Under pipeline parallelism it runs on the last stage and its statistics are broadcast (as CPU tensors)
+        to the other stages, so every rank returns the same list.
         """
 
     def forward_only(self, micro_batches: list[MicroBatch], fn: ForwardFn) -> list:
         """``fn(logits, micro_batch)`` of every micro-batch under ``torch.no_grad()``, nothing accumulated (e.g. a
-        critic's values before its update). Collective, like ``forward_backward``; layouts whose forward is
-        split over ranks (pipeline stages) do not offer it."""
+        critic's values before its update); micro-batches on ``device``, as for ``forward_backward``.
+        Collective, like ``forward_backward``; layouts whose forward is split over ranks (pipeline stages) do
+        not offer it."""
         raise NotImplementedError(f"{type(self).__name__} has no forward-only pass")
 
     @abstractmethod
@@ -67,7 +75,7 @@ class TrainerPlugin(ABC):
 
     @abstractmethod
     def named_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full (gathered) parameters keyed by HF names (tied weights once); yields only on the sender.
+        """Full (gathered) parameters on the CPU keyed by HF names (tied weights once); yields only on the sender.
 
         Collective for sharded layouts: every rank must iterate it to the end (non-senders yield nothing).
         """
@@ -128,3 +136,8 @@ class TrainerPlugin(ABC):
 
     def close(self) -> None:
         """Release what ``setup`` built (process sub-groups, hooks); the default group stays to its owner."""
+
+    def _on_device(self, micro_batches: list[MicroBatch]) -> list[MicroBatch]:
+        from coati.plugins.dist import to_device
+
+        return [to_device(micro_batch, self.device) for micro_batch in micro_batches]

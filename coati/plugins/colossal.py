@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from coati.plugins import colossal_cpu_compat
 from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin
-from coati.plugins.dist import world
+from coati.plugins.dist import trainer_device, world
 from coati.plugins.validation import ParallelLayout, validate_layout
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -35,10 +35,16 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def launch_colossalai() -> list[str]:
     """Prepare ColossalAI in a process whose default group is already up (instead of ``colossalai.launch``,
-    which would initialise the group and reseed every RNG): select its accelerator, apply the CPU fixes."""
-    from colossalai.accelerator import get_accelerator
+    which would initialise the group and reseed every RNG): select its accelerator, apply the CPU fixes.
 
-    get_accelerator()
+    The accelerator follows ``trainer_device`` rather than ColossalAI's own choice (CUDA whenever it is
+    visible): the Booster places the model, and the optimizers their states, on the accelerator's device, and
+    a gloo group on a machine with GPUs must stay on the CPU."""
+    from colossalai.accelerator import get_accelerator, set_accelerator
+
+    wanted = trainer_device().type
+    if get_accelerator().name != wanted:
+        set_accelerator(wanted)
     return colossal_cpu_compat.apply()
 
 
@@ -121,6 +127,8 @@ class ColossalPlugin(TrainerPlugin):
         config = getattr(model, "config", None)
         validate_layout(f"colossalai-{self.kind}", self._world, self.layout, config)
         cpu = bool(launch_colossalai())
+        # no move here: the Booster moves the model to the accelerator's device (after sharding, under TP)
+        self.device = trainer_device()
         self.config = config
         self._hf_names = [name for name, _ in model.named_parameters()]  # tied weights once, HF order
         self.plugin = self._make_booster_plugin(cpu, config)
@@ -128,10 +136,14 @@ class ColossalPlugin(TrainerPlugin):
         model = model.to(DTYPES[self.layout.precision]) if self.kind == "ddp" else model
         optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, betas=betas, weight_decay=weight_decay)
         self.model, self.optimizer, *_ = self.booster.boost(model.train(), optimizer)
+        placed = next(iter(self._local_named().values())).device
+        if placed != self.device:
+            raise RuntimeError(f"ColossalAI placed the model on {placed}, the trainer computes on {self.device}")
         self._index_owners()
 
     # --- training ---
     def forward_backward(self, micro_batches: list[MicroBatch], loss_fn: LossFn):
+        micro_batches = self._on_device(micro_batches)
         if self.pp_size > 1:
             return self._pipeline_step(micro_batches, loss_fn)
         stats = []
@@ -152,7 +164,7 @@ class ColossalPlugin(TrainerPlugin):
         if self.pp_size > 1:
             raise NotImplementedError("colossalai-hybrid with pipeline stages has no forward-only pass")
         return [fn(self.model(input_ids=m["input_ids"], attention_mask=m["attention_mask"]).logits.float(), m)
-                for m in micro_batches]
+                for m in self._on_device(micro_batches)]
 
     def _pipeline_step(self, micro_batches: list[MicroBatch], loss_fn: LossFn):
         """All micro-batches of the call become one pipeline batch; each is a pipeline micro-batch."""
@@ -165,7 +177,8 @@ class ColossalPlugin(TrainerPlugin):
 
         def criterion(outputs, micro_batch):
             loss, micro_stats = loss_fn(outputs.logits.float(), micro_batch)
-            collected.append({k: v.detach().float() for k, v in micro_stats.items()})
+            # CPU copies: they are pickled to the other stages, where a CUDA tensor would name the sender's GPU
+            collected.append({k: v.detach().float().cpu() for k, v in micro_stats.items()})
             return loss * schedule.num_microbatches  # ColossalAI divides each micro-batch's loss by their count
 
         self.booster.execute_pipeline(iter([batch]), self.model, criterion, self.optimizer, return_loss=True)

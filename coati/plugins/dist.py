@@ -1,16 +1,50 @@
-"""Joining a trainer group, and the helpers every torch.distributed plugin shares (norms, clipping, gathers)."""
+"""Joining a trainer group, the device a trainer computes on, and the helpers every torch.distributed plugin
+shares (norms, clipping, gathers)."""
 
 from __future__ import annotations
 
 import datetime
 import os
+import sys
 
 import torch
 import torch.distributed as dist
 
 
+def gpu_granted() -> bool:
+    """Whether this process may compute on a CUDA GPU: CUDA is visible and, inside a Ray actor, Ray gave the
+    actor a GPU. Ray no longer blanks CUDA_VISIBLE_DEVICES for an actor that asked for no GPU (ray-project/ray
+    #54868; Ray 2.60 here), so visibility alone would put CPU-only actors on GPUs other actors reserved."""
+    if not torch.cuda.is_available():
+        return False
+    ray = sys.modules.get("ray")  # a process that never imported Ray is not one of its actors
+    if ray is not None and ray.is_initialized():
+        context = ray.get_runtime_context()
+        if context.get_actor_id() is not None:
+            return bool(context.get_accelerator_ids().get("GPU"))
+    return True
+
+
 def default_backend() -> str:
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    return "nccl" if gpu_granted() else "gloo"
+
+
+def trainer_device() -> torch.device:
+    """The device a trainer plugin keeps its model on and feeds its micro-batches to; the one rule for every
+    layout. In a trainer group the backend decides: nccl reduces only CUDA tensors (this rank's GPU, which
+    ``init_trainer_group`` made current), gloo runs on the CPU even where GPUs are visible. Without a group
+    (the single layout in its own process) the GPU when this process was given one."""
+    on_gpu = _group_uses_nccl() if dist.is_available() and dist.is_initialized() else gpu_granted()
+    return torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+
+
+def _group_uses_nccl() -> bool:
+    return "nccl" in dist.get_backend()  # also "cpu:gloo,cuda:nccl", which reduces CUDA tensors with nccl
+
+
+def to_device(micro_batch: dict, device: torch.device) -> dict:
+    """``micro_batch`` with its tensors on ``device`` (the same tensors when they are already there)."""
+    return {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in micro_batch.items()}
 
 
 def init_trainer_group(rank: int, world_size: int, master_addr: str = "127.0.0.1", master_port: int = 29506,
@@ -43,7 +77,8 @@ def world() -> tuple[int, int]:
 
 
 def device_type() -> str:
-    return "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
+    """Where the trainer group's collectives need their tensors (``trainer_device``'s rule inside a group)."""
+    return "cuda" if dist.is_initialized() and _group_uses_nccl() else "cpu"
 
 
 def is_dtensor(tensor) -> bool:
@@ -67,7 +102,8 @@ def grad_norm_sq(params) -> torch.Tensor:
     total = torch.zeros((), dtype=torch.float64)
     if plain:
         norms = torch._foreach_norm(plain)
-        total = total + torch.stack([n.double().cpu() for n in norms]).pow(2).sum()
+        # one device-to-host copy for all of them (not one per parameter)
+        total = total + torch.stack([n.double() for n in norms]).pow(2).sum().cpu()
     for grad in sharded:
         norm = torch.linalg.vector_norm(grad.float()).full_tensor()
         total = total + norm.to(torch.float64).cpu() ** 2

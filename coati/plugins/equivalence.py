@@ -100,12 +100,12 @@ def make_layout_plugin(text: str):
                        zero_stage=options.get("zero", 0), precision=options.get("precision", "fp32"))
 
 
-def train_step(plugin, batch, micro_batch_size: int = 2, max_grad_norm: float = 1.0):
+def train_step(plugin, batch, micro_batch_size: int = 2, max_grad_norm: float = 1.0, loss_fn=grpo_loss_fn):
     """One optimizer step of ``plugin`` on this data-parallel rank's share of ``batch``; (loss of the whole
     batch, gradient norm, this rank's statistics). Collective."""
     import torch.distributed as dist
 
-    stats = plugin.forward_backward(rank_micro_batches(batch, plugin, micro_batch_size), grpo_loss_fn)
+    stats = plugin.forward_backward(rank_micro_batches(batch, plugin, micro_batch_size), loss_fn)
     grad_norm = plugin.optimizer_step(max_grad_norm)
     loss = torch.tensor(sum(float(s["loss"]) for s in stats), dtype=torch.float64)
     if plugin.world_size > 1:
@@ -141,13 +141,20 @@ def run_step(layout: str, lr: float = 1e-4, micro_batch_size: int = 2, max_grad_
     batch = grpo_batch(model.config.vocab_size, tokenizer.pad_token_id, **(batch_kwargs or {}))
     plugin = make_layout_plugin(layout)
     plugin.setup(model, lr)
+    seen = set()  # devices of what loss_fn is handed (this rank runs no loss_fn off a pipeline's last stage)
+
+    def loss_fn(logits, micro_batch):
+        seen.update(str(tensor.device) for tensor in (logits, *micro_batch.values()))
+        return grpo_loss_fn(logits, micro_batch)
+
     start = time.perf_counter()
-    loss, grad_norm, stats = train_step(plugin, batch, micro_batch_size, max_grad_norm)
+    loss, grad_norm, stats = train_step(plugin, batch, micro_batch_size, max_grad_norm, loss_fn)
     step_s = time.perf_counter() - start
     weights = full_weights(plugin)
     result = {"layout": layout, "loss": loss, "grad_norm": grad_norm, "weights": weights,
               "step_s": step_s, "world_size": plugin.world_size, "dp_size": plugin.dp_size,
-              "stats_len": len(stats), "sender": plugin.is_weight_sender}
+              "stats_len": len(stats), "sender": plugin.is_weight_sender, "device": str(plugin.device),
+              "loss_fn_devices": sorted(seen), "weight_devices": sorted({str(w.device) for w in weights.values()})}
     if save_dir:  # save_pretrained (collective), then the sender reloads it with from_pretrained
         path = os.path.join(save_dir, layout.replace(":", "_"))
         plugin.save_pretrained(path)

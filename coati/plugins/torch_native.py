@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin
-from coati.plugins.dist import clip_grads_, device_type, full_tensor, grad_norm_sq, world
+from coati.plugins.dist import clip_grads_, full_tensor, grad_norm_sq, trainer_device, world
 from coati.plugins.validation import ParallelLayout, validate_layout
 
 # Module paths inside one Llama-family decoder block (Qwen2, Llama, Mistral share them).
@@ -97,18 +97,22 @@ class TorchNativePlugin(TrainerPlugin):
     def setup(self, model, learning_rate, betas=(0.9, 0.99), weight_decay=0.0) -> None:
         self._rank, self._world = world()
         validate_layout(f"torch-{self.kind}", self._world, self.layout, getattr(model, "config", None))
-        self.module = model.train()
+        self.device = trainer_device()
+        # the full model on every rank's device first: DDP, fully_shard and parallelize_module all expect the
+        # parameters (and buffers such as rotary frequencies) on the mesh's device
+        self.module = model.to(self.device).train()
         if self.kind == "ddp":
             if self._world > 1:
                 from torch.nn.parallel import DistributedDataParallel
 
-                self.wrapped = DistributedDataParallel(model)
+                device_ids = [self.device.index] if self.device.type == "cuda" else None
+                self.wrapped = DistributedDataParallel(model, device_ids=device_ids)
             else:
                 self.wrapped = model
         else:
             from torch.distributed.device_mesh import init_device_mesh
 
-            self.mesh = init_device_mesh(device_type(), (self.dp_size, self.tp_size), mesh_dim_names=("dp", "tp"))
+            self.mesh = init_device_mesh(self.device.type, (self.dp_size, self.tp_size), mesh_dim_names=("dp", "tp"))
             if self.tp_size > 1:
                 apply_tensor_parallel(model, self.mesh["tp"])
             if self.kind == "fsdp2" or self.dp_size > 1:
@@ -128,7 +132,7 @@ class TorchNativePlugin(TrainerPlugin):
 
     def forward_backward(self, micro_batches: list[MicroBatch], loss_fn: LossFn):
         stats = []
-        for index, micro_batch in enumerate(micro_batches):
+        for index, micro_batch in enumerate(self._on_device(micro_batches)):
             with self._sync_context(index == len(micro_batches) - 1):
                 logits = self.wrapped(input_ids=micro_batch["input_ids"],
                                       attention_mask=micro_batch["attention_mask"]).logits
@@ -141,7 +145,7 @@ class TorchNativePlugin(TrainerPlugin):
     def forward_only(self, micro_batches: list[MicroBatch], fn):
         # the wrapped module: FSDP2 gathers its shards in forward; DDP's forward without grad reduces nothing
         return [fn(self.wrapped(input_ids=m["input_ids"], attention_mask=m["attention_mask"]).logits, m)
-                for m in micro_batches]
+                for m in self._on_device(micro_batches)]
 
     def optimizer_step(self, max_grad_norm):
         params = [p for p in self.module.parameters() if p.grad is not None]

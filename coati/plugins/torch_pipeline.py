@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin
-from coati.plugins.dist import clip_grads_, device_type, world
+from coati.plugins.dist import clip_grads_, trainer_device, world
 from coati.plugins.validation import ParallelLayout, validate_layout
 
 
@@ -137,6 +137,8 @@ class TorchPipelinePlugin(TrainerPlugin):
         self.stage_module = DecoderStage(model.train(), start, end, self.stage == 0, self.stage == pp - 1)
         if self._tied and self.stage == pp - 1:  # own copy of the tied weight on the last stage
             self.stage_module.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+        self.device = trainer_device()
+        self.stage_module.to(self.device)  # this stage's layers only: the rest of the model stays on the CPU
         self.optimizer = torch.optim.AdamW(self.stage_module.parameters(), lr=learning_rate, betas=betas,
                                            weight_decay=weight_decay)
         local = dict(self.stage_module.named_parameters())
@@ -155,18 +157,19 @@ class TorchPipelinePlugin(TrainerPlugin):
         if key not in self._schedules:
             if len(self._schedules) >= 8:  # shapes vary with sequence length: keep the newest few
                 self._schedules.pop(next(iter(self._schedules)))
-            stage = PipelineStage(self.stage_module, self.stage, self.pp_size, torch.device(device_type()),
-                                  group=self.pp_group)
+            stage = PipelineStage(self.stage_module, self.stage, self.pp_size, self.device, group=self.pp_group)
             self._schedules[key] = ScheduleGPipe(stage, n, loss_fn=self._loss_adapter, scale_grads=False)
         return self._schedules[key]
 
     def _loss_adapter(self, logits, index):
         micro_batch = self._current[int(index)]
         loss, stats = self._loss_fn(logits, micro_batch)
-        self._stats[int(index)] = {k: v.detach().float() for k, v in stats.items()}
+        # CPU copies: they are pickled to the other stages, where a CUDA tensor would name the sender's GPU
+        self._stats[int(index)] = {k: v.detach().float().cpu() for k, v in stats.items()}
         return loss
 
     def forward_backward(self, micro_batches: list[MicroBatch], loss_fn: LossFn):
+        micro_batches = self._on_device(micro_batches)
         self._loss_fn, self._stats = loss_fn, {}
         start = 0
         while start < len(micro_batches):  # runs of equal shape share one pipeline schedule
@@ -214,7 +217,7 @@ class TorchPipelinePlugin(TrainerPlugin):
                 tied.grad = torch.zeros_like(tied)
             dist.all_reduce(tied.grad, group=self.tie_group)
             params = [p for p in self.stage_module.parameters() if p.grad is not None]
-        local = torch.zeros((), dtype=torch.float64)
+        local = torch.zeros((), dtype=torch.float64, device=self.device)  # all-reduced over the stages
         for param in self._norm_params():
             if param.grad is not None:
                 local += torch.linalg.vector_norm(param.grad.float()).double() ** 2

@@ -15,13 +15,16 @@ class SingleProcessPlugin(TrainerPlugin):
         self.optimizer: torch.optim.Optimizer | None = None
 
     def setup(self, model, learning_rate, betas=(0.9, 0.99), weight_decay=0.0) -> None:
-        self.model = model.train()
+        from coati.plugins.dist import trainer_device
+
+        self.device = trainer_device()
+        self.model = model.to(self.device).train()
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, betas=betas,
                                            weight_decay=weight_decay)
 
     def forward_backward(self, micro_batches: list[MicroBatch], loss_fn: LossFn):
         stats = []
-        for micro_batch in micro_batches:
+        for micro_batch in self._on_device(micro_batches):
             logits = self.model(input_ids=micro_batch["input_ids"],
                                 attention_mask=micro_batch["attention_mask"]).logits
             loss, micro_stats = loss_fn(logits, micro_batch)
@@ -32,7 +35,7 @@ class SingleProcessPlugin(TrainerPlugin):
     @torch.no_grad()
     def forward_only(self, micro_batches: list[MicroBatch], fn):
         return [fn(self.model(input_ids=m["input_ids"], attention_mask=m["attention_mask"]).logits, m)
-                for m in micro_batches]
+                for m in self._on_device(micro_batches)]
 
     def optimizer_step(self, max_grad_norm):
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -46,7 +49,7 @@ class SingleProcessPlugin(TrainerPlugin):
 
     def named_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name, param in self.model.named_parameters():
-            yield name, param.detach()
+            yield name, param.detach().cpu()
 
     @property
     def is_weight_sender(self) -> bool:

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from coati.distributed.buffer import RolloutBuffer
-from coati.distributed.schedule import RolloutSchedule, thread_budgets
+from coati.distributed.schedule import RolloutSchedule, node_cores, node_thread_budgets, thread_budgets
 
 
 def test_sync_mode_answers():
@@ -39,6 +39,32 @@ def test_thread_budgets_never_oversubscribe_in_async_mode():
     assert thread_budgets(2, 1, 1, concurrent=True) == (1, 1)
     assert thread_budgets(16, 2, 2, concurrent=True) == (4, 4)
     assert thread_budgets(2, 2, 2, concurrent=True) == (1, 1)  # more actors than cores: one thread each
+
+
+@pytest.mark.parametrize("cores,producers,trainers", [(2, 1, 1), (16, 2, 4), (16, 2, 2), (2, 2, 2), (7, 3, 2)])
+@pytest.mark.parametrize("concurrent", [False, True])
+def test_node_thread_budgets_on_one_node_are_todays_budgets(cores, producers, trainers, concurrent):
+    producer_threads, trainer_threads = node_thread_budgets({"n": cores}, ["n"] * producers, ["n"] * trainers,
+                                                            concurrent)
+    want = thread_budgets(cores, producers, trainers, concurrent)
+    assert producer_threads == [want[0]] * producers and trainer_threads == [want[1]] * trainers
+
+
+def test_node_thread_budgets_split_each_nodes_own_cores_among_the_actors_placed_there():
+    cores = {"head": 8, "gpu1": 32, "gpu2": 4}
+    # producer 0 beside the driver, producer 1 with trainer ranks 0-1, trainer ranks 2-3 alone on a small node
+    placement = (["head", "gpu1"], ["gpu1", "gpu1", "gpu2", "gpu2"])
+    assert node_thread_budgets(cores, *placement, concurrent=False) == ([8, 32], [16, 16, 2, 2])
+    assert node_thread_budgets(cores, *placement, concurrent=True) == ([8, 10], [10, 10, 2, 2])
+    assert node_thread_budgets({"a": 2}, ["a"], [], concurrent=False) == ([2], [])  # a node with no trainer
+
+
+def test_node_cores_are_rays_cpus_but_never_more_than_the_driver_machine_has():
+    # a local cluster declares max(actors, cores) CPUs: the driver's 2 cores count, not Ray's 4 slots
+    assert node_cores({"local": 4.0}, "local", 2) == {"local": 2}
+    # `ray start --num-cpus 6` on the driver's 16-core node, a worker node with 32 detected CPUs
+    assert node_cores({"head": 6.0, "worker": 32.0}, "head", 16) == {"head": 6, "worker": 32}
+    assert node_cores({"head": 8.0}, "head", 16) == {"head": 8}
 
 
 def simulate(schedule, producers, rounds, chunks, rng):

@@ -1,5 +1,7 @@
 """Run ``coati.plugins.equivalence`` (or another driver module) as an N-process gloo group with a hard timeout
-and a forced clean-up."""
+and a forced clean-up. The ranks see no GPU unless asked (``cuda=True``): on a machine with GPUs the group
+would otherwise pick nccl, whose ranks need a GPU each, and compute on the GPU instead of the CPU the tests
+compare."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ def free_port() -> int:
 
 
 def run_ranks(module: str, args: list[str], world_size: int, out_dir: str, timeout_s: float = 180.0,
-              threads: int = 1, label: str = "") -> None:
+              threads: int = 1, label: str = "", cuda: bool = False) -> None:
     """Start ``world_size`` ranks of ``python -m module *args --threads N``, wait at most ``timeout_s``, kill
     every rank left. Raises ``RuntimeError`` with the ranks' output when a rank fails or the group times out.
     Each rank's output goes to ``out_dir/{label}rank{N}.log``."""
@@ -32,6 +34,8 @@ def run_ranks(module: str, args: list[str], world_size: int, out_dir: str, timeo
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads),
                    PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        if not cuda:
+            env["CUDA_VISIBLE_DEVICES"] = ""
         log = open(os.path.join(out_dir, f"{label}rank{rank}.log"), "w+")
         logs.append(log)
         procs.append(subprocess.Popen([sys.executable, "-m", module, *args, "--threads", str(threads)],
@@ -65,10 +69,10 @@ def run_ranks(module: str, args: list[str], world_size: int, out_dir: str, timeo
 
 
 def run_group(layouts: list[str], world_size: int, out_dir: str, timeout_s: float = 180.0,
-              threads: int = 1, save: bool = False) -> dict[str, dict]:
+              threads: int = 1, save: bool = False, cuda: bool = False) -> dict[str, dict]:
     """``coati.plugins.equivalence`` over ``layouts`` on ``world_size`` ranks (see ``run_ranks``); results by layout."""
     args = ["--layouts", ",".join(layouts), "--out", out_dir] + (["--save"] if save else [])
-    run_ranks("coati.plugins.equivalence", args, world_size, out_dir, timeout_s, threads)
+    run_ranks("coati.plugins.equivalence", args, world_size, out_dir, timeout_s, threads, cuda=cuda)
     results = {}
     for layout in layouts:
         path = os.path.join(out_dir, layout.replace(":", "_") + ".pt")

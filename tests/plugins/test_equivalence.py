@@ -43,6 +43,9 @@ def check(results: dict, reference: dict, tol: float = TOL) -> list[str]:
             failures.append(report[-1])
         if "saved_max_diff" in result:
             assert result["saved_max_diff"] == 0.0, f"{layout}: save_pretrained/from_pretrained changed weights"
+        # loss_fn is handed the plugin's device; full tensors always come back on the CPU
+        assert set(result["loss_fn_devices"]) <= {result["device"]}, f"{layout}: {result['loss_fn_devices']}"
+        assert result["weight_devices"] == ["cpu"], f"{layout}: full tensors on {result['weight_devices']}"
     print("\n" + "\n".join(report))
     assert not failures, "layouts disagree with the single-process step:\n" + "\n".join(failures)
     return report
