@@ -35,8 +35,10 @@ TOP_KEYS = ("save_dir", "project", "model", "stages", *STAGES)
 
 # The quickstart's settings, chosen for the tiny model on 2 CPU cores (README: measured numbers and time).
 DUMMY = {
-    "sft": {"epochs": 1, "batch_size": 32, "micro_batch_size": 32},
-    "rm": {"epochs": 1, "batch_size": 32, "micro_batch_size": 32},
+    # the embedded model's stage learning rates (rlhf/config.py DEMO_LR): each later stage starts from a given
+    # model, whose default would be the small learning rate meant for real models
+    "sft": {"epochs": 1, "batch_size": 32, "micro_batch_size": 32, "learning_rate": 1e-3},
+    "rm": {"epochs": 2, "batch_size": 32, "micro_batch_size": 32, "learning_rate": 5e-4},
     "ppo": {"num_generations": 4, "inference_batch_size": 32, "inference_microbatch_size": 32,
             "train_batch_size": 16, "train_minibatch_size": 16, "train_microbatch_size": 64, "num_episodes": 1,
             "max_new_tokens": 8, "ppo_epochs": 2, "learning_rate": 1e-4, "critic_learning_rate": 3e-4,
@@ -140,9 +142,15 @@ def ppo_argv(plan: Plan) -> list[str]:
     values.setdefault("system_prompt", plan.sections["sft"].get("system_prompt", plan.sections["rm"].get("system_prompt", "")))
     values.setdefault("save_dir", os.path.join(plan.save_dir, plan.project))
     values.setdefault("project", "ppo")
+    from coati.distributed.cli import build_parser
+
+    known = build_parser("coati ppo")._option_string_actions
     argv = ["-a", "PPO"]
     for key, value in values.items():
-        flag = "--" + key.replace("_", "-") if key not in ("master_address", "master_port", "ray_dir") else f"--{key}"
+        flag = next((f for f in ("--" + key.replace("_", "-"), f"--{key}") if f in known), None)
+        if flag is None or (isinstance(value, bool) and "--no-" + flag[2:] not in known):
+            raise PipelineError(f"section 'ppo' has option {key!r}, which `coati ppo` does not take "
+                                "(see `coati ppo --help`)")
         if isinstance(value, bool):
             argv.append(flag if value else "--no-" + flag[2:])
         elif isinstance(value, (dict, list)):
@@ -153,13 +161,19 @@ def ppo_argv(plan: Plan) -> list[str]:
 
 
 def ppo_config(plan: Plan, check_files: bool):
+    import contextlib
+    import io
+
     from coati.distributed.cli import build_parser, config_from_args
     from coati.distributed.config import ConfigError, check_inputs
 
+    argv, stderr = ppo_argv(plan), io.StringIO()
     try:
-        args = build_parser("coati ppo").parse_args(ppo_argv(plan))
+        with contextlib.redirect_stderr(stderr):  # argparse's usage block: one line is enough
+            args = build_parser("coati ppo").parse_args(argv)
     except SystemExit:
-        raise PipelineError("section 'ppo' has an option `coati ppo` does not take (see `coati ppo --help`)") from None
+        reason = stderr.getvalue().strip().splitlines()[-1].split("error: ", 1)[-1]
+        raise PipelineError(f"section 'ppo': {reason}") from None
     if args.model is None:
         raise PipelineError("section 'ppo' needs model: (the policy to train) when the pipeline has no sft stage")
     try:
