@@ -184,6 +184,9 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, evaluat
         rollouts.close()
     final_dir = save(total_steps)
     ray.get([consumer.shutdown.remote() for consumer in consumers])
+    # Their work is done: end them now, not by the SIGTERM of Ray's shutdown, which can land in an actor handle's
+    # __del__ and print a SystemExit traceback after the results.
+    supervisor.kill_all()
     logger.close()
     return RunResult(total_steps, eval_before, eval_after, final_dir, logger.path, time.time() - start)
 

@@ -26,11 +26,16 @@ MIN_ERROR = 10  # a rejected sum is at least this far from the right one: its te
 
 
 def wrong_sum(a: int, b: int, rng: random.Random, digits: int = 2) -> int:
-    """The sum of another random pair of ``digits``-digit numbers, at least ``MIN_ERROR`` away from a + b.
+    """A wrong sum for a + b: half the time a near miss (off by 1 to MIN_ERROR - 1: a wrong units digit or carry),
+    else the sum of another random pair of ``digits``-digit numbers at least ``MIN_ERROR`` away.
 
-    Sums off by less (a wrong units digit) need the exact addition checked; the 2-layer demo model's reward
-    head got 93% of held-out pairs right with them included after 3 epochs (94.5% without, after 2), and the quickstart is meant to show a
-    reward model that clearly prefers right answers in a minute or two of CPU."""
+    With clearly wrong sums alone the reward model learnt to check magnitudes, not the addition (held-out
+    pairwise accuracy 0.98), and PPO against it found near misses it scored as high as right answers: held-out
+    accuracy of the SFT policy fell from 0.93 to 0.45 while the reward model's score rose. Near misses make the
+    model check the units digit too."""
+    if rng.random() < 0.5:
+        offset = rng.randint(1, MIN_ERROR - 1) * rng.choice((-1, 1))
+        return a + b + offset if a + b + offset >= 0 else a + b - offset
     low, high = 10 ** (digits - 1), 10**digits - 1
     while True:
         wrong = rng.randint(low, high) + rng.randint(low, high)
