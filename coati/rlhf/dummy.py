@@ -1,10 +1,17 @@
 """The RLHF quickstart's data, generated from the demo's addition task (no downloads).
 
-``write_dummy_data(out_dir)`` writes, for 2-digit sums ``a+b=`` answered as ``\\boxed{a+b}``:
-- ``sft.jsonl`` / ``sft_eval.jsonl``: ``{"prompt": "37+58=", "completion": "\\boxed{95}"}``;
-- ``preferences.jsonl`` / ``preferences_eval.jsonl``: the correct sum chosen over a wrong one,
-  ``{"prompt": "37+58=", "chosen": "\\boxed{95}", "rejected": "\\boxed{131}"}``, the wrong one being the sum of
-  another random pair at least 10 away (a learnable preference: right answers over clearly wrong ones);
+The task carries a stated formatting preference: the answer to ``a+b=`` belongs in a box, ``\\boxed{95}``. The
+demonstrations do not keep to it (as if written by several annotators): half answer ``\\boxed{95}``, half a bare
+``95``, so the SFT policy boxes about half its answers. The preference pairs state it: the boxed right answer is
+chosen over the bare right answer (half the pairs) or over a boxed wrong sum (the other half: one digit of
+the sum changed, or another pair's sum). The verifiable reward (``-rt boxed``) only accepts boxed answers, so a
+policy that follows the preference also raises its held-out accuracy, and the reward model can learn the
+preference exactly (the format) and the sums only as well as a model of the policy's size can check them.
+
+``write_dummy_data(out_dir)`` writes
+- ``sft.jsonl`` / ``sft_eval.jsonl``: ``{"prompt": "37+58=", "completion": "\\boxed{95}"}`` or ``"95"``;
+- ``preferences.jsonl`` / ``preferences_eval.jsonl``: ``{"prompt": "37+58=", "chosen": "\\boxed{95}",
+  "rejected": "95"}`` or ``"rejected": "\\boxed{91}"``;
 - ``prompts.jsonl`` / ``prompts_eval.jsonl``: math rows (``{"messages": ..., "gt_answer": "95"}``) for the RL stage.
 The held-out files use the GRPO demo's held-out problems (the same split, seed 0), which no training file
 contains. ``python -m coati.rlhf.dummy OUT_DIR`` writes them.
@@ -20,27 +27,28 @@ import random
 from coati.dataset.demo_task import completion_text, make_splits, prompt_text, write_jsonl
 
 DEMO_SPLIT = {"num_train": 2048, "num_eval": 512, "seed": 0, "digits": 2}  # the GRPO demo's (DemoRecipe)
-
-
-MIN_ERROR = 10  # a rejected sum is at least this far from the right one: its tens (or hundreds) digit differs
+MIN_ERROR = 10  # a far wrong sum is at least this far from the right one
 
 
 def wrong_sum(a: int, b: int, rng: random.Random, digits: int = 2) -> int:
-    """A wrong sum for a + b: half the time a near miss (off by 1 to MIN_ERROR - 1: a wrong units digit or carry),
-    else the sum of another random pair of ``digits``-digit numbers at least ``MIN_ERROR`` away.
-
-    With clearly wrong sums alone the reward model learnt to check magnitudes, not the addition (held-out
-    pairwise accuracy 0.98), and PPO against it found near misses it scored as high as right answers: held-out
-    accuracy of the SFT policy fell from 0.93 to 0.45 while the reward model's score rose. Near misses make the
-    model check the units digit too."""
+    """A wrong sum for a + b: half the time one digit of the right sum changed (the errors a policy makes: a units
+    digit, a carry), else the sum of another random pair of ``digits``-digit numbers, at least ``MIN_ERROR`` away."""
+    right = a + b
     if rng.random() < 0.5:
-        offset = rng.randint(1, MIN_ERROR - 1) * rng.choice((-1, 1))
-        return a + b + offset if a + b + offset >= 0 else a + b - offset
+        text = str(right)
+        position = rng.randrange(len(text))
+        choices = [d for d in "0123456789" if d != text[position] and not (position == 0 and d == "0")]
+        return int(text[:position] + rng.choice(choices) + text[position + 1 :])
     low, high = 10 ** (digits - 1), 10**digits - 1
     while True:
         wrong = rng.randint(low, high) + rng.randint(low, high)
-        if abs(wrong - (a + b)) >= MIN_ERROR:
+        if abs(wrong - right) >= MIN_ERROR:
             return wrong
+
+
+def bare_answer(a: int, b: int) -> str:
+    """The answer without the preferred format."""
+    return str(a + b)
 
 
 def _write(rows: list[dict], path: str) -> None:
@@ -60,11 +68,17 @@ def write_dummy_data(out_dir: str, num_sft: int = 8192, num_pairs: int = 4096, n
     held_out = splits.eval[:num_eval]
 
     def sft(pairs):
-        return [{"prompt": prompt_text(a, b), "completion": completion_text(a, b)} for a, b in pairs]
+        return [{"prompt": prompt_text(a, b),
+                 "completion": completion_text(a, b) if rng.random() < 0.5 else bare_answer(a, b)} for a, b in pairs]
 
     def preferences(pairs):
-        return [{"prompt": prompt_text(a, b), "chosen": completion_text(a, b),
-                 "rejected": f"\\boxed{{{wrong_sum(a, b, rng, splits.digits)}}}"} for a, b in pairs]
+        def rejected(a, b):
+            if rng.random() < 0.5:
+                return bare_answer(a, b)
+            return f"\\boxed{{{wrong_sum(a, b, rng, splits.digits)}}}"
+
+        return [{"prompt": prompt_text(a, b), "chosen": completion_text(a, b), "rejected": rejected(a, b)}
+                for a, b in pairs]
 
     paths = {name: os.path.join(out_dir, f"{name}.jsonl") for name in
              ("sft", "sft_eval", "preferences", "preferences_eval", "prompts", "prompts_eval")}
