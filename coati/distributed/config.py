@@ -18,7 +18,7 @@ from coati.distributed.loss import CORRECTIONS, LOSS_VARIATIONS, POLICY_LOSSES, 
 from coati.distributed.ppo_config import PPOConfig
 from coati.distributed.weight_sync import WEIGHT_SYNC
 from coati.utils.dataclass_cli import option
-from rewards import REWARD_TYPES, STOP_STRINGS
+from rewards import REWARD_TYPES
 
 # What each -a preset changes from the defaults (the defaults of PolicyLossConfig, GroupConfig and AlgoConfig,
 # with beta = -kl and cache_length = min(1024, -mnt // 4)), in --grpo-config keys. A new algorithm adds a row

@@ -8,7 +8,7 @@ sampled; they do not enter the logprob, as in the trainer).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Protocol
 
 import torch

@@ -98,7 +98,6 @@ def _run(config: RLConfig, log, reservation, start: float) -> RunResult:
 def _train(config, log, start, consumers, producers, buffer, supervisor, evaluator_threads, reservation) -> RunResult:
     from tqdm import tqdm
 
-    schedule = config.schedule
     address, port = ray.get(consumers[0].rendezvous_address.remote())
     supervisor.gather([consumer.setup.remote(address, port) for consumer in consumers])  # joins the group together
     infos = ray.get([producer.info.remote() for producer in producers])

@@ -28,7 +28,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 STAGES = ("sft", "rm", "ppo")
 TOP_KEYS = ("save_dir", "project", "model", "stages", *STAGES)

@@ -168,6 +168,7 @@ LAYOUTS = [("torch FSDP2 x2 (zero 2)", ["-t", "2", "-zero", "2"]),
            ("colossalai LowLevelZero-1 x2", ["-t", "2", "--plugin", "colossalai", "-zero", "1"])]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("label, flags", LAYOUTS, ids=[layout[0] for layout in LAYOUTS])
 def test_ppo_layout_matches_single_process(single, tiny_model_dir, reward_model_dir, label, flags):
     if "colossalai" in flags:
@@ -175,6 +176,7 @@ def test_ppo_layout_matches_single_process(single, tiny_model_dir, reward_model_
     assert_same(single, train(ppo_config(tiny_model_dir, reward_model_dir, flags, tbs=2)), label)
 
 
+@pytest.mark.e2e
 def test_ppo_resume_is_exact(local_ray, tiny_model_dir, reward_model_dir, tmp_path):
     """Adaptive KL on (beta moves every step): a checkpoint after step 1, loaded by new processes, gives step 2
     of the uninterrupted run: both roles' weights and optimizer states and beta come back."""

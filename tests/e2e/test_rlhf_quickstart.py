@@ -59,5 +59,15 @@ def test_rlhf_quickstart(tmp_path, demo_assets):
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     AutoModelForCausalLM.from_pretrained(str(run / "ppo" / f"step_{last}"))
-    assert AutoModelForSequenceClassification.from_pretrained(str(run / "rm" / "final")).config.num_labels == 1
+    reward_model = AutoModelForSequenceClassification.from_pretrained(str(run / "rm" / "final")).eval()
+    assert reward_model.config.num_labels == 1
+    # the saved reward model ranks the held-out pairs exactly as the stage measured
+    from transformers import AutoTokenizer
+
+    from coati.dataset.rlhf_rows import load_preferences
+    from coati.rlhf.tasks import RewardTask
+
+    task = RewardTask(AutoTokenizer.from_pretrained(str(run / "rm" / "final")), "", 512)
+    items, _ = task.tokenise(load_preferences(str(run / "data" / "preferences_eval.jsonl")))
+    assert task.evaluate(reward_model, items, 64)["eval_accuracy"] == pytest.approx(rm_eval[-1]["accuracy"])
     assert os.path.isdir(run / "ppo" / f"step_{last}" / "trainer_state" / "critic")

@@ -1,6 +1,7 @@
 """The SFT and reward-model stages on the embedded addition task, end to end on the CPU: SFT's loss falls and
-its model loads as a causal LM; the reward model reaches held-out pairwise accuracy >= 0.9 and loads with
-AutoModelForSequenceClassification; an SFT step under DDP x2 (Ray actors, gloo) equals one process's."""
+its model loads as a causal LM; an SFT and a reward-model step under DDP/FSDP2 x2 (Ray actors, gloo) equal one
+process's. The reward model's held-out accuracy on the generated pairs is asserted by the quickstart's e2e test
+(tests/e2e/test_rlhf_quickstart.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,11 @@ import json
 import os
 
 import pytest
-import torch
 
 from coati.rlhf.cli import resolve_inputs
 from coati.rlhf.config import RMConfig, SFTConfig
 from coati.rlhf.stage import run_stage
-from coati.rlhf.tasks import RewardTask, SFTTask
+from coati.rlhf.tasks import SFTTask
 
 
 @pytest.fixture(autouse=True)
@@ -54,31 +54,6 @@ def test_sft_on_the_addition_task_lowers_the_loss(tmp_path):
     rows = [json.loads(line) for line in open(result.metrics_path)]
     assert [r["kind"] for r in rows].count("train") == 128 and rows[0]["kind"] == "eval"
     assert reloaded.config.architectures == ["Qwen2ForCausalLM"]
-
-
-@pytest.mark.e2e
-def test_reward_model_ranks_held_out_pairs(tmp_path, demo_assets):
-    """From the demo's warm-started model, 2 epochs of 4096 generated pairs (256 steps): measured 0.945 held-out
-    pairwise accuracy (0.49 before), about 1-2 minutes on one core."""
-    config = RMConfig(model=demo_assets.model_dir, save_dir=str(tmp_path), batch_size=32, micro_batch_size=32,
-                      epochs=2, learning_rate=5e-4, progress_bar=False)
-    from coati.rlhf.dummy import write_dummy_data
-
-    paths = write_dummy_data(str(tmp_path / "data"))
-    result = run_stage(config, paths["preferences"], paths["preferences_eval"], config.model, log=lambda line: None)
-    assert result.after["eval_accuracy"] >= 0.9, result.after
-    assert result.after["eval_loss"] < result.before["eval_loss"]
-    # the saved directory is a transformers reward model: it scores the held-out pairs the same way
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    from coati.dataset.rlhf_rows import load_preferences
-
-    model = AutoModelForSequenceClassification.from_pretrained(result.model_dir).eval()
-    assert model.config.num_labels == 1
-    task = RewardTask(AutoTokenizer.from_pretrained(result.model_dir), "", 512)
-    items, _ = task.tokenise(load_preferences(paths["preferences_eval"]))
-    again = task.evaluate(model, items, 64)
-    assert again["eval_accuracy"] == pytest.approx(result.after["eval_accuracy"])
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,6 @@
 import json
 import os
 
-import pytest
 
 from coati.utils.metrics import MetricsLogger
 from coati.utils.plot import main as plot_main
