@@ -199,3 +199,44 @@ def test_a_newly_registered_estimator_is_usable_by_name_alone():
         assert torch.allclose(adv, torch.tensor([[2 / 3, -2 / 3, -2 / 3, 2 / 3]]))
     finally:
         del ADV_ESTIMATORS["leave_one_out"]
+
+
+# --- -a PPO: a critic's estimator ---
+
+def test_ppo_preset_and_its_options_reach_the_config():
+    algo = config_for("-a", "PPO", "--reward-model", "rm", "-g", "1", "-tmbs", "32", "--lam", "0.9", "--kl-coef", "0.2",
+                      "--kl-target", "6", "--critic-learning-rate", "1e-5").algo
+    assert algo.uses_critic and algo.groups.advantage == "gae" and algo.loss.loss_variation == "token_level"
+    assert algo.loss.kl_coeff == 0.0  # the KL is in the reward
+    assert (algo.ppo.reward_model, algo.ppo.lam, algo.ppo.kl_coef, algo.ppo.kl_target) == ("rm", 0.9, 0.2, 6.0)
+    assert algo.ppo.critic_learning_rate == 1e-5 and algo.ppo.value_loss == "clipped"
+    assert not config_for("-a", "GRPO").algo.uses_critic
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-a", "PPO"], "needs a score: pass --reward-model"),
+    (["-a", "PPO", "-g", "1", "-tmbs", "32"], "needs a score"),
+    (["-a", "GRPO", "-g", "1", "-tmbs", "32"], "-g/--num-generations must be at least 2"),
+    (["-a", "PPO", "--reward-model", "rm", "-t", "2", "-tp", "2"], "critic's value head; use data parallelism"),
+    (["-a", "PPO", "--reward-model", "rm", "-kl", "0.1"], "-kl/--kl-coeff (the loss's KL term of GRPO) must stay 0"),
+    (["-a", "PPO", "--reward-model", "rm", "--grpo-config", '{"filter_range": [0.1, 0.9]}'],
+     "trains on every group: drop filter_range"),
+    (["-a", "PPO", "--reward-model", "rm", "--lam", "1.5"], "--lam in [0, 1]"),
+    (["-a", "PPO", "--reward-model", "rm", "--kl-target", "0"], "--kl-target must be > 0"),
+    (["-a", "PPO", "--reward-model", "rm", "--value-clip", "0"], "--value-clip must be > 0"),
+])
+def test_bad_ppo_flags_give_one_line(argv, message, capsys):
+    code, err = run_cli(argv, capsys)
+    assert code == 2 and message in err and len(err.splitlines()) == 1, err
+
+
+def test_ppo_model_directories_are_checked_before_any_actor(tiny_model_dir, tmp_path, capsys):
+    rows = tmp_path / "train.jsonl"
+    rows.write_text("".join(json.dumps({"messages": f"{i}+1=", "gt_answer": str(i + 1)}) + "\n" for i in range(64)))
+    base = ["-m", tiny_model_dir, "-d", str(rows), "-a", "PPO", "-ibs", "32", "-imbs", "32", "-tbs", "32"]
+    code, err = run_cli([*base, "--reward-model", str(tmp_path / "nope")], capsys)
+    assert code == 2 and "--reward-model: reward model directory not found" in err, err
+    code, err = run_cli([*base, "--reward-model", tiny_model_dir], capsys)  # a causal LM, no score head
+    assert code == 2 and "has no score head" in err, err
+    code, err = run_cli([*base, "--verifiable-reward-weight", "1", "--critic-model", str(tmp_path)], capsys)
+    assert code == 2 and "--critic-model directory not found" in err, err
