@@ -63,17 +63,25 @@ def test_missing_and_empty_files(tmp_path):
         load_preferences(str(tmp_path / "empty.jsonl"))
 
 
-def test_dummy_data_prefers_the_correct_sum_and_holds_out_the_demo_eval_split(tmp_path):
-    paths = write_dummy_data(str(tmp_path), num_sft=64, num_pairs=64, num_eval=32)
+def test_dummy_data_states_the_boxed_preference_and_holds_out_the_demo_eval_split(tmp_path):
+    paths = write_dummy_data(str(tmp_path), num_sft=256, num_pairs=256, num_eval=32)
     sft, pairs = load_sft(paths["sft"]), load_preferences(paths["preferences"])
-    assert len(sft) == 64 and len(pairs) == 64 and len(load_preferences(paths["preferences_eval"])) == 32
-    for row in sft:
+    assert len(sft) == 256 and len(pairs) == 256 and len(load_preferences(paths["preferences_eval"])) == 32
+    boxed = 0
+    for row in sft:  # demonstrations answer right, boxed or bare
         a, b = map(int, row.messages[0]["content"].rstrip("=").split("+"))
-        assert row.completion == f"\\boxed{{{a + b}}}"
-    for pair in pairs:
+        assert row.completion in (f"\\boxed{{{a + b}}}", str(a + b))
+        boxed += row.completion.startswith("\\boxed{")
+    assert 0.35 < boxed / len(sft) < 0.65
+    bare = 0
+    for pair in pairs:  # chosen: the boxed right answer; rejected: the bare right one, or a boxed wrong sum
         a, b = map(int, pair.messages[0]["content"].rstrip("=").split("+"))
-        assert pair.chosen == f"\\boxed{{{a + b}}}" and pair.rejected != pair.chosen
-        assert 20 <= int(pair.rejected[7:-1]) <= 198  # a wrong sum of two 2-digit numbers
+        assert pair.chosen == f"\\boxed{{{a + b}}}"
+        if pair.rejected == str(a + b):
+            bare += 1
+        else:
+            assert pair.rejected.startswith("\\boxed{") and int(pair.rejected[7:-1]) != a + b
+    assert 0.35 < bare / len(pairs) < 0.65
     held_out = {p.messages[0]["content"] for p in load_preferences(paths["preferences_eval"])}
     training = {r.messages[0]["content"] for r in sft} | {p.messages[0]["content"] for p in pairs}
     assert not held_out & training
