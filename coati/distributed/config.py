@@ -49,8 +49,9 @@ ALGO_HELP = (
     "group_norm advantage, beta = -kl, cache_length = min(1024, mnt // 4)). "
     + "; ".join(_preset_text(name) for name in ALGOS)
     + ". GRPO: group-normalised advantages; DAPO: dynamic sampling, clip-higher, token-level loss, overlong "
-    "shaping; PG: REINFORCE with a group-mean baseline (no ratio or clip). Every field can be changed with "
-    "--grpo-config"
+    "shaping; PG: REINFORCE with a group-mean baseline (no ratio or clip); PPO: RLHF-PPO with a critic, per-token "
+    "GAE advantages from the reward model's score (--reward-model) and a KL penalty to the initial policy in the "
+    "reward (--kl-coef). Every field can be changed with --grpo-config"
 )
 
 

@@ -49,8 +49,8 @@ from coati.distributed.evaluation import evaluate
 from coati.distributed.generation import tokenise_prompts
 from coati.distributed.inference_backend import SamplingParams
 from coati.distributed.weight_sync import unpack_named_tensors
-from coati.utils.quiet import quiet_actor
 from coati.rlhf.reward_model import reward_model_scorer
+from coati.utils.quiet import quiet_actor
 from rewards.scorer import RewardScorer
 
 MAX_PENDING = 2  # steps whose evals may be in flight at once (each holds one weight snapshot)
@@ -94,4 +94,5 @@ class Evaluator:
         result = evaluate(self.backend, [ids for _, _, ids in examples], [e for e, _, _ in examples],
                           self.scorer, params, prompt_texts=[text for _, text, _ in examples],
                           reward_model=self.reward_model)
-        return {**result.summary(), "count": len(examples), "skipped_too_long": skipped, "version": version, "records": result.records}
+        return {**result.summary(), "count": len(examples), "skipped_too_long": skipped, "version": version,
+                "records": result.records}

@@ -17,8 +17,8 @@ from coati.distributed.generation import prompt_shard, rollout_groups, tokenise_
 from coati.distributed.inference_backend import SamplingParams, TransformersBackend
 from coati.distributed.rollout import RolloutGroup
 from coati.distributed.weight_sync import make_receiver
-from coati.utils.quiet import quiet_actor
 from coati.rlhf.reward_model import reward_model_scorer
+from coati.utils.quiet import quiet_actor
 from rewards.scorer import RewardScorer
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+
 import torch
 
 from coati.plugins import make_plugin
