@@ -43,8 +43,8 @@ GRPO_CONFIG_HELP = (
     "turns it off; max_draw_multiple bounds dynamic batching to that many times -tbs groups drawn per step. "
     "Precedence: preset < --grpo-config < dedicated flags (-kl, --ppo-epochs, --topk-samples)"
 )
-DESCRIPTION = ("Distributed RL post-training (GRPO, DAPO, PG; PPO with a critic and a reward model) over Ray. With no arguments: the embedded demo "
-               "(a tiny model learns 2-digit addition on the CPU in a few minutes, no downloads); with only -rt code: "
+DESCRIPTION = ("Distributed RL post-training (GRPO, DAPO, PG; PPO with a critic and a reward model) over Ray. "
+               "With no arguments: the embedded demo (a tiny model learns 2-digit addition on the CPU in a few minutes, no downloads); with only -rt code: "
                "the code demo (a tiny model learns to write short stdin -> stdout programs, scored in the sandbox).")
 
 
