@@ -191,6 +191,7 @@ class PipelineResult:
     rm: object = None
     ppo: object = None  # launch.RunResult
     ppo_eval: dict = field(default_factory=dict)  # "task/mode" -> {"before": {...}, "after": {...}}
+    ppo_train: list = field(default_factory=list)  # the PPO run's training rows
     wall_s: float = 0.0
 
 
@@ -219,14 +220,15 @@ def run_pipeline(plan: Plan, log=print) -> PipelineResult:
         log("== ppo")
         config = ppo_config(plan, check_files=True)
         result.ppo = run(config, log=log)
-        result.ppo_eval = eval_summary(config)
+        result.ppo_eval, result.ppo_train = eval_summary(config)
     result.wall_s = time.time() - start
     return result
 
 
-def eval_summary(config) -> dict:
-    """'task/mode' -> {'before': row, 'after': row} of the PPO run's first and last eval rows."""
+def eval_summary(config) -> tuple[dict, list]:
+    """('task/mode' -> {'before': row, 'after': row} of the PPO run's first and last eval rows, its train rows)."""
     rows: dict[str, dict] = {}
+    train = []
     with open(os.path.join(config.run.run_dir, "metrics.jsonl"), encoding="utf-8") as handle:
         for line in handle:
             row = json.loads(line)
@@ -234,7 +236,9 @@ def eval_summary(config) -> dict:
                 entry = rows.setdefault(f"{row['task']}/{row['mode']}", {})
                 entry.setdefault("before", row)
                 entry["after"] = row
-    return rows
+            elif row.get("kind") == "train":
+                train.append(row)
+    return rows, train
 
 
 def report(result: PipelineResult) -> list[str]:
@@ -249,6 +253,15 @@ def report(result: PipelineResult) -> list[str]:
                      f"{result.rm.after.get('eval_accuracy', float('nan')):.3f} ({result.rm.wall_s:.0f} s)")
     if result.ppo is not None:
         lines.append(f"ppo: {result.ppo.steps} steps ({result.ppo.wall_s:.0f} s); model {result.ppo.final_model_dir}")
+        tail = result.ppo_train[-16:]
+        if tail and "kl" in tail[0]:
+            def mean(name: str) -> float:
+                return sum(r[name] for r in tail) / len(tail)
+
+            lines.append(f"  last {len(tail)} steps: KL to the SFT policy {mean('kl'):.3f} per token, "
+                         f"{mean('kl_seq'):.2f} per response (beta {tail[-1]['kl_coef']:.3g}); rollouts' "
+                         f"reward-model score {result.ppo_train[0]['rm_score']:.3f} (first step) -> "
+                         f"{mean('rm_score'):.3f}; critic's explained variance {mean('explained_variance'):.2f}")
         for key, entry in result.ppo_eval.items():
             before, after = entry["before"], entry["after"]
             text = f"  held-out {key}: accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}"

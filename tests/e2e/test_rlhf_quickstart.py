@@ -32,7 +32,8 @@ def test_rlhf_quickstart(tmp_path, demo_assets):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=880)
     assert done.returncode == 0, done.stderr[-3000:]
     report = done.stdout[done.stdout.index("\nsft: "):]
-    for stage in ("sft: ", "rm: ", "ppo: ", "held-out addition/sampled", "held-out addition/greedy", "pipeline: "):
+    for stage in ("sft: ", "rm: ", "ppo: ", "KL to the SFT policy", "held-out addition/sampled", "held-out addition/greedy",
+                  "pipeline: "):
         assert stage in report, report
     assert "Traceback" not in done.stdout + done.stderr
 
