@@ -87,7 +87,7 @@ def test_checkpoint_layout_and_plain_transformers_load(single_reference):
     assert len(checkpointing.pending_groups(step3)) == 4
     assert all(g.policy_version == 1 for g in checkpointing.pending_groups(step3))
     for name in ("model.safetensors", "config.json", "tokenizer_config.json", COMPLETE_MARKER,
-                 "trainer_state/trainer_state.json", "consumer_state/rank_0.pt"):
+                 "trainer_state/actor/trainer_state.json", "consumer_state/rank_0.pt"):
         assert os.path.isfile(os.path.join(step3, name)), name
     final = json.load(open(os.path.join(single_reference, "step_8", checkpointing.RUN_STATE)))
     assert final["pending_groups"] == 0 and final["policy_version"] == 4
@@ -152,7 +152,7 @@ def fsdp_reference(demo_assets, data, tmp_path_factory):
 
 
 def test_fsdp2_resume_is_exact(demo_assets, data, fsdp_reference, tmp_path):
-    manifest = json.load(open(os.path.join(fsdp_reference, "step_3", "trainer_state", "trainer_state.json")))
+    manifest = json.load(open(os.path.join(fsdp_reference, "step_3", "trainer_state", "actor", "trainer_state.json")))
     assert (manifest["plugin"], manifest["world_size"]) == ("torch-fsdp2", 2)
     assert sorted(os.listdir(os.path.join(fsdp_reference, "step_3", "consumer_state"))) == ["rank_0.pt", "rank_1.pt"]
     result = launch(demo_assets, data, tmp_path, "resumed", *FSDP, "--resume", os.path.join(fsdp_reference, "step_3"))
