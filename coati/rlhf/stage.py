@@ -214,7 +214,9 @@ class _Group:
             else:
                 ray.init(num_cpus=max(config.num_trainers, os.cpu_count() or 1), **kwargs)
         threads = max(1, (os.cpu_count() or 1) // config.num_trainers)
-        actor = ray.remote(StageTrainer).options(num_cpus=1)
+        # a GPU per rank when the cluster has one for each (the plugins then train there over nccl); else the CPU
+        gpus = {"num_gpus": 1} if ray.cluster_resources().get("GPU", 0) >= config.num_trainers else {}
+        actor = ray.remote(StageTrainer).options(num_cpus=1, **gpus)
         self.ranks = [actor.remote(config, train_path, eval_path, model_path, rank, threads, True)
                       for rank in range(config.num_trainers)]
         try:
