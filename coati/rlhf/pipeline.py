@@ -114,8 +114,7 @@ def stage_config(plan: Plan, stage: str):
 
     cls = SFTConfig if stage == "sft" else RMConfig
     values = dict(plan.sections[stage])
-    known = {f for f in cls.__dataclass_fields__}
-    unknown = sorted(set(values) - known)
+    unknown = sorted(set(values) - set(cls.__dataclass_fields__))
     if unknown:
         raise PipelineError(f"section {stage!r} has unknown option {unknown[0]!r} (see `coati {stage} --help`)")
     if stage == "sft":
@@ -131,6 +130,8 @@ def stage_config(plan: Plan, stage: str):
 
 def ppo_argv(plan: Plan) -> list[str]:
     """`coati ppo` flags for the PPO section: its options as --long-flags, the links filled in."""
+    from coati.distributed.cli import build_parser
+
     values = dict(plan.sections["ppo"])
     if "sft" in plan.stages:
         values.setdefault("model", plan.output("sft"))
@@ -139,11 +140,10 @@ def ppo_argv(plan: Plan) -> list[str]:
     if "rm" in plan.stages:
         values.setdefault("reward_model", plan.output("rm"))
     # the policy and the reward model learnt their prompts with the SFT/RM system prompt: PPO's must be the same
-    values.setdefault("system_prompt", plan.sections["sft"].get("system_prompt", plan.sections["rm"].get("system_prompt", "")))
+    supervised = {**plan.sections["rm"], **plan.sections["sft"]}
+    values.setdefault("system_prompt", supervised.get("system_prompt", ""))
     values.setdefault("save_dir", os.path.join(plan.save_dir, plan.project))
     values.setdefault("project", "ppo")
-    from coati.distributed.cli import build_parser
-
     known = build_parser("coati ppo")._option_string_actions
     argv = ["-a", "PPO"]
     for key, value in values.items():
