@@ -15,7 +15,6 @@ or row is one ``error:`` line (exit 2) before any model is loaded.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -71,15 +70,12 @@ def _require(condition: bool, message: str) -> None:
 
 
 def _model_problem(path: str) -> str | None:
-    config_path = os.path.join(path, "config.json")
-    if not os.path.isfile(config_path):
-        return (f"model directory not found or without config.json: {path} "
-                "(pass -m an HF directory, e.g. runs/sft/final)")
-    try:
-        with open(config_path, encoding="utf-8") as handle:
-            architectures = json.load(handle).get("architectures") or []
-    except (OSError, ValueError, AttributeError) as err:
-        return f"{config_path}: not a JSON object ({err})"
+    from coati.rlhf.reward_model import read_model_config
+
+    config, problem = read_model_config(path, "model", "pass -m an HF directory, e.g. runs/sft/final")
+    if problem:
+        return problem
+    architectures = config.get("architectures") or []
     if any(name.endswith("ForSequenceClassification") for name in architectures):
         return f"{path} is a reward model ({architectures[0]}), not a causal LM: pass it as --reward-model"
     if not any(os.path.isfile(os.path.join(path, name)) for name in ("tokenizer.json", "tokenizer_config.json")):

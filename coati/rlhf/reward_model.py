@@ -24,17 +24,27 @@ import os
 import torch
 
 
-def reward_model_problem(path: str) -> str | None:
-    """Why ``path`` is not a reward-model directory, from its config.json alone (None: it looks like one)."""
+def read_model_config(path: str, what: str, hint: str) -> tuple[dict | None, str | None]:
+    """(the config.json of the HF directory ``path``, None), or (None, one line saying why it cannot be read:
+    "<what> directory not found or without config.json: <path> (<hint>)", or not a JSON object)."""
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
-        return (f"reward model directory not found or without config.json: {path} "
-                "(pass a `coati rm` output, e.g. runs/rm/final)")
+        return None, f"{what} directory not found or without config.json: {path} ({hint})"
     try:
         with open(config_path, encoding="utf-8") as handle:
             config = json.load(handle)
     except (OSError, json.JSONDecodeError) as err:
-        return f"{config_path}: not readable as JSON ({err})"
+        return None, f"{config_path}: not readable as JSON ({err})"
+    if not isinstance(config, dict):
+        return None, f"{config_path}: not a JSON object"
+    return config, None
+
+
+def reward_model_problem(path: str) -> str | None:
+    """Why ``path`` is not a reward-model directory, from its config.json alone (None: it looks like one)."""
+    config, problem = read_model_config(path, "reward model", "pass a `coati rm` output, e.g. runs/rm/final")
+    if problem:
+        return problem
     architectures = config.get("architectures") or []
     if not any(name.endswith("ForSequenceClassification") for name in architectures):
         return (f"{path} has no score head (architectures {architectures or 'unset'}, not *ForSequenceClassification): "
