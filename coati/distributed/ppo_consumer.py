@@ -34,7 +34,7 @@ from coati.distributed.rollout import RolloutGroup, collate, split_micro_batches
 
 CRITIC = "critic"
 # Sums over the step's response tokens / responses, all-reduced once over the ranks (see _step_sums).
-_SUMS = ("tokens", "adv", "adv_sq", "ret", "ret_sq", "err", "err_sq", "kl", "responses", "kl_seq", "rm_score",
+_SUMS = ("tokens", "adv", "adv_sq", "ret", "ret_sq", "err", "err_sq", "kl", "responses", "rm_score",
          "score", "values")
 
 
@@ -120,12 +120,12 @@ class PPOConsumer(GRPOConsumer):
             batch.update(advantages=advantages, returns=returns, old_values=values,
                          sample_mask=real.float(), normaliser=torch.full((len(real),), normaliser))
             batches.append(batch)
-            model_scores = torch.tensor([s for g in groups for s in (g.scores or [0.0] * len(g.responses))])
+            model_scores = group_scores(groups, 0.0)  # the reward model's alone
             error = (returns - values) * mask
             for name, value in (("tokens", mask.sum()), ("adv", advantages.sum()), ("adv_sq", (advantages ** 2).sum()),
                                 ("ret", returns.sum()), ("ret_sq", (returns ** 2).sum()), ("err", error.sum()),
                                 ("err_sq", (error ** 2).sum()), ("kl", kl.sum()), ("responses", real.sum()),
-                                ("kl_seq", kl.sum()), ("rm_score", (model_scores * real).sum()),
+                                ("rm_score", (model_scores * real).sum()),
                                 ("score", (scores * real).sum()), ("values", values.sum())):
                 sums[name] += float(value)
         sums = self._step_sums(sums)
@@ -157,7 +157,7 @@ class PPOConsumer(GRPOConsumer):
         ret_var = sums["ret_sq"] / tokens - (sums["ret"] / tokens) ** 2
         err_var = sums["err_sq"] / tokens - (sums["err"] / tokens) ** 2
         return {"rm_score": sums["rm_score"] / responses, "score": sums["score"] / responses,
-                "kl": sums["kl"] / tokens, "kl_seq": sums["kl_seq"] / responses, "kl_coef": beta,
+                "kl": sums["kl"] / tokens, "kl_seq": sums["kl"] / responses, "kl_coef": beta,
                 "values_mean": sums["values"] / tokens, "returns_mean": sums["ret"] / tokens,
                 "explained_variance": 1.0 - err_var / ret_var if ret_var > 1e-12 else 0.0,
                 "samples_in_loss": sums["responses"]}
