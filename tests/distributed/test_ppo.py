@@ -29,13 +29,6 @@ NUM_GROUPS = 8
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def reward_model_dir(tiny_model_dir, tmp_path_factory):
     """A reward model of the tiny model's shape (its body, a seeded random score head): scores are arbitrary but
     fixed, which is all the layouts must agree on."""

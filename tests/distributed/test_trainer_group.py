@@ -23,13 +23,6 @@ G = 4
 NUM_GROUPS = 8
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def rollouts(correct_pattern=None) -> list:
     groups = grpo_groups(vocab_size=90, pad_id=0, num_groups=NUM_GROUPS, group_size=G, seed=3)
     if correct_pattern is None:
