@@ -37,9 +37,9 @@ def load() -> str:
 def train(label: str, episodes: int, save_every: int, out_dir: str, demo) -> dict:
     import ray
 
-    from coati.distributed.cli import build_parser, config_from_args
-    from coati.distributed.config import check_inputs
-    from coati.distributed.launch import run
+    from coati.config.cli import build_parser, config_from_args
+    from coati.config.rl import check_inputs
+    from coati.launcher.rl import run
 
     staleness, _, correction = label.partition(":")
     project = f"nb{staleness}" + (f"_{correction}" if correction else "")
@@ -62,9 +62,9 @@ def evaluate_checkpoints(run_dir: str, config, seed: int) -> dict[int, float]:
     import dataclasses
 
     from coati.dataset.jsonl import load_jsonl
-    from coati.distributed.evaluation import evaluate
-    from coati.distributed.generation import tokenise_prompts
-    from coati.distributed.inference_backend import TransformersBackend
+    from coati.rollout.evaluation import evaluate
+    from coati.rollout.generation import tokenise_prompts
+    from coati.rollout.inference_backend import TransformersBackend
     from coati.utils.checkpoint import list_checkpoints
     from rewards.scorer import RewardScorer
 
@@ -112,7 +112,7 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-    from coati.models.demo import ensure_demo_assets
+    from coati.demo.math_demo import ensure_demo_assets
 
     demo = ensure_demo_assets(log=lambda message: None)
     out_dir = args.out or tempfile.mkdtemp(prefix="bench_async_")

@@ -30,14 +30,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from coati.distributed.inference_backend import SamplingParams, TransformersBackend  # noqa: E402
+from coati.config.sampling import SamplingParams
+from coati.rollout.inference_backend import TransformersBackend  # noqa: E402
 
 MODEL_30M = dict(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, intermediate_size=2048)
 
 
 def model_dir(name: str, cache: str) -> str:
     if name == "demo":
-        from coati.models.demo import ensure_demo_assets
+        from coati.demo.math_demo import ensure_demo_assets
 
         return ensure_demo_assets(log=lambda message: None).model_dir
     from coati.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model, save_tiny
@@ -77,7 +78,7 @@ def producer_weights(path: str) -> list[tuple[str, torch.Tensor]]:
     """The state dict as a producer receives it: packed to numpy by the trainer, unpacked zero-copy."""
     from transformers import AutoModelForCausalLM
 
-    from coati.distributed.weight_sync import pack_named_tensors, unpack_named_tensors
+    from coati.cluster.weight_sync import pack_named_tensors, unpack_named_tensors
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
@@ -106,7 +107,7 @@ def bench_transformers(path: str, args) -> dict:
 
 def bench_vllm_worker(path: str, args) -> dict:
     """Runs in a subprocess whose VLLM_ENABLE_V1_MULTIPROCESSING was set by the parent."""
-    from coati.distributed.vllm_backend import VLLMBackend, VLLMEngineOptions
+    from coati.rollout.vllm_backend import VLLMBackend, VLLMEngineOptions
 
     class FixedLength(VLLMBackend):
         def _vllm_params(self, params):

@@ -28,7 +28,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from coati.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model  # noqa: E402
-from coati.plugins.equivalence import grpo_batch, grpo_loss_fn, rank_micro_batches  # noqa: E402
+from tests.plugins.equivalence import grpo_batch, grpo_loss_fn, rank_micro_batches  # noqa: E402
 
 SPEC = TinyModelSpec(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=1024)
 
@@ -58,7 +58,7 @@ def memory_worker(layout: str, out: str) -> None:
     import torch.distributed as dist
 
     from coati.plugins.dist import init_trainer_group
-    from coati.plugins.equivalence import make_layout_plugin
+    from tests.plugins.equivalence import make_layout_plugin
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     init_trainer_group(rank, world_size, "127.0.0.1", int(os.environ["MASTER_PORT"]))

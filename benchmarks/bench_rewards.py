@@ -202,15 +202,16 @@ def throughput(args) -> list[tuple[str, float, float, str]]:
 
 def demo_step_share(steps: int) -> dict:
     import torch
-
-    from coati.dataset.jsonl import load_jsonl
-    from coati.distributed.generation import rollout_groups, tokenise_prompts
-    from coati.distributed.inference_backend import SamplingParams, TransformersBackend
-    from coati.distributed.loss import PolicyLossConfig, batch_normaliser, policy_loss
-    from coati.distributed.rollout import collate, split_micro_batches, token_logprobs
-    from coati.models.demo import ensure_demo_assets
-    from coati.plugins.torch_single import SingleProcessPlugin
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from coati.algorithm.loss import PolicyLossConfig, batch_normaliser, policy_loss
+    from coati.config.sampling import SamplingParams
+    from coati.dataset.jsonl import load_jsonl
+    from coati.demo.math_demo import ensure_demo_assets
+    from coati.plugins.torch_single import SingleProcessPlugin
+    from coati.rollout.generation import rollout_groups, tokenise_prompts
+    from coati.rollout.group import collate, split_micro_batches, token_logprobs
+    from coati.rollout.inference_backend import TransformersBackend
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

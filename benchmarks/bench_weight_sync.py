@@ -23,8 +23,13 @@ import time
 import ray
 import torch
 
-from coati.distributed.weight_sync import (CollectivePublisher, ObjectStorePublisher, ObjectStoreReceiver,
-                                           WeightStore, collective_receiver)
+from coati.cluster.weight_sync import (
+    CollectivePublisher,
+    ObjectStorePublisher,
+    ObjectStoreReceiver,
+    WeightStore,
+    collective_receiver,
+)
 
 TRANSPORTS = ("object-store", "collective")
 

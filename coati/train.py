@@ -2,7 +2,7 @@
 
 With no arguments it runs the embedded demo: a tiny Qwen2 (built and warm-started locally, cached) learns
 2-digit addition with GRPO, and held-out accuracy is printed before and after. ``-rt code`` alone runs the
-code demo (coati/models/code_demo.py): a second tiny model learns to write short stdin -> stdout programs,
+code demo (coati/demo/code_demo.py): a second tiny model learns to write short stdin -> stdout programs,
 scored in the sandbox.
 """
 
@@ -13,8 +13,9 @@ import sys
 
 def main(argv: list[str] | None = None, prog: str = "rl_example.py", **defaults) -> int:
     """``defaults``: fields' defaults this command changes (``coati ppo``), below --config and the flags."""
-    from coati.distributed.cli import build_parser, config_from_args
-    from coati.distributed.config import ConfigError, check_inputs
+    from coati.config.cli import build_parser, config_from_args
+    from coati.config.rl import ConfigError
+    from coati.launcher.preflight import check_engine, check_inputs
     from coati.utils.dataclass_cli import ConfigFileError
 
     try:
@@ -25,11 +26,12 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", **defaults)
     demo = None
     try:
         if args.model is None:
-            config_from_args(args, demo=placeholder_demo())  # reject bad flags before building anything
+            # reject bad flags and a missing engine before building anything
+            check_engine(config_from_args(args, demo=placeholder_demo()))
             if args.reward_type == "code":
-                from coati.models.code_demo import ensure_code_demo_assets as ensure_assets
+                from coati.demo.code_demo import ensure_code_demo_assets as ensure_assets
             else:
-                from coati.models.demo import ensure_demo_assets as ensure_assets
+                from coati.demo.math_demo import ensure_demo_assets as ensure_assets
             demo = ensure_assets()
         config = config_from_args(args, demo)
         check_inputs(config)
@@ -37,9 +39,9 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", **defaults)
         print(f"error: {err}", file=sys.stderr)
         return 2
 
-    from coati.distributed.cluster import ClusterError
-    from coati.distributed.launch import run
-    from coati.distributed.supervision import RunStopped
+    from coati.cluster.connect import ClusterError
+    from coati.cluster.supervision import RunStopped
+    from coati.launcher.rl import run
 
     try:
         result = run(config)
@@ -62,7 +64,7 @@ def ppo_main(argv: list[str] | None = None, prog: str = "coati ppo") -> int:
 
 def placeholder_demo():
     """Stands in for the demo assets while the flags are checked, so bad flags fail before the (cached) build."""
-    from coati.models.demo import DemoAssets
+    from coati.demo.math_demo import DemoAssets
 
     return DemoAssets(model_dir="<demo>", train_path="<demo>", eval_path="<demo>", report={})
 

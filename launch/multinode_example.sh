@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The seed's multi-node run, ready to go: 4 nodes x 8 GPUs = 32 GPUs, all in use:
 #   16 trainer ranks = TP 4 x PP 2 x DP 2 with ZeRO-1 (ColossalAI HybridParallelPlugin, bf16), packed on 2 nodes,
-#   each TP group inside one node (coati/distributed/placement.py), and 16 vLLM inferencers on the other 2.
+#   each TP group inside one node (coati/cluster/placement.py), and 16 vLLM inferencers on the other 2.
 # Run it on a node of the cluster (normally the head) once every node has joined:
 #   launch/multinode_example.sh HEAD_IP[:PORT] MODEL_DIR TRAIN_DATA [more rl_example.py flags, which win]
 # MODEL_DIR and TRAIN_DATA must be readable at the same paths on every node (a shared filesystem), and so must

@@ -19,5 +19,5 @@ ip=$(hostname -I | awk '{print $1}')
 echo
 echo "head started at $ip:$port (token authentication: $RAY_AUTH_MODE)"
 echo "each worker node: launch/start_worker.sh $ip:$port   (with this node's token: same ~/.ray/auth_token or RAY_AUTH_TOKEN)"
-echo "check:            .venv/bin/python -m coati.distributed.cluster $ip:$port --nodes N"
+echo "check:            .venv/bin/python -m coati.cluster.connect $ip:$port --nodes N"
 echo "train from here:  RAY_AUTH_MODE=$RAY_AUTH_MODE .venv/bin/python rl_example.py --master_address $ip:$port -m MODEL -d DATA ..."

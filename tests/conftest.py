@@ -9,7 +9,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def demo_assets(tmp_path_factory):
-    from coati.models.demo import ensure_demo_assets
+    from coati.demo.math_demo import ensure_demo_assets
 
     cache = os.environ.get("COATI_CACHE") or str(tmp_path_factory.mktemp("coati_cache"))
     return ensure_demo_assets(cache_dir=cache, log=lambda message: None)
@@ -18,7 +18,7 @@ def demo_assets(tmp_path_factory):
 @pytest.fixture(scope="session")
 def code_demo_assets(tmp_path_factory):
     """The code demo's assets (a second tiny model, warm-started on programs); needs the sandbox."""
-    from coati.models.code_demo import ensure_code_demo_assets
+    from coati.demo.code_demo import ensure_code_demo_assets
     from rewards.code import SandboxUnavailable, check_sandbox_available
 
     try:

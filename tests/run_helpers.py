@@ -12,10 +12,10 @@ from contextlib import contextmanager
 import pytest
 import ray
 
-import coati.distributed.checkpointing as checkpointing
-from coati.distributed.cli import build_parser, config_from_args
-from coati.distributed.config import check_inputs
-from coati.distributed.launch import run
+import coati.trainer.checkpointing as checkpointing
+from coati.config.cli import build_parser, config_from_args
+from coati.launcher.preflight import check_inputs
+from coati.launcher.rl import run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

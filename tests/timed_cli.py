@@ -9,7 +9,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import coati.distributed.launch as launch  # noqa: E402
+import coati.launcher.rl as launch  # noqa: E402
 from coati.train import main  # noqa: E402
 
 real_run = launch.run

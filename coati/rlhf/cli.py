@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from coati.distributed.config import ConfigError
+from coati.config.rl import ConfigError
 from coati.rlhf.config import RMConfig, SFTConfig, StageConfig, validate
 from coati.utils.dataclass_cli import ConfigFileError, parse
 
@@ -30,7 +30,7 @@ def resolve_inputs(config: StageConfig, log=print) -> tuple[str, str, str | None
     """(model directory, training file, held-out file or None); builds the embedded model / data when not given."""
     model_path = config.model
     if model_path is None:
-        from coati.models.demo import ensure_base_model, ensure_demo_assets
+        from coati.demo.math_demo import ensure_base_model, ensure_demo_assets
 
         model_path = ensure_base_model() if config.stage == "sft" else ensure_demo_assets(log=log).model_dir
     if not os.path.isfile(os.path.join(model_path, "config.json")):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from coati.distributed.config import PLUGIN_FAMILIES, ConfigError, TrainerLayout
+from coati.config.rl import PLUGIN_FAMILIES, ConfigError, TrainerLayout
 from coati.utils.dataclass_cli import option
 
 # Defaults that differ between the embedded demo (no --model) and a user's model (TRL/OpenRLHF-like values).

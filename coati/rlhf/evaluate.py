@@ -5,7 +5,7 @@ downloaded model. Reported per decoding mode:
 - with answers in the rows (``gt_answer``, or the field ``--label-key`` names; PRIME test cases for ``-rt code``):
   accuracy, format rate and mean reward of the training reward (``-rt``), over the rows that have one;
 - with ``--reward-model DIR`` (a ``coati rm`` output): the mean and (population) standard deviation of its
-  scores of the responses, every row included (coati/rlhf/reward_model.py says how a response is scored).
+  scores of the responses, every row included (coati/rollout/reward_model.py says how a response is scored).
 
 Outputs: a table on stdout, a JSON summary (``-o``; default ``<parent of the checkpoint>/evals/<checkpoint
 name>_<eval file name>.json``, so the evals of a run's checkpoints sit together and no checkpoint directory is
@@ -15,53 +15,69 @@ or row is one ``error:`` line (exit 2) before any model is loaded.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import statistics
 import sys
 from dataclasses import dataclass
 
-from coati.distributed.config import ConfigError
-from coati.utils.dataclass_cli import ConfigFileError, option, parse
-from rewards import REWARD_TYPES
+import torch
 
-MODES = {"greedy": 0.0, "sampled": 1.0}  # decoding mode -> temperature (sampled: the training distribution)
-DEFAULT_MAX_NEW_TOKENS = {"demo": 8, "model": 1024}  # as `coati train` (the demo's answers are ~6 tokens)
-DESCRIPTION = __doc__.split("\n\n")[0] + " No -m/-d: the embedded demo model on its held-out addition problems."
+from coati.config.rl import ConfigError
+from coati.config.sampling import SamplingParams
+from coati.dataset.rlhf_rows import has_answer
+from coati.rlhf.eval_config import (
+    DEFAULT_MAX_NEW_TOKENS,
+    DESCRIPTION,
+    MODES,
+    EvalConfig,
+    Inputs,
+    check_inputs,
+    samples_path,
+    tokenizers,
+)
+from coati.rollout.evaluation import score_outputs
+from coati.rollout.generation import tokenise_prompts
+from coati.rollout.inference_backend import TransformersBackend
+from coati.rollout.reward_model import load_reward_model, reward_model_scores
+from coati.utils.dataclass_cli import ConfigFileError, parse
+from rewards import STOP_STRINGS, default_system_prompt
+from rewards.scorer import RewardScorer
 
-
-@dataclass(frozen=True)
-class EvalConfig:
-    model: str | None = option(None, "checkpoint: an HF causal-LM directory (default: the embedded demo model)", "-m")
-    dataset: str | None = option(None, "eval prompts: {\"prompt\": ...} rows or math/code rows (.jsonl, .json list, "
-                                       ".parquet, save_to_disk); required with -m", "-d")
-    reward_type: str = option("boxed", "verifiable reward of the rows that have answers", "-rt", choices=REWARD_TYPES)
-    input_key: str | None = option(None, "field holding the prompt (default: messages, else prompt)")
-    label_key: str | None = option(None, "field holding the answer; every row must have it (default: gt_answer, "
-                                         "test_cases with -rt code, used where present)")
-    reward_model: str | None = option(None, "reward model directory (`coati rm` output) scoring every response", "-rm")
-    modes: str = option("both", "decoding: greedy (temperature 0), sampled (temperature 1) or both",
-                        choices=("greedy", "sampled", "both"))
-    system_prompt: str | None = option(None, "system prompt (default: the -rt type's own for a model with a chat "
-                                             "template, as `coati train -m` uses; none without one)", "-s")
-    max_new_tokens: int | None = option(None, "tokens per response (default: 8 for the embedded demo, else 1024, "
-                                              "capped to the model's max_position_embeddings)", "-mnt")
-    max_prompt_tokens: int = option(512, "prompts longer than this are skipped and counted", "-mpt")
-    num_prompts: int = option(0, "evaluate the first N prompts only (0: all)", "-n")
-    micro_batch_size: int = option(32, "prompts per generate call and rows per reward-model forward", "-imbs")
-    seed: int = option(42, "sampling seed of the sampled mode")
-    output: str | None = option(None, "JSON summary path; the samples go to <its name>.samples.jsonl (default: "
-                                      "<checkpoint's parent>/evals/<checkpoint>_<eval file>.json)", "-o")
-
-    @property
-    def mode_names(self) -> tuple[str, ...]:
-        return tuple(MODES) if self.modes == "both" else (self.modes,)
+VERIFIABLE = ("gt_answer", "extracted", "reward", "correct", "format_ok", "reason")
 
 
 @dataclass
-class Inputs:
-    model: str
-    dataset: str
-    examples: list  # coati.dataset.rows.Example; gt_answer/test_cases None when the row has no answer
-    output: str
+class Plan:
+    config: EvalConfig
+    inputs: Inputs
+    tokenizer: object
+    system_prompt: str
+    batch: list  # (example, prompt text, prompt ids), as coati.rollout.generation.tokenise_prompts gives
+    skipped: int  # prompts longer than -mpt
+    max_new_tokens: int
+
+
+def _system_prompt(config: EvalConfig, tokenizer) -> str:
+    if config.system_prompt is not None:
+        return config.system_prompt
+    # a model with a chat template is a user's model, trained by `coati train -m` with the type's prompt; the
+    # embedded tiny models have no template and were trained on bare prompts
+    return default_system_prompt(config.reward_type) if getattr(tokenizer, "chat_template", None) else ""
+
+
+def _max_new_tokens(config: EvalConfig, model_dir: str, longest_prompt: int) -> int:
+    if config.max_new_tokens is not None:
+        return config.max_new_tokens
+    wanted = DEFAULT_MAX_NEW_TOKENS["demo" if config.model is None else "model"]
+    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as handle:
+        positions = json.load(handle).get("max_position_embeddings")
+    if positions:  # the demo model has 1024 positions: 1024 new tokens after a prompt would run past them
+        wanted = min(wanted, positions - longest_prompt)
+    _require(wanted >= 1, f"the longest prompt ({longest_prompt} tokens) fills the model's {positions} positions: "
+                          "lower -mpt")
+    return wanted
 
 
 def _require(condition: bool, message: str) -> None:
@@ -69,74 +85,121 @@ def _require(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def _model_problem(path: str) -> str | None:
-    from coati.rlhf.reward_model import read_model_config
-
-    config, problem = read_model_config(path, "model", "pass -m an HF directory, e.g. runs/sft/final")
-    if problem:
-        return problem
-    architectures = config.get("architectures") or []
-    if any(name.endswith("ForSequenceClassification") for name in architectures):
-        return f"{path} is a reward model ({architectures[0]}), not a causal LM: pass it as --reward-model"
-    if not any(os.path.isfile(os.path.join(path, name)) for name in ("tokenizer.json", "tokenizer_config.json")):
-        return (f"{path} has no tokenizer files (tokenizer.json / tokenizer_config.json): "
-                "save the tokenizer beside the model")
-    return None
+def prepare(config: EvalConfig, inputs: Inputs, tokenizer) -> Plan:
+    """Tokenised prompts and the generation length; still no model loaded."""
+    system_prompt = _system_prompt(config, tokenizer)
+    batch, skipped = tokenise_prompts(tokenizer, inputs.examples, system_prompt, config.max_prompt_tokens)
+    _require(bool(batch), f"{inputs.dataset}: all {len(inputs.examples)} prompts are longer than -mpt "
+                          f"{config.max_prompt_tokens} tokens")
+    longest = max(len(ids) for _, _, ids in batch)
+    return Plan(config, inputs, tokenizer, system_prompt, batch, skipped,
+                _max_new_tokens(config, inputs.model, longest))
 
 
-def default_output(model: str, dataset: str, embedded: bool) -> str:
-    stem = os.path.splitext(os.path.basename(os.path.normpath(dataset)))[0]
-    if embedded:
-        return os.path.join("runs", "evals", f"demo_{stem}.json")
-    checkpoint = os.path.normpath(os.path.abspath(model))
-    return os.path.join(os.path.dirname(checkpoint), "evals", f"{os.path.basename(checkpoint)}_{stem}.json")
+def evaluate_mode(backend, scorer, reward_model, plan: Plan, mode: str) -> tuple[dict, list[dict]]:
+    """(metrics, one record per prompt) of one decoding mode."""
+    config = plan.config
+    params = SamplingParams(temperature=MODES[mode], max_new_tokens=plan.max_new_tokens,
+                            stop_strings=STOP_STRINGS[config.reward_type],
+                            seed=config.seed if MODES[mode] > 0 else None)
+    prompt_ids = [ids for _, _, ids in plan.batch]
+    outputs = backend.generate(prompt_ids, params)
+    completions = [choices[0] for choices in outputs]
+    records = [{"mode": mode, "source": example.source, "prompt": text, "response": completion.text,
+                "finish_reason": completion.finish_reason, "response_tokens": len(completion.token_ids),
+                **dict.fromkeys(VERIFIABLE), "rm_score": None}
+               for (example, text, _), completion in zip(plan.batch, completions)]
+    answered = [i for i, (example, _, _) in enumerate(plan.batch) if has_answer(example)]
+    metrics = {"prompts": len(records), "answered": len(answered), "accuracy": None, "format_rate": None,
+               "mean_reward": None, "rm_score_mean": None, "rm_score_std": None}
+    if answered:
+        result = score_outputs([outputs[i] for i in answered], [plan.batch[i][0] for i in answered], scorer)
+        for i, scored in zip(answered, result.records):
+            records[i].update({key: scored.get(key) for key in VERIFIABLE})
+        metrics.update(accuracy=result.accuracy, format_rate=result.format_rate, mean_reward=result.mean_reward)
+    if reward_model is not None:
+        scores = reward_model_scores(reward_model, plan.tokenizer, prompt_ids, [c.token_ids for c in completions],
+                                     config.micro_batch_size)
+        for record, score in zip(records, scores):
+            record["rm_score"] = score
+        metrics.update(rm_score_mean=statistics.fmean(scores), rm_score_std=statistics.pstdev(scores))
+    metrics["truncated"] = sum(c.finish_reason == "length" for c in completions) / len(completions)
+    metrics["response_tokens"] = statistics.fmean(len(c.token_ids) for c in completions)
+    return metrics, records
 
 
-def samples_path(output: str) -> str:
-    return os.path.splitext(output)[0] + ".samples.jsonl"
+@contextlib.contextmanager
+def _no_load_bars():
+    """Two "Loading weights" bars per run say nothing the table does not; restored after (in-process callers)."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
 
 
-def check_inputs(config: EvalConfig, log=print) -> Inputs:
-    """Options, paths and every row, without loading a model; ConfigError/DatasetError name the problem."""
-    from coati.dataset.rlhf_rows import load_prompts
-    from coati.dataset.rows import RowFormat
-    from coati.rlhf.reward_model import reward_model_problem
+def run(plan: Plan) -> dict:
+    """Load the reward model (first: a bad one fails before the policy is loaded) and the policy, evaluate every
+    mode, write the summary and the samples; the summary."""
+    from transformers import AutoModelForCausalLM
 
-    for flag, value in (("-mpt/--max-prompt-tokens", config.max_prompt_tokens),
-                        ("-imbs/--micro-batch-size", config.micro_batch_size),
-                        ("-mnt/--max-new-tokens", 1 if config.max_new_tokens is None else config.max_new_tokens)):
-        _require(value >= 1, f"{flag} must be at least 1, got {value}")
-    _require(config.num_prompts >= 0, f"-n/--num-prompts must be >= 0 (0: all), got {config.num_prompts}")
-    embedded = config.model is None
-    _require(embedded or config.dataset is not None, "-d/--dataset is required with -m/--model (a file of prompts)")
-    problem = None if embedded else _model_problem(config.model)
-    _require(problem is None, problem)
-    if config.reward_model is not None:
-        problem = reward_model_problem(config.reward_model)
-        _require(problem is None, problem)
-    model, dataset = config.model, config.dataset
-    if embedded or dataset is None:
-        from coati.models.demo import ensure_demo_assets
+    config, inputs = plan.config, plan.inputs
+    reward_model = None
+    with _no_load_bars():
+        if config.reward_model:
+            try:
+                reward_model = load_reward_model(config.reward_model)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+        policy = AutoModelForCausalLM.from_pretrained(inputs.model, dtype=torch.float32)
+    backend = TransformersBackend(policy, plan.tokenizer, config.micro_batch_size)
+    scorer = RewardScorer(config.reward_type) if any(has_answer(e) for e, _, _ in plan.batch) else None
+    modes, records = {}, []
+    for mode in config.mode_names:
+        modes[mode], mode_records = evaluate_mode(backend, scorer, reward_model, plan, mode)
+        records.extend(mode_records)
+    summary = {"model": inputs.model, "dataset": inputs.dataset, "reward_model": config.reward_model,
+               "reward_type": config.reward_type, "system_prompt": plan.system_prompt,
+               "max_new_tokens": plan.max_new_tokens, "prompts": len(plan.batch), "skipped_too_long": plan.skipped,
+               "seed": config.seed, "modes": modes, "output": inputs.output, "samples": samples_path(inputs.output)}
+    os.makedirs(os.path.dirname(os.path.abspath(inputs.output)), exist_ok=True)
+    with open(inputs.output, "w", encoding="utf-8") as handle:
+        json.dump(summary, handle, indent=1)
+    with open(summary["samples"], "w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record) + "\n")
+    return summary
 
-        demo = ensure_demo_assets(log=log)
-        model, dataset = model or demo.model_dir, dataset or demo.eval_path
-    examples = load_prompts(dataset, RowFormat(reward_type=config.reward_type, label_key=config.label_key),
-                            config.input_key)
-    if config.num_prompts:
-        examples = examples[: config.num_prompts]
-    return Inputs(model, dataset, examples, config.output or default_output(model, dataset, embedded))
 
-
-def _tokenizers(config: EvalConfig, inputs: Inputs):
-    """The checkpoint's tokenizer; the reward model's must map text to the same ids (its scores read them)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(inputs.model)
-    if config.reward_model and os.path.isfile(os.path.join(config.reward_model, "tokenizer.json")):
-        if AutoTokenizer.from_pretrained(config.reward_model).get_vocab() != tokenizer.get_vocab():
-            raise ConfigError(f"the reward model's tokenizer ({config.reward_model}) differs from the checkpoint's: "
-                              "it scores the generated token ids, so both need the same vocabulary")
-    return tokenizer
+def format_table(summary: dict) -> str:
+    """The summary as a few lines: one row per mode, columns only for what was measured."""
+    first = next(iter(summary["modes"].values()))
+    answered, scored = first["answered"], first["rm_score_mean"] is not None
+    columns = [("prompts", "prompts", "d")]
+    if answered:
+        columns += [("accuracy", "accuracy", ".4f"), ("format", "format_rate", ".4f"), ("reward", "mean_reward", ".4f")]
+    if scored:
+        columns += [("rm_score", "rm_score_mean", ".4f"), ("rm_std", "rm_score_std", ".4f")]
+    columns += [("truncated", "truncated", ".4f"), ("tokens", "response_tokens", ".1f")]
+    skipped = f", {summary['skipped_too_long']} skipped as too long" if summary["skipped_too_long"] else ""
+    lines = [f"{summary['model']} on {summary['dataset']}: {summary['prompts']} prompts{skipped}, "
+             f"{summary['max_new_tokens']} new tokens at most",
+             f"{'mode':<8}" + "".join(f"{title:>10}" for title, _, _ in columns)]
+    for mode, metrics in summary["modes"].items():
+        lines.append(f"{mode:<8}" + "".join(f"{metrics[key]:>10{fmt}}" for _, key, fmt in columns))
+    if not answered:
+        lines.append(f"no answers in the rows: accuracy, format and reward (-rt {summary['reward_type']}) skipped "
+                     "(rows need gt_answer, or --label-key naming the answer field)")
+    elif answered < summary["prompts"]:
+        lines.append(f"accuracy, format and reward over the {answered} of {summary['prompts']} prompts with answers")
+    if not scored:
+        lines.append("no --reward-model: reward-model scores skipped")
+    lines += [f"summary: {summary['output']}", f"samples: {summary['samples']}"]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None, prog: str = "coati evaluate") -> int:
@@ -145,15 +208,11 @@ def main(argv: list[str] | None = None, prog: str = "coati evaluate") -> int:
     try:
         config = parse(EvalConfig, argv, prog, DESCRIPTION)
         inputs = check_inputs(config)
-        tokenizer = _tokenizers(config, inputs)
-        from coati.rlhf.eval_run import prepare
-
+        tokenizer = tokenizers(config, inputs)
         plan = prepare(config, inputs, tokenizer)
     except (ConfigError, ConfigFileError, DatasetError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    from coati.rlhf.eval_run import format_table, run
-
     try:
         summary = run(plan)
     except ConfigError as err:  # a reward model whose weights lack the head: found when loading it, first

@@ -130,7 +130,7 @@ def stage_config(plan: Plan, stage: str):
 
 def ppo_argv(plan: Plan) -> list[str]:
     """`coati ppo` flags for the PPO section: its options as --long-flags, the links filled in."""
-    from coati.distributed.cli import build_parser
+    from coati.config.cli import build_parser
 
     values = dict(plan.sections["ppo"])
     if "sft" in plan.stages:
@@ -164,8 +164,9 @@ def ppo_config(plan: Plan, check_files: bool):
     import contextlib
     import io
 
-    from coati.distributed.cli import build_parser, config_from_args
-    from coati.distributed.config import ConfigError, check_inputs
+    from coati.config.cli import build_parser, config_from_args
+    from coati.config.rl import ConfigError
+    from coati.launcher.preflight import check_inputs
 
     argv, stderr = ppo_argv(plan), io.StringIO()
     try:
@@ -215,7 +216,7 @@ def run_pipeline(plan: Plan, log=print) -> PipelineResult:
             model_path, train_path, eval_path = resolve_inputs(configs[stage], log=log)
             setattr(result, stage, run_stage(configs[stage], train_path, eval_path, model_path, log=log))
     if "ppo" in plan.stages:
-        from coati.distributed.launch import run
+        from coati.launcher.rl import run
 
         log("== ppo")
         config = ppo_config(plan, check_files=True)
@@ -273,7 +274,7 @@ def report(result: PipelineResult) -> list[str]:
 
 
 def main(argv: list[str] | None = None, prog: str = "coati rlhf") -> int:
-    from coati.distributed.config import ConfigError
+    from coati.config.rl import ConfigError
     from coati.utils.dataclass_cli import ConfigFileError
 
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
+from coati.algorithm.loss import bradley_terry_loss, completion_nll
 from coati.dataset.jsonl import build_prompt
-from coati.distributed.loss import bradley_terry_loss, completion_nll
-from coati.distributed.rollout import token_logprobs
+from coati.rollout.group import token_logprobs
 
 
 def _ids(tokenizer, text: str) -> list[int]:

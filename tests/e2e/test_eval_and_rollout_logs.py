@@ -8,12 +8,12 @@ import pytest
 import ray
 
 import coati.utils.run_files as run_files
+from coati.config.cli import build_parser, config_from_args
 from coati.dataset.jsonl import build_prompt, load_jsonl
-from coati.distributed.cli import build_parser, config_from_args
-from coati.distributed.config import check_inputs
-from coati.distributed.evaluation import evaluate
-from coati.distributed.inference_backend import TransformersBackend
-from coati.distributed.launch import run
+from coati.launcher.preflight import check_inputs
+from coati.launcher.rl import run
+from coati.rollout.evaluation import evaluate
+from coati.rollout.inference_backend import TransformersBackend
 from rewards.scorer import RewardScorer
 
 

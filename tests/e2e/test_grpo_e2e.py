@@ -11,9 +11,9 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
-from coati.distributed.cli import build_parser, config_from_args
-from coati.distributed.config import check_inputs
-from coati.distributed.launch import run
+from coati.config.cli import build_parser, config_from_args
+from coati.launcher.preflight import check_inputs
+from coati.launcher.rl import run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -1,6 +1,6 @@
 """Multi-rank trainer groups through the CLI's launch path: rendezvous, weight sync, saving and shutdown.
 
-tests/distributed/test_trainer_group.py checks that each layout trains exactly like one process; this file
+tests/trainer/test_trainer_group.py checks that each layout trains exactly like one process; this file
 checks that ``launch.run`` drives a whole short run with those groups (2 trainer actors + 1 producer on a
 real local Ray cluster) and leaves a checkpoint plain transformers loads.
 """
@@ -9,9 +9,8 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
-
 from run_helpers import head, run_cli
+from transformers import AutoModelForCausalLM
 
 LAYOUTS = [
     ("torch-fsdp2", ["-t", "2", "-zero", "2"], 2),  # (name, flags, data-parallel size)

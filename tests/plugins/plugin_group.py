@@ -1,4 +1,4 @@
-"""Run ``coati.plugins.equivalence`` (or another driver module) as an N-process gloo group with a hard timeout
+"""Run ``tests.plugins.equivalence`` (or another driver module) as an N-process gloo group with a hard timeout
 and a forced clean-up. The ranks see no GPU unless asked (``cuda=True``): on a machine with GPUs the group
 would otherwise pick nccl, whose ranks need a GPU each, and compute on the GPU instead of the CPU the tests
 compare."""
@@ -70,9 +70,9 @@ def run_ranks(module: str, args: list[str], world_size: int, out_dir: str, timeo
 
 def run_group(layouts: list[str], world_size: int, out_dir: str, timeout_s: float = 180.0,
               threads: int = 1, save: bool = False, cuda: bool = False) -> dict[str, dict]:
-    """``coati.plugins.equivalence`` over ``layouts`` on ``world_size`` ranks (see ``run_ranks``); results by layout."""
+    """``tests.plugins.equivalence`` over ``layouts`` on ``world_size`` ranks (see ``run_ranks``); results by layout."""
     args = ["--layouts", ",".join(layouts), "--out", out_dir] + (["--save"] if save else [])
-    run_ranks("coati.plugins.equivalence", args, world_size, out_dir, timeout_s, threads, cuda=cuda)
+    run_ranks("tests.plugins.equivalence", args, world_size, out_dir, timeout_s, threads, cuda=cuda)
     results = {}
     for layout in layouts:
         path = os.path.join(out_dir, layout.replace(":", "_") + ".pt")

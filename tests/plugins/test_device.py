@@ -4,7 +4,7 @@ equal to the CPU step.
 
 The rule is checked by injecting the situation into the queries it makes (``torch.distributed``'s group,
 ``torch.cuda``, and Ray's view of the actor), so it runs on this CPU-only machine. Every multi-rank layout's
-devices are checked by tests/plugins/test_equivalence.py (``coati.plugins.equivalence`` records them).
+devices are checked by tests/plugins/test_equivalence.py (``tests.plugins.equivalence`` records them).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from coati.distributed.rollout import split_micro_batches
 from coati.plugins import dist as plugin_dist
 from coati.plugins import make_plugin
-from coati.plugins.equivalence import grpo_batch, grpo_loss_fn, tiny_model
+from coati.rollout.group import split_micro_batches
+from tests.plugins.equivalence import grpo_batch, grpo_loss_fn, tiny_model
 
 
 def situation(monkeypatch, backend: str | None = None, cuda: bool = False, current: int = 0,

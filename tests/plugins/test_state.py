@@ -7,7 +7,7 @@ uninterrupted run's (1e-6 in the same layout; 1e-5 across layouts, where reducti
 right after loading must equal the step-1 weights. (Step 2's loss only checks the parameters; the weights after
 step 2 check the AdamW moments and step counts too: a fresh AdamW there moves weights 1.7e-4 further.)
 
-Driver: ``coati.plugins.state_check``, launched through ``plugin_group.run_ranks``; cases are grouped into few
+Driver: ``tests.plugins.state_check``, launched through ``plugin_group.run_ranks``; cases are grouped into few
 launches (imports dominate), so the file runs in about 100 s on 2 CPU cores (40 s of it the 4-rank e2e test).
 """
 
@@ -20,7 +20,6 @@ import os
 
 import pytest
 import torch
-
 from plugin_group import max_abs_diff, run_ranks
 
 SAME_TOL, CROSS_TOL = 1e-6, 1e-5
@@ -45,7 +44,7 @@ def name(layout: str) -> str:
 
 
 def launch(out: str, world_size: int, cases: list[str], label: str, timeout_s: float = 150.0) -> None:
-    run_ranks("coati.plugins.state_check", ["--cases", ",".join(cases), "--out", out], world_size, out, timeout_s,
+    run_ranks("tests.plugins.state_check", ["--cases", ",".join(cases), "--out", out], world_size, out, timeout_s,
               label=label)
 
 
@@ -137,7 +136,7 @@ def test_two_dimensional_torch_layouts_on_four_ranks(tmp_path):
 
 def _single(num_layers: int = 2):
     from coati.plugins import make_plugin
-    from coati.plugins.equivalence import grpo_batch, tiny_model
+    from tests.plugins.equivalence import grpo_batch, tiny_model
 
     model, tokenizer = tiny_model(num_layers=num_layers)
     plugin = make_plugin("single")
@@ -147,7 +146,7 @@ def _single(num_layers: int = 2):
 
 def test_a_checkpoint_before_the_first_step_leaves_the_run_unchanged(tmp_path):
     """No AdamW state yet: only the parameters are saved (building the state would step AdamW once)."""
-    from coati.plugins.equivalence import full_weights, train_step
+    from tests.plugins.equivalence import full_weights, train_step
 
     plugin, batch = _single()
     plugin.save_state(str(tmp_path))

@@ -43,7 +43,8 @@ def direct(model_dir, prompts, mode, reward_model_dir, max_new_tokens):
     """(texts, token ids, scores) computed without coati.rlhf: generate, then one forward per row."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-    from coati.distributed.inference_backend import SamplingParams, TransformersBackend
+    from coati.config.sampling import SamplingParams
+    from coati.rollout.inference_backend import TransformersBackend
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     backend = TransformersBackend(AutoModelForCausalLM.from_pretrained(model_dir), tokenizer, 32)
@@ -61,9 +62,8 @@ def direct(model_dir, prompts, mode, reward_model_dir, max_new_tokens):
 
 
 def test_math_rows_with_a_reward_model_match_a_direct_computation(demo_assets, reward_model_dir, tmp_path, capsys):
-    from rewards.scorer import RewardScorer
-
     from coati.dataset.rows import Example
+    from rewards.scorer import RewardScorer
 
     rows = math_rows(demo_assets, 12)
     path = write_rows(tmp_path / "eval.jsonl", rows)

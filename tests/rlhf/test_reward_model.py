@@ -11,7 +11,7 @@ import shutil
 import pytest
 import torch
 
-from coati.rlhf.reward_model import load_reward_model, reward_model_problem, reward_model_scores
+from coati.rollout.reward_model import load_reward_model, reward_model_problem, reward_model_scores
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,116 @@
+"""The driver's watch over a run's actors: inferencers come back when their process dies, trainer ranks stop
+the run with one line saying how to continue it.
+
+Inferencers (producers) keep no state that the rest of the run needs: Ray restarts a dead one's process in its
+placement-group bundle (``max_restarts``), runs ``__init__`` again and retries the ``run`` call it was in
+(``max_task_retries``). ``Producer.run`` then starts at its first round the buffer has not received, after
+loading the newest weights that round may use; the buffer's fixed per-source slots take each round exactly
+once (a second put of a round raises), so no group is lost or trained on twice. A put is never lost on the
+way either: it is the producer's last act for a round, and a restart (a new process, imports, the model)
+takes far longer than a put already sent takes to land. In sync mode the round is regenerated from its own
+seed with the same weights: the run's numbers do not change.
+
+Trainer ranks hold optimizer shards and a process group: a dead one cannot be replaced mid-run. ``gather``
+waits for the trainers' calls and for the producers' ``run`` calls together, so a dead rank, or a producer
+that failed for good, stops the run at once instead of leaving the others waiting on a collective or on the
+buffer; ``stopped`` turns the failure into a ``RunStopped`` line naming the rank, its node and the newest
+complete checkpoint to pass to ``--resume``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import ray
+
+PRODUCER_RESTARTS = 3  # restarts per inferencer; one that keeps dying (e.g. out of memory at load) stops the run
+DEATH_TIMEOUT_S = 10.0  # how long a failure may take to show which actor died
+
+
+class RunStopped(RuntimeError):
+    """An actor the run cannot do without died; the message is the one line to show."""
+
+
+PRODUCER_OPTIONS = {"max_restarts": PRODUCER_RESTARTS, "max_task_retries": -1}
+
+
+class Supervisor:
+    def __init__(self, run_dir: str, consumers: list, producers: list, places: dict):
+        self.run_dir, self.consumers, self.producers = run_dir, consumers, producers
+        self.places = places  # "trainers"/"inferencers" -> [where() of each rank]
+        self.generation: list = []  # the producers' run() refs still in flight
+
+    def watch(self, generation: list) -> None:
+        self.generation = list(generation)
+
+    def gather(self, refs: list) -> list:
+        """``ray.get(refs)``, but raising as soon as any of them fails or a producer's ``run`` fails."""
+        pending = list(refs)
+        while pending:
+            ready, _ = ray.wait(pending + self.generation, num_returns=1)
+            for ref in ready:
+                ray.get(ref)  # a failure raises here
+                if ref in self.generation:
+                    self.generation.remove(ref)  # that producer is done
+                else:
+                    pending.remove(ref)
+        return ray.get(refs)
+
+    def wait_generation(self) -> None:
+        """Wait for every producer's ``run`` (raising if one failed)."""
+        while self.generation:
+            ready, _ = ray.wait(self.generation, num_returns=1)
+            for ref in ready:
+                ray.get(ref)
+                self.generation.remove(ref)
+
+    def stopped(self, error: Exception) -> Exception:
+        """The RunStopped to raise for ``error`` when an actor died (else ``error`` itself).
+
+        The first failure to arrive is often not the dead rank's own but a survivor's (its collective lost a
+        peer): the dead actor is then found by pinging every actor, the dead one failing as soon as Ray has
+        marked it dead, which may take a few seconds on a loaded machine."""
+        if not isinstance(error, (ray.exceptions.RayActorError, ray.exceptions.RayTaskError)):
+            return error
+        dead = self._find_dead(getattr(error, "actor_id", None))
+        if dead is None:
+            return error  # an exception inside a live actor: its traceback says more than a summary would
+        role, rank = dead
+        place = self.places.get("trainers" if role == "trainer rank" else "inferencers", [{}] * (rank + 1))[rank]
+        from coati.cluster.connect import node_label
+
+        what = f"{role} {rank} (pid {place.get('pid', '?')} on {node_label(place)}) died"
+        if role == "inferencer":
+            what += f" after {PRODUCER_RESTARTS} restarts"
+        return RunStopped(f"{what}; the run stopped. {resume_hint(self.run_dir)}")
+
+    def _find_dead(self, actor_id: str | None) -> tuple[str, int] | None:
+        if actor_id is not None and not isinstance(actor_id, str):
+            actor_id = actor_id.hex() if hasattr(actor_id, "hex") else None
+        actors = {actor._actor_id.hex(): ("trainer rank", rank) for rank, actor in enumerate(self.consumers)}
+        actors.update({actor._actor_id.hex(): ("inferencer", rank) for rank, actor in enumerate(self.producers)})
+        if actor_id in actors:
+            return actors[actor_id]
+        pings = {actor.__ray_ready__.remote(): actor._actor_id.hex() for actor in self.consumers + self.producers}
+        pending, deadline = list(pings), time.time() + DEATH_TIMEOUT_S
+        while pending and time.time() < deadline:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.time()))
+            for ping in ready:
+                try:
+                    ray.get(ping)
+                except ray.exceptions.RayActorError:
+                    return actors[pings[ping]]
+        return None  # the others answered or are busy (e.g. blocked in a collective with the dead rank)
+
+    def kill_all(self) -> None:
+        for actor in self.producers + self.consumers:
+            ray.kill(actor, no_restart=True)
+
+
+def resume_hint(run_dir: str) -> str:
+    from coati.utils.checkpoint import list_checkpoints
+
+    checkpoints = list_checkpoints(run_dir)
+    if not checkpoints:
+        return f"No complete checkpoint under {run_dir} yet: start again (-si N saves one every N steps)."
+    return f"Continue it with --resume {checkpoints[-1][1]} (the newest complete checkpoint; or --resume latest)."

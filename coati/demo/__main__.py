@@ -1,0 +1,36 @@
+"""Build (or rebuild) the cached demo assets: ``python -m coati.demo [--code] [--rebuild]``.
+
+Prints where the model and the task's files are, and the warm start's chosen checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+
+from coati.demo.code_demo import CodeDemoRecipe, code_demo_root, ensure_code_demo_assets
+from coati.demo.math_demo import DemoRecipe, default_cache_dir, ensure_demo_assets
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cache-dir", default=None, help="default: $COATI_CACHE or ~/.cache/coati")
+    parser.add_argument("--rebuild", action="store_true", help="delete the cached demo assets first")
+    parser.add_argument("--code", action="store_true", help="the code demo's assets (rl_example.py -rt code)")
+    args = parser.parse_args()
+    if args.code:
+        root, build = code_demo_root(args.cache_dir, CodeDemoRecipe()), ensure_code_demo_assets
+    else:
+        root = os.path.join(args.cache_dir or default_cache_dir(), f"demo-{DemoRecipe().fingerprint()}")
+        build = ensure_demo_assets
+    if args.rebuild:
+        shutil.rmtree(root, True)
+    assets = build(args.cache_dir)
+    print(json.dumps({"model_dir": assets.model_dir, "train": assets.train_path, "eval": assets.eval_path,
+                      "chosen": assets.report["chosen"]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Checks before launch that open files or import engines: the model directory, every dataset (parsed in full),
+the sandbox, -b vllm's package and GPUs, the model's shape against -tp/-pp, PPO's models and a resume checkpoint.
+
+``coati.config`` checks what the flags alone decide; these need the disk or an engine, so they sit above the
+rooms they ask (rollout's engines, the trainer's checkpoints) and run once, before any actor starts.
+"""
+
+from __future__ import annotations
+
+import os
+
+from coati.config.ppo import PPOConfig
+from coati.config.rl import ConfigError, RLConfig, _require
+
+
+def check_engine(config: RLConfig) -> None:
+    """-b vllm: the engine this machine would start, checked before any build or actor."""
+    if config.parallel.backend != "vllm":
+        return
+    from coati.cluster.connect import cluster_address
+
+    # A joined cluster's GPUs are on its nodes, not necessarily here: cluster.reserve checks those.
+    local = cluster_address(config.run.master_address)[0] is None
+    _check_vllm(config.parallel.producer_tensor_parallel_size if local else 1)
+
+
+def _check_vllm(tensor_parallel_size: int) -> None:
+    """-b vllm: the package is importable, and -ptp > 1 has that many CUDA GPUs (vLLM's CPU build runs one rank)."""
+    from coati.rollout.vllm_backend import INSTALL_HINT, vllm_available
+
+    _require(vllm_available(), INSTALL_HINT)
+    if tensor_parallel_size > 1:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        _require(gpus >= tensor_parallel_size,
+                 f"-ptp {tensor_parallel_size} needs {tensor_parallel_size} CUDA GPUs per inferencer (vLLM tensor "
+                 f"parallelism); this machine has {gpus}. On CPU, vLLM runs one rank: use -ptp 1")
+
+
+def _check_model_layout(config: RLConfig) -> None:
+    """tp/pp against the model's heads, MLP width and layers, and pipeline support for its family."""
+    from transformers import AutoConfig
+
+    from coati.plugins.validation import ParallelLayout, validate_model
+
+    p = config.parallel
+    if p.tensor_parallel_size == 1 and p.pipeline_parallel_size == 1:
+        return
+    layout = ParallelLayout(tp_size=p.tensor_parallel_size, pp_size=p.pipeline_parallel_size, zero_stage=p.zero_stage,
+                            precision=p.precision)
+    try:
+        validate_model(p.plugin_name, layout, AutoConfig.from_pretrained(config.model.path))
+    except ValueError as err:
+        raise ConfigError(f"{config.model.path}: {err}") from None
+
+
+def _check_ppo_models(ppo: PPOConfig) -> None:
+    """--reward-model is a reward model (a single-label score head), --critic-model an HF directory."""
+    if ppo.reward_model is not None:
+        from coati.rollout.reward_model import reward_model_problem
+
+        problem = reward_model_problem(ppo.reward_model)
+        _require(problem is None, f"--reward-model: {problem}")
+    _require(ppo.critic_model is None or os.path.isfile(os.path.join(ppo.critic_model, "config.json")),
+             f"--critic-model directory not found or without config.json: {ppo.critic_model} (pass a directory "
+             "written by save_pretrained, e.g. runs/rlhf/rm/final)")
+
+
+def check_inputs(config: RLConfig) -> None:
+    """Checks that open files: the model directory and every dataset (parsed in full, line by line)."""
+    check_engine(config)
+    from coati.dataset.loader import DatasetError, load_examples
+
+    path = config.model.path
+    _require(os.path.isdir(path), f"model directory not found: {path} (pass -m/--model a local HF model directory)")
+    _require(os.path.isfile(os.path.join(path, "config.json")),
+             f"{path} has no config.json: pass -m/--model a directory written by save_pretrained")
+    if config.data.reward_type == "code":
+        from rewards.code import SandboxUnavailable, check_sandbox_available
+
+        try:
+            check_sandbox_available()
+        except SandboxUnavailable as err:
+            raise ConfigError(str(err)) from None
+    try:
+        train = load_examples(config.data.train_path, config.data.rows)
+    except DatasetError as err:
+        raise ConfigError(str(err)) from None
+    for name, eval_path in config.data.eval_paths.items():
+        try:
+            load_examples(eval_path, config.data.rows)
+        except DatasetError as err:
+            raise ConfigError(f"-ed/--eval-dataset task {name!r}: {err}") from None
+    _check_model_layout(config)
+    if config.algo.uses_critic:
+        _check_ppo_models(config.algo.ppo)
+    if config.run.resume is not None:
+        from coati.trainer.checkpointing import check_resume
+
+        try:
+            check_resume(config)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+    chunk = config.algo.learner_chunk_size
+    if chunk > 0:  # producers and learner split the data in proportion: it must hold one full round
+        round_size = config.parallel.num_inferencers * config.batch.inference_batch_size + chunk
+        _require(len(train) >= round_size,
+                 f"{config.data.train_path} has {len(train)} prompts: one round needs num_inferencer*ibs + "
+                 f"--learner-chunk-size = {round_size}; lower -ibs or --learner-chunk-size, or add data")
+    per_producer = len(train) // config.parallel.num_inferencers
+    _require(per_producer >= config.batch.inference_batch_size,
+             f"{config.data.train_path} has {len(train)} prompts: each of the {config.parallel.num_inferencers} "
+             f"inferencers needs at least -ibs={config.batch.inference_batch_size}; lower -ibs or add data")

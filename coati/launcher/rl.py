@@ -1,0 +1,224 @@
+"""Builds the Ray actors for a run, wires buffer and weight sync, drives training and evaluation.
+
+The driver only orchestrates: producers run their own generation loop; the driver calls ``step()`` on
+the trainers, logs what they return (and writes -rsd rollout logs), and has the model evaluated at step 0,
+every -ei steps and at the end (eval_schedule.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import asdict, dataclass
+
+import ray
+
+from coati.cluster.buffer import RolloutBuffer
+from coati.cluster.connect import init_ray, node_label, reserve, where
+from coati.cluster.schedule import node_cores, node_thread_budgets, thread_budgets
+from coati.cluster.supervision import PRODUCER_OPTIONS, Supervisor
+from coati.cluster.weight_sync import WeightStore
+from coati.config.rl import RLConfig
+from coati.launcher.eval_schedule import EvalSchedule
+from coati.rollout.producer import Producer
+from coati.trainer.checkpointing import check_resume, restore_run, save_checkpoint, trim_metrics
+from coati.trainer.grpo_consumer import GRPOConsumer
+from coati.trainer.ppo_consumer import PPOConsumer
+from coati.utils.metrics import MetricsLogger
+from coati.utils.run_files import RolloutWriter
+
+
+@dataclass
+class RunResult:
+    steps: int
+    eval_before: dict  # "task/sampling" -> accuracy
+    eval_after: dict
+    final_model_dir: str
+    metrics_path: str
+    wall_s: float
+
+
+def run(config: RLConfig, log=print) -> RunResult:
+    """Train on the cluster cluster.init_ray picks; a dead trainer rank (or an inferencer past its restarts)
+    raises supervision.RunStopped, whose message says how to continue."""
+    from tqdm import tqdm
+
+    start = time.time()
+    if log is print:  # lines printed while the progress bar is up go above it, not through it
+        log = tqdm.write
+    init_ray(config)
+    reservation = reserve(config)  # before any actor: a cluster too small for the flags is one ClusterError line
+    try:
+        return _run(config, log, reservation, start)
+    finally:
+        reservation.release()
+
+
+def _run(config: RLConfig, log, reservation, start: float) -> RunResult:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    p, schedule = config.parallel, config.schedule
+    here = ray.get_runtime_context().get_node_id()
+    # Thread budgets per node: each actor shares the cores of the node it was placed on (nodes differ).
+    cores = node_cores(reservation.node_cpus, here, max(1, os.cpu_count() or 1))
+    producer_threads, trainer_threads = node_thread_budgets(cores, reservation.inferencer_nodes,
+                                                            reservation.trainer_nodes, schedule.is_async)
+    evaluator_threads = _evaluator_threads(cores, reservation.evaluator_node or here, reservation, schedule.is_async)
+    # Buffer and weight store hold the run's state: they stay with the driver, not on a node that may go away.
+    beside_driver = {"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(here, soft=False)}
+    names = {role: f"coati-{role}-{uuid.uuid4().hex[:12]}" for role in ("weights", "buffer")}  # for the producers
+    store = ray.remote(WeightStore).options(name=names["weights"], **beside_driver).remote()
+    buffer = ray.remote(RolloutBuffer).options(name=names["buffer"], **beside_driver).remote(
+        schedule.buffer_capacity, schedule.slots())
+    # the advantage estimator decides: group rewards (GRPO, DAPO, PG) or a critic's per-token values (PPO)
+    consumer_class = PPOConsumer if config.algo.uses_critic else GRPOConsumer
+    consumers = [ray.remote(consumer_class).options(**reservation.trainer_options(rank)).remote(
+        config, rank, buffer, store, trainer_threads[rank]) for rank in range(p.num_trainers)]
+    producers = [ray.remote(Producer).options(**reservation.inferencer_options(rank), **PRODUCER_OPTIONS).remote(
+        config, rank, names["buffer"], names["weights"], producer_threads[rank]) for rank in range(p.num_inferencers)]
+    places = {"trainers": ray.get([actor.__ray_call__.remote(where) for actor in consumers]),
+              "inferencers": ray.get([actor.__ray_call__.remote(where) for actor in producers])}
+    for role, threads in (("trainers", trainer_threads), ("inferencers", producer_threads)):
+        for place, count in zip(places[role], threads):
+            place["threads"] = count
+    _record_placement(config, reservation, places, log)
+    supervisor = Supervisor(config.run.run_dir, consumers, producers, places)
+    try:
+        return _train(config, log, start, consumers, producers, buffer, supervisor, evaluator_threads, reservation)
+    except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as err:
+        stopped = supervisor.stopped(err)
+        if stopped is err:
+            raise
+        supervisor.kill_all()
+        raise stopped from None
+
+
+def _train(config, log, start, consumers, producers, buffer, supervisor, evaluator_threads, reservation) -> RunResult:
+    from tqdm import tqdm
+
+    address, port = ray.get(consumers[0].rendezvous_address.remote())
+    supervisor.gather([consumer.setup.remote(address, port) for consumer in consumers])  # joins the group together
+    infos = ray.get([producer.info.remote() for producer in producers])
+    # --learner-chunk-size: the sending trainer's generator has its own shard, and as many rounds to fill.
+    learner_infos = [info for info in ray.get([consumer.learner_info.remote() for consumer in consumers]) if info]
+    for info in learner_infos:
+        if info["skipped_too_long"]:
+            log(f"learner: skipped {info['skipped_too_long']} prompts longer than -mpt tokens")
+    for rank, info in enumerate(infos):
+        if info["skipped_too_long"]:
+            log(f"inferencer {rank}: skipped {info['skipped_too_long']} prompts longer than -mpt tokens")
+    rounds = min(info["rounds_per_episode"] for info in infos + learner_infos) * config.run.num_episodes
+    if rounds == 0:
+        raise RuntimeError("no full inference batch of prompts fits -mpt; raise -mpt/--max-prompt-tokens or lower -ibs")
+    # Every trainer rank draws its share of all rounds; a step returns None once its share is used up.
+    # Without filtering that is exactly rounds * steps_per_sync steps; with it (DAPO), fewer.
+    max_steps = rounds * config.steps_per_sync
+    total_groups = rounds * config.groups_per_sync
+    ray.get([consumer.set_total_groups.remote(total_groups) for consumer in consumers])
+    ray.get([consumer.__ray_ready__.remote() for consumer in consumers])
+
+    resume = check_resume(config) if config.run.resume else None
+    state = restore_run(resume, consumers, buffer) if resume else None
+    if resume and trim_metrics(config.run.run_dir, state["step"]):
+        log(f"metrics.jsonl: dropped the rows after step {state['step']}, which this resumed run redoes")
+    logger = MetricsLogger(config.run.run_dir, config.run.project, _jsonable(config), log, resume=bool(resume))
+    evals = EvalSchedule(config, producers[0], consumers, logger, log, num_threads=evaluator_threads,
+                         resume=bool(resume), actor_options=reservation.evaluator_options())
+    rollouts = None
+    if config.run.rollout_save_dir:
+        rollouts = RolloutWriter(os.path.join(config.run.rollout_save_dir, config.run.project), log=log,
+                                 resume=bool(resume))
+    if resume:
+        log(f"resuming from {resume}: step {state['step']}, weights v{state['policy_version']}, "
+            f"{state['pending_groups']} pending groups, producers from rounds {state['producer_rounds']}")
+        evals.restore_before(state["eval_before"])
+    else:
+        evals.submit(0)
+    start_rounds = state["producer_rounds"] if resume else [0] * len(producers)
+    supervisor.watch([producer.run.remote(rounds, begin) for producer, begin in zip(producers, start_rounds)])
+    step, skipped = (state["step"], state["skipped"]) if resume else (0, 0)
+    # (path, skipped steps) of the newest checkpoint of this state: the final save does not repeat it
+    last_saved = (os.path.join(config.run.run_dir, f"step_{step}"), skipped) if resume else None
+    bar = tqdm(total=max_steps, initial=step, desc=config.algo.name, unit="step", disable=not config.run.progress_bar)
+
+    def save(at_step: int) -> str:
+        path = os.path.join(config.run.run_dir, f"step_{at_step}")
+        if (path, skipped) != last_saved or not os.path.isdir(path):
+            save_checkpoint(path, consumers, buffer, config,
+                            {"step": at_step, "skipped": skipped, "eval_before": evals.before_accuracy()})
+        return path
+
+    while True:
+        metrics = supervisor.gather([consumer.step.remote() for consumer in consumers])[0]
+        if metrics is None:
+            break
+        records = metrics.pop("rollouts", None)  # -rsd: trainer rank 0's records of this step's samples
+        if "skipped" in metrics:
+            skipped += 1
+            logger.log(step, metrics, kind="skipped")
+            log(f"after step {step}: a step was skipped: {metrics['skipped']} "
+                f"(groups drawn {metrics['groups_drawn']}, weights v{metrics['weight_version']})")
+            continue
+        step += 1
+        logger.log(step, metrics)
+        if records and rollouts is not None:
+            rollouts.write(step, records)
+        if evals.due(step):
+            evals.submit(step)
+        evals.poll()
+        bar.update(1)
+        bar.set_postfix(reward=f"{metrics['reward']:.3f}", acc=f"{metrics['accuracy']:.3f}",
+                        loss=f"{metrics['loss']:.4f}", v=metrics["weight_version"])
+        if config.run.save_interval and step % config.run.save_interval == 0:
+            last_saved = (save(step), skipped)
+    bar.close()
+    supervisor.wait_generation()  # every producer's run() has returned
+    total_steps = step
+    if skipped:
+        log(f"{skipped} steps were skipped because no group survived the filter")
+    eval_before, eval_after = evals.finish(total_steps)
+    if rollouts is not None:
+        rollouts.close()
+    final_dir = save(total_steps)
+    ray.get([consumer.shutdown.remote() for consumer in consumers])
+    # Their work is done: end them now, not by the SIGTERM of Ray's shutdown, which can land in an actor handle's
+    # __del__ and print a SystemExit traceback after the results.
+    supervisor.kill_all()
+    logger.close()
+    return RunResult(total_steps, eval_before, eval_after, final_dir, logger.path, time.time() - start)
+
+
+def _evaluator_threads(cores: dict[str, int], node: str, reservation, concurrent: bool) -> int:
+    """The evaluator runs beside training on ``node`` (its bundle's on GPU clusters; on CPU clusters it has no
+    slot and stays with the driver): half that node's cores in sync mode, a producer's share in async mode."""
+    if not concurrent:
+        return max(1, cores[node] // 2)
+    return thread_budgets(cores[node], reservation.inferencer_nodes.count(node), reservation.trainer_nodes.count(node),
+                          concurrent=True)[0]
+
+
+def _record_placement(config: RLConfig, reservation, places: dict, log) -> None:
+    """<run dir>/placement.json: each actor's node, IP, pid and GPUs; one log line when the run spans nodes."""
+    os.makedirs(config.run.run_dir, exist_ok=True)
+    with open(os.path.join(config.run.run_dir, "placement.json"), "w") as handle:
+        json.dump({"unit": reservation.plan.unit, **places}, handle, indent=1)
+    nodes = {place["node_id"] for role in places.values() for place in role}
+    if len(nodes) > 1:
+        def summary(role: str, name: str) -> str:
+            by_node: dict[str, list[int]] = {}
+            for rank, place in enumerate(places[role]):
+                by_node.setdefault(node_label(place), []).append(rank)
+            return "; ".join(f"{name} {_ranks(ranks)} on {node}" for node, ranks in by_node.items())
+
+        log(f"{len(nodes)} nodes: {summary('trainers', 'trainer ranks')}; {summary('inferencers', 'inferencers')}")
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 and ranks == list(range(ranks[0], ranks[-1] + 1)) \
+        else ",".join(map(str, ranks))
+
+
+def _jsonable(config: RLConfig) -> dict:
+    return json.loads(json.dumps(asdict(config), default=str))

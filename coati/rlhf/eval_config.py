@@ -1,0 +1,126 @@
+"""The options of ``coati evaluate`` and their checks (paths, rows, models), all before any model is loaded;
+the run itself is coati/rlhf/evaluate.py."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from coati.config.rl import ConfigError
+from coati.utils.dataclass_cli import option
+from rewards import REWARD_TYPES
+
+MODES = {"greedy": 0.0, "sampled": 1.0}  # decoding mode -> temperature (sampled: the training distribution)
+DEFAULT_MAX_NEW_TOKENS = {"demo": 8, "model": 1024}  # as `coati train` (the demo's answers are ~6 tokens)
+DESCRIPTION = __doc__.split("\n\n")[0] + " No -m/-d: the embedded demo model on its held-out addition problems."
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    model: str | None = option(None, "checkpoint: an HF causal-LM directory (default: the embedded demo model)", "-m")
+    dataset: str | None = option(None, "eval prompts: {\"prompt\": ...} rows or math/code rows (.jsonl, .json list, "
+                                       ".parquet, save_to_disk); required with -m", "-d")
+    reward_type: str = option("boxed", "verifiable reward of the rows that have answers", "-rt", choices=REWARD_TYPES)
+    input_key: str | None = option(None, "field holding the prompt (default: messages, else prompt)")
+    label_key: str | None = option(None, "field holding the answer; every row must have it (default: gt_answer, "
+                                         "test_cases with -rt code, used where present)")
+    reward_model: str | None = option(None, "reward model directory (`coati rm` output) scoring every response", "-rm")
+    modes: str = option("both", "decoding: greedy (temperature 0), sampled (temperature 1) or both",
+                        choices=("greedy", "sampled", "both"))
+    system_prompt: str | None = option(None, "system prompt (default: the -rt type's own for a model with a chat "
+                                             "template, as `coati train -m` uses; none without one)", "-s")
+    max_new_tokens: int | None = option(None, "tokens per response (default: 8 for the embedded demo, else 1024, "
+                                              "capped to the model's max_position_embeddings)", "-mnt")
+    max_prompt_tokens: int = option(512, "prompts longer than this are skipped and counted", "-mpt")
+    num_prompts: int = option(0, "evaluate the first N prompts only (0: all)", "-n")
+    micro_batch_size: int = option(32, "prompts per generate call and rows per reward-model forward", "-imbs")
+    seed: int = option(42, "sampling seed of the sampled mode")
+    output: str | None = option(None, "JSON summary path; the samples go to <its name>.samples.jsonl (default: "
+                                      "<checkpoint's parent>/evals/<checkpoint>_<eval file>.json)", "-o")
+
+    @property
+    def mode_names(self) -> tuple[str, ...]:
+        return tuple(MODES) if self.modes == "both" else (self.modes,)
+
+
+@dataclass
+class Inputs:
+    model: str
+    dataset: str
+    examples: list  # coati.dataset.rows.Example; gt_answer/test_cases None when the row has no answer
+    output: str
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def _model_problem(path: str) -> str | None:
+    from coati.rollout.reward_model import read_model_config
+
+    config, problem = read_model_config(path, "model", "pass -m an HF directory, e.g. runs/sft/final")
+    if problem:
+        return problem
+    architectures = config.get("architectures") or []
+    if any(name.endswith("ForSequenceClassification") for name in architectures):
+        return f"{path} is a reward model ({architectures[0]}), not a causal LM: pass it as --reward-model"
+    if not any(os.path.isfile(os.path.join(path, name)) for name in ("tokenizer.json", "tokenizer_config.json")):
+        return (f"{path} has no tokenizer files (tokenizer.json / tokenizer_config.json): "
+                "save the tokenizer beside the model")
+    return None
+
+
+def default_output(model: str, dataset: str, embedded: bool) -> str:
+    stem = os.path.splitext(os.path.basename(os.path.normpath(dataset)))[0]
+    if embedded:
+        return os.path.join("runs", "evals", f"demo_{stem}.json")
+    checkpoint = os.path.normpath(os.path.abspath(model))
+    return os.path.join(os.path.dirname(checkpoint), "evals", f"{os.path.basename(checkpoint)}_{stem}.json")
+
+
+def samples_path(output: str) -> str:
+    return os.path.splitext(output)[0] + ".samples.jsonl"
+
+
+def check_inputs(config: EvalConfig, log=print) -> Inputs:
+    """Options, paths and every row, without loading a model; ConfigError/DatasetError name the problem."""
+    from coati.dataset.rlhf_rows import load_prompts
+    from coati.dataset.rows import RowFormat
+    from coati.rollout.reward_model import reward_model_problem
+
+    for flag, value in (("-mpt/--max-prompt-tokens", config.max_prompt_tokens),
+                        ("-imbs/--micro-batch-size", config.micro_batch_size),
+                        ("-mnt/--max-new-tokens", 1 if config.max_new_tokens is None else config.max_new_tokens)):
+        _require(value >= 1, f"{flag} must be at least 1, got {value}")
+    _require(config.num_prompts >= 0, f"-n/--num-prompts must be >= 0 (0: all), got {config.num_prompts}")
+    embedded = config.model is None
+    _require(embedded or config.dataset is not None, "-d/--dataset is required with -m/--model (a file of prompts)")
+    problem = None if embedded else _model_problem(config.model)
+    _require(problem is None, problem)
+    if config.reward_model is not None:
+        problem = reward_model_problem(config.reward_model)
+        _require(problem is None, problem)
+    model, dataset = config.model, config.dataset
+    if embedded or dataset is None:
+        from coati.demo.math_demo import ensure_demo_assets
+
+        demo = ensure_demo_assets(log=log)
+        model, dataset = model or demo.model_dir, dataset or demo.eval_path
+    examples = load_prompts(dataset, RowFormat(reward_type=config.reward_type, label_key=config.label_key),
+                            config.input_key)
+    if config.num_prompts:
+        examples = examples[: config.num_prompts]
+    return Inputs(model, dataset, examples, config.output or default_output(model, dataset, embedded))
+
+
+def tokenizers(config: EvalConfig, inputs: Inputs):
+    """The checkpoint's tokenizer; the reward model's must map text to the same ids (its scores read them)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(inputs.model)
+    if config.reward_model and os.path.isfile(os.path.join(config.reward_model, "tokenizer.json")):
+        if AutoTokenizer.from_pretrained(config.reward_model).get_vocab() != tokenizer.get_vocab():
+            raise ConfigError(f"the reward model's tokenizer ({config.reward_model}) differs from the checkpoint's: "
+                              "it scores the generated token ids, so both need the same vocabulary")
+    return tokenizer

@@ -1,0 +1,67 @@
+"""Held-out evaluation: accuracy and format rate of one backend on a list of examples."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from coati.config.sampling import SamplingParams
+from coati.rollout.inference_backend import Completion, InferenceBackend
+from rewards.scorer import RewardScorer
+
+
+@dataclass
+class EvalResult:
+    accuracy: float
+    format_rate: float
+    mean_reward: float
+    records: list[dict] = field(default_factory=list)  # prompt, response, extracted answer, reward per sample
+    rm_score: float | None = None  # the reward model's mean score of the responses (when one is given)
+
+    def summary(self) -> dict:
+        """The numbers an eval row logs (rm_score only with a reward model)."""
+        numbers = {"accuracy": self.accuracy, "format_rate": self.format_rate, "mean_reward": self.mean_reward}
+        return numbers if self.rm_score is None else {**numbers, "rm_score": self.rm_score}
+
+
+def evaluate(backend: InferenceBackend, prompts: list[list[int]], examples, scorer: RewardScorer,
+             params: SamplingParams, prompt_texts: list[str] | None = None, reward_model=None) -> EvalResult:
+    """One completion per prompt (``params.n`` is forced to 1) scored with the training reward, and with
+    ``reward_model`` ((prompt ids list, response ids list) -> scores, as the PPO producers use) when given."""
+    if params.n != 1:
+        params = SamplingParams(**{**params.__dict__, "n": 1})
+    outputs = backend.generate(prompts, params)
+    result = score_outputs(outputs, examples, scorer, prompt_texts)
+    if reward_model is not None and outputs:
+        scores = reward_model(prompts, [completions[0].token_ids for completions in outputs])
+        for record, score in zip(result.records, scores):
+            record["rm_score"] = score
+        result.rm_score = sum(scores) / len(scores)
+    return result
+
+
+def score_outputs(outputs: list[list[Completion]], examples, scorer: RewardScorer,
+                  prompt_texts: list[str] | None = None) -> EvalResult:
+    """``evaluate``'s scoring of completions already generated (``outputs[i][0]`` answers ``examples[i]``), for
+    callers that also need the token ids (``coati evaluate`` scores them with a reward model)."""
+    results = scorer.score_each([completions[0].text for completions in outputs], examples)
+    records = []
+    for i, (completions, result, example) in enumerate(zip(outputs, results, examples)):
+        completion = completions[0]
+        records.append({
+            "prompt": prompt_texts[i] if prompt_texts else None,
+            "gt_answer": example.gt_answer,  # the gold answer as scored (GSM8K/MATH labels: their final answer)
+            "response": completion.text,
+            "extracted": result.extracted,
+            "reward": result.reward,
+            "correct": result.correct,
+            "format_ok": result.format_ok,
+            "reason": result.reason,
+            "finish_reason": completion.finish_reason,
+        })
+    count = max(len(records), 1)
+    return EvalResult(
+        accuracy=sum(r["correct"] for r in records) / count,
+        format_rate=sum(r["format_ok"] for r in records) / count,
+        mean_reward=sum(r["reward"] for r in records) / count,
+        records=records,
+    )

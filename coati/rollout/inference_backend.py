@@ -1,0 +1,113 @@
+"""The inference side of the system: prompts in, G sampled completions with behaviour logprobs out.
+
+``InferenceBackend`` is the protocol every engine implements (transformers here; vLLM in its own module).
+Behaviour logprobs are ``log_softmax(logits / temperature)`` of the sampled token, which is exactly what
+the trainer recomputes, so the importance ratio starts at 1 (top-k/top-p only choose which tokens can be
+sampled; they do not enter the logprob, as in the trainer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Protocol
+
+import torch
+
+from coati.cluster.weight_sync import load_named_tensors
+from coati.config.sampling import SamplingParams
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float]  # one per token in token_ids
+    finish_reason: str  # "stop" (EOS or a stop string) or "length" (hit max_new_tokens)
+    text: str = ""
+
+
+class InferenceBackend(Protocol):
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        """For each prompt (token ids), ``params.n`` completions."""
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the policy weights in place (full, unsharded tensors keyed by HF parameter names)."""
+
+
+def truncate_completion(tokens: list[int], eos_id: int, stop_strings: tuple[str, ...], decode) -> tuple[int, str]:
+    """Length to keep and the finish reason: cut after the first EOS, else at the end of the first stop string.
+
+    Cutting afterwards yields the same tokens as stopping early would have: sampling is autoregressive.
+    """
+    if eos_id in tokens:
+        return tokens.index(eos_id) + 1, "stop"
+    if stop_strings and any(s in decode(tokens) for s in stop_strings):
+        for end in range(1, len(tokens) + 1):
+            if any(s in decode(tokens[:end]) for s in stop_strings):
+                return end, "stop"
+    return len(tokens), "length"
+
+
+class TransformersBackend:
+    """Sampling with ``transformers``' ``generate``: the CPU fallback and the reference engine."""
+
+    def __init__(self, model, tokenizer, microbatch_size: int = 64):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.microbatch_size = microbatch_size
+        self.eos_id = tokenizer.eos_token_id
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
+
+    @classmethod
+    def from_pretrained(cls, model_path: str, microbatch_size: int = 64, dtype: torch.dtype = torch.float32):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+        return cls(model, AutoTokenizer.from_pretrained(model_path), microbatch_size)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        if params.seed is not None:  # generate() samples from the global torch RNG
+            torch.manual_seed(params.seed)
+        flat = [p for p in prompts for _ in range(params.n)]
+        completions: list[Completion] = []
+        for start in range(0, len(flat), self.microbatch_size):
+            completions.extend(self._generate_batch(flat[start : start + self.microbatch_size], params))
+        return [completions[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
+
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros_like(input_ids)
+        for row, prompt in enumerate(prompts):  # left padding: every prompt ends where generation starts
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            attention_mask[row, width - len(prompt) :] = 1
+        sampling = {} if params.greedy else dict(
+            temperature=params.temperature, top_k=params.top_k if params.top_k > 0 else None, top_p=params.top_p
+        )
+        out = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            do_sample=not params.greedy,
+            max_new_tokens=params.max_new_tokens,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.eos_id,
+            **sampling,
+        )
+        new_tokens = out.sequences[:, width:]
+        logits = torch.stack(out.logits, dim=1).float() / params.logprob_temperature
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+        results = []
+        for row in range(len(prompts)):
+            tokens = new_tokens[row].tolist()
+            keep, reason = truncate_completion(tokens, self.eos_id, params.stop_strings, self._decode)
+            tokens = tokens[:keep]
+            results.append(Completion(tokens, logprobs[row, :keep].tolist(), reason, self._decode(tokens)))
+        return results
+
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        load_named_tensors(self.model, named_tensors)

@@ -1,0 +1,412 @@
+"""The trainer actor base: pulls groups from the buffer, runs optimizer steps through a plugin, syncs weights.
+
+A *trainer group* is ``-t`` of these actors forming one ``torch.distributed`` group (gloo on CPU, nccl on
+GPU) laid out by the plugin as ``dp x pp x tp``. Every rank of the group reads the *same* groups from the
+buffer (one shared request per draw), so every decision that depends on the data (what DAPO's filter keeps,
+when to publish weights, whether to skip a step, when the data is exhausted) is taken identically on every
+rank without extra communication; each data-parallel rank then trains on its own contiguous share of the
+kept groups. Shares are padded with loss-masked copies to equal size so that every rank makes the same
+sequence of collective calls (FSDP2 / ZeRO gather and reduce per micro-batch).
+
+One ``step()`` trains on one batch of up to ``dp * tbs`` groups (each dp rank's share split into minibatches
+of ``tMbs`` groups, each into micro-batches of ``tmbs`` samples; ``tmbs // pp`` under pipeline parallelism):
+``ppo_epochs`` optimizer steps over the same batch, gradients accumulating over all its minibatches.
+
+Drawing a batch (``_pull``): groups come from the buffer and pass the algorithm's ``select_groups`` (e.g.
+DAPO's accuracy filter). Without dynamic batching one draw of ``dp * tbs`` groups is the batch, whatever
+survives. With dynamic batching the group keeps drawing (exactly the deficit each time) until ``dp * tbs``
+groups survive, at most ``max_draw_multiple`` times that per step; at that bound, or when the producers' data
+is exhausted, it trains on what survived, or skips the step (with a reason) when nothing did.
+
+Weight sync (sync mode): producers generate one round (``groups_per_sync`` groups in all) per weight version
+and wait for the next version before the next round. The group therefore publishes whenever it has *drawn*
+a full round, not every fixed number of steps: after a step that completed a round, and also in the middle
+of a step that needs more groups than the current round holds (the weights published then are the current
+ones, so the groups that follow are still on-policy). A step can never wait for groups whose version it has
+not published, so filtering cannot deadlock the two sides. Without filtering this is exactly "every
+steps_per_sync steps". Publishing is collective (sharded weights are gathered); only the sender sends them, through
+its publisher (``--weight-sync``: the object store, or a broadcast group with the producers; weight_sync.py).
+
+Learner-side generation (``--learner-chunk-size N``, see learner_generation.py): the sender also generates N
+groups of every round with the weights it has just published, puts them into the buffer before its first draw
+of the round, and refreshes its inference model from the tensors it gathers when publishing.
+
+``set_total_groups`` tells the consumer how many groups the producers will make in all; ``step()`` returns
+None once they are all drawn and trained on. Algorithm specifics (selection, the loss, extra tensors) live
+in subclasses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import time
+
+import ray
+import torch
+
+from coati.cluster.weight_sync import make_publisher, pack_named_tensors
+from coati.config.rl import RLConfig
+from coati.rollout.group import RolloutGroup, collate, split_micro_batches
+from coati.rollout.rollout_log import rollout_log_due, rollout_records
+from coati.trainer.roles import ACTOR, TrainedModel, grad_norm_name
+from coati.utils.quiet import quiet_actor
+
+
+def share_bounds(count: int, parts: int, index: int) -> tuple[int, int]:
+    """[start, end) of part ``index`` when ``count`` items are split into ``parts`` contiguous, balanced parts."""
+    base, extra = divmod(count, parts)
+    start = index * base + min(index, extra)
+    return start, start + base + (index < extra)
+
+
+class Consumer:
+    # Statistics that are counts (summed over data-parallel ranks), and maxima (the largest over micro-batches,
+    # epochs and ranks); the others are normalised (summed over micro-batches, averaged over ranks and epochs).
+    summed_stats: tuple[str, ...] = ()
+    max_stats: tuple[str, ...] = ()
+
+    def __init__(self, config: RLConfig, rank: int, buffer, weight_store, num_threads: int | None = None):
+        quiet_actor()
+        self.config, self.rank, self.buffer, self.weight_store = config, rank, buffer, weight_store
+        self.num_threads = num_threads or os.cpu_count() or 1
+        torch.set_num_threads(self.num_threads)
+        self.plugin = None
+        self.roles: dict[str, TrainedModel] = {}  # the policy first, then e.g. a critic (roles.py)
+        self.step_count = 0
+        self.version = 0
+        self.total_groups: int | None = None
+        self.drawn_total = 0  # groups drawn from the buffer so far (the whole group's, equal on every rank)
+        self.drawn_since_sync = 0  # groups drawn since the last published weights
+        self._draws = 0  # draws in the current step
+        self._draw_serial = 0  # draws since the start
+        self.publisher = None  # the sender's end of the weight sync (weight_sync.make_publisher)
+        self._published_version = 0  # the newest published version (tracked on every rank)
+        self.learner = None  # LearnerGenerator on the weight sender when --learner-chunk-size > 0
+        self.epoch = 0  # the ppo epoch being trained (the loss keeps the first epoch's logprobs, see GRPOConsumer)
+        self.publish_s = 0.0  # seconds spent publishing weights since the last step's metrics
+        self._staleness: list[int] = []  # per trained group of the current step: versions behind the trainer
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """(address, port) for the trainer group's rendezvous, hosted by this actor (rank 0) on its own node:
+        the address is the one this node has in the Ray cluster, the port --master_port or a free one."""
+        address = ray.util.get_node_ip_address()
+        if self.config.run.master_port:
+            return address, self.config.run.master_port
+        with socket.socket() as sock:  # a free port; released now, bound again at once by rank 0's store
+            sock.bind(("", 0))
+            return address, sock.getsockname()[1]
+
+    def setup(self, master_address: str | None = None, master_port: int | None = None) -> None:
+        """Join the trainer group (every rank at once), build the plugin and the policy, then the algorithm."""
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        config, p = self.config, self.config.parallel
+        torch.manual_seed(config.run.seed)  # the same on every rank: any fresh parameter starts identical
+        self.tokenizer = AutoTokenizer.from_pretrained(config.model.path)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        model_config = AutoConfig.from_pretrained(config.model.path)
+        if p.plugin_name != "single":
+            from coati.plugins.dist import init_trainer_group
+
+            init_trainer_group(self.rank, p.num_trainers, master_address or "127.0.0.1", master_port or 29506)
+        model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=torch.float32)
+        self.roles[ACTOR] = TrainedModel.build(ACTOR, p, model, config.algo.learning_rate, self.loss_fn, model_config)
+        self.plugin = self.roles[ACTOR].plugin  # the policy's: it sets the data-parallel shares and is published
+        if self.plugin.is_weight_sender:
+            self.publisher = make_publisher(config, self.weight_store)
+        if config.algo.learner_chunk_size > 0 and self.plugin.is_weight_sender:
+            from coati.trainer.learner_generation import LearnerGenerator
+
+            self.learner = LearnerGenerator(config)
+        torch.manual_seed(config.run.seed + self.rank)
+        self.setup_algorithm()
+
+    def learner_info(self) -> dict | None:
+        """The learner-side generator's shard (prompts, rounds per episode) on the rank that owns it, else None."""
+        return self.learner.info() if self.learner is not None else None
+
+    def setup_algorithm(self) -> None:
+        """Hook for subclasses (e.g. loading a reference model, adding a critic with ``add_role``)."""
+
+    def add_role(self, name: str, model: torch.nn.Module, learning_rate: float, loss_fn) -> TrainedModel:
+        """Train ``model`` beside the policy, on the same ranks and layout (collective: every rank adds it)."""
+        self.roles[name] = TrainedModel.build(name, self.config.parallel, model, learning_rate, loss_fn)
+        return self.roles[name]
+
+    def loss_fn(self, logits: torch.Tensor, micro_batch: dict) -> tuple[torch.Tensor, dict]:
+        raise NotImplementedError
+
+    def algorithm_state(self) -> dict:
+        """Hook: the algorithm's own state a checkpoint must keep (plain values, equal on every rank)."""
+        return {}
+
+    def load_algorithm_state(self, state: dict) -> None:
+        """Hook: restore what ``algorithm_state`` returned."""
+
+    def select_groups(self, groups: list[RolloutGroup]) -> tuple[list[RolloutGroup], dict]:
+        """Hook: the groups worth training on (e.g. an accuracy filter) and counters to add up per step.
+
+        Must be deterministic: every rank of the group runs it on the same groups and must agree.
+        """
+        return groups, {}
+
+    def build_batches(self, share: list[RolloutGroup], kept: list[RolloutGroup],
+                      padding: int) -> list[dict[str, torch.Tensor]]:
+        """Hook: collated minibatches of ``tMbs`` groups of this rank's ``share`` with what the loss needs.
+
+        ``kept``: every group the whole trainer group trains on this step (for normalisers that cover the
+        step's batch); the last ``padding`` groups of ``share`` are placeholders that must not reach the loss.
+        Called once per step: everything computed here (e.g. reference logprobs) serves every ppo epoch.
+        """
+        size = self.config.batch.train_minibatch_size
+        return [collate(share[i : i + size], self.pad_id) for i in range(0, len(share), size)]
+
+    def rollout_tensors(self, kept: list[RolloutGroup]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Hook for the rollout logs: (shaped rewards, advantages, sample loss mask), [len(kept), G], as the
+        loss used them; here the producers' rewards and advantages, every sample in the loss."""
+        rewards = torch.tensor([g.rewards for g in kept], dtype=torch.float32)
+        return rewards, torch.tensor([g.advantages for g in kept], dtype=torch.float32), torch.ones_like(rewards)
+
+    def set_total_groups(self, total: int | None) -> None:
+        """Groups the trainer group will draw in all (None: unbounded); ``step()`` returns None after the last."""
+        self.total_groups = total
+
+    @property
+    def _dp_size(self) -> int:
+        return self.plugin.dp_size if self.plugin is not None else 1
+
+    def _draw(self, count: int) -> list[RolloutGroup]:
+        # One request per draw, read by every rank of the group (the first caller pops, the rest get a copy);
+        # ids are unique per draw, so skipped steps do not reuse them.
+        request = f"draw{self._draw_serial}"
+        self._draw_serial += 1
+        self._draws += 1
+        world = self.plugin.world_size if self.plugin is not None else 1
+        groups = ray.get(self.buffer.get.remote(count, request, world))
+        self.drawn_total += len(groups)
+        self.drawn_since_sync += len(groups)
+        return groups
+
+    def _pull(self) -> tuple[list[RolloutGroup] | None, list[RolloutGroup], dict]:
+        """(groups to train on, all groups drawn, draw statistics) for one step; (None, [], {}) when data is exhausted."""
+        target = self.config.batch.train_batch_size * self._dp_size
+        groups_config = self.config.algo.groups
+        dynamic = groups_config.dynamic_batching
+        max_draw = target * groups_config.max_draw_multiple if dynamic else target
+        schedule = self.config.schedule
+        kept, drawn, counters, self._draws, self._staleness = [], [], {}, 0, []
+        while len(kept) < target and len(drawn) < max_draw:
+            remaining = None if self.total_groups is None else self.total_groups - self.drawn_total
+            if remaining == 0:
+                break
+            if schedule.publish_due(self.drawn_since_sync):  # the round is used up: producers need new weights
+                self.publish_weights()
+            want = (target - len(kept)) if dynamic else (target - len(drawn))
+            count = min(want, max_draw - len(drawn), schedule.draw_limit(self.drawn_since_sync),
+                        remaining if remaining is not None else want)
+            if self.learner is not None:  # round `version` starts: add its learner groups (once)
+                self.learner.fill(self.buffer, self.version, self.version)
+            groups = self._draw(count)
+            drawn.extend(groups)
+            survivors, stats = self.select_groups(groups)
+            kept.extend(survivors)
+            self._staleness += [schedule.staleness(self.version, g.policy_version) for g in survivors]
+            for name, value in stats.items():
+                counters[name] = counters.get(name, 0) + value
+        if not drawn:
+            return None, [], {}
+        info = {"groups_drawn": len(drawn), "groups_kept": len(kept), "draws": self._draws, **counters,
+                "draw_limit_hit": int(dynamic and len(kept) < target and len(drawn) >= max_draw),
+                "data_exhausted": int(len(kept) < target and self.total_groups is not None
+                                      and self.drawn_total >= self.total_groups)}
+        return kept, drawn, info
+
+    def _share(self, kept: list[RolloutGroup]) -> tuple[list[RolloutGroup], int]:
+        """This data-parallel rank's contiguous share of ``kept``, padded with copies of a kept group to the
+        largest share's size (every rank must make the same collective calls); (share, padding)."""
+        dp = self._dp_size
+        size = -(-len(kept) // dp)
+        start, end = share_bounds(len(kept), dp, self.plugin.dp_rank if self.plugin is not None else 0)
+        share = kept[start:end]
+        padding = size - len(share)
+        return share + [dataclasses.replace(kept[0]) for _ in range(padding)], padding
+
+    def _micro_batch_samples(self) -> int:
+        pp = self.config.parallel.pipeline_parallel_size
+        return max(1, self.config.batch.train_microbatch_size // pp)  # ColossalChat's microbatch_size = tmbs // pp
+
+    def step(self) -> dict | None:
+        """One training step (``ppo_epochs`` optimizer steps on one batch); None when the data is exhausted.
+
+        A step whose batch is empty after selection changes no weight and returns ``{"skipped": reason}``.
+        Collective: every rank of the trainer group calls it the same number of times.
+        """
+        start = time.perf_counter()
+        groups, drawn, info = self._pull()
+        if groups is None:
+            return None
+        learner_s = self.learner.take_time() if self.learner is not None else 0.0
+        wait = time.perf_counter() - start - learner_s - self.publish_s  # mid-step publishes are not waiting
+        metrics: dict = {}
+        if not groups:
+            reason = (f"all {len(drawn)} groups drawn this step were filtered out"
+                      + (" (draw limit max_draw_multiple*tbs reached)" if info["draw_limit_hit"] else "")
+                      + (" (no data left)" if info["data_exhausted"] else ""))
+            metrics.update(skipped=reason)
+        else:
+            share, padding = self._share(groups)
+            batches = self.build_batches(share, groups, padding)
+            epochs = self.config.algo.ppo_epochs
+            totals: dict[str, float] = {}
+            grad_norms: dict[str, list[float]] = {name: [] for name in self.roles}
+            train_start = time.perf_counter()
+            for self.epoch in range(epochs):
+                stats: list[dict] = []
+                for batch in batches:
+                    micro_batches = split_micro_batches(batch, self._micro_batch_samples())
+                    for role in self.roles.values():  # each role's statistics have names of their own
+                        stats += role.accumulate(micro_batches)
+                for name, role in self.roles.items():
+                    grad_norms[name].append(role.optimizer_step(self.config.algo.max_grad_norm))
+                for name in dict.fromkeys(key for s in stats for key in s):
+                    values = [float(s[name]) for s in stats if name in s]
+                    if name in self.max_stats:
+                        totals[name] = max([totals.get(name, float("-inf"))] + values)
+                    else:
+                        totals[name] = totals.get(name, 0.0) + sum(values)
+            totals = self._reduce_stats(totals)
+            # Per-epoch means (maxima as they are); grad norms are the first epoch's (later epochs see the same data).
+            metrics.update({name: value if name in self.max_stats else value / epochs for name, value in totals.items()})
+            metrics.update({grad_norm_name(name): norms[0] for name, norms in grad_norms.items()})
+            metrics.update(optimizer_steps=epochs, train_s=time.perf_counter() - train_start)
+            metrics.update(staleness_mean=sum(self._staleness) / len(self._staleness), staleness_max=max(self._staleness))
+            self.step_count += 1
+        metrics.update(info)
+        metrics.update(rollout_metrics(drawn, self.version))
+        if self.config.schedule.publish_due(self.drawn_since_sync):
+            self.publish_weights()
+        metrics.update(step_time_s=time.perf_counter() - start, buffer_wait_s=wait, publish_s=self.publish_s)
+        self.publish_s = 0.0
+        if groups and self.rank == 0 and rollout_log_due(self.config, self.step_count):
+            metrics["rollouts"] = rollout_records(self.step_count, drawn, groups, *self.rollout_tensors(groups))
+        if self.config.algo.learner_chunk_size > 0:
+            metrics.update(learner_groups=sum(g.learner for g in drawn), learner_gen_s=learner_s)
+        metrics["weight_version"] = self.version
+        return metrics
+
+    def _reduce_stats(self, totals: dict[str, float]) -> dict[str, float]:
+        """Statistics of the whole step: each rank's normalised statistics are its share of the global value
+        times dp (normalisers are global / dp), so the global value is their mean; counts are summed."""
+        if self.plugin.world_size == 1 or not totals:
+            return totals
+        import torch.distributed as dist
+
+        from coati.plugins.dist import device_type
+
+        names = sorted(name for name in totals if name not in self.max_stats)
+        values = torch.tensor([totals[name] for name in names], dtype=torch.float64, device=device_type())
+        dist.all_reduce(values)  # model-parallel peers hold equal values: divide them out
+        values = values.cpu() / self.plugin.model_parallel_size
+        dp = self.plugin.dp_size
+        out = {name: float(value) if name in self.summed_stats else float(value) / dp
+               for name, value in zip(names, values)}
+        maxima = sorted(name for name in totals if name in self.max_stats)
+        if maxima:
+            peak = torch.tensor([totals[name] for name in maxima], dtype=torch.float64, device=device_type())
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+            out.update({name: float(value) for name, value in zip(maxima, peak.cpu())})
+        return out
+
+    def publish_weights(self) -> None:
+        """Collective: every rank takes part in gathering the full weights; the sender puts them in the store."""
+        start = time.perf_counter()
+        try:
+            self._publish()
+        finally:
+            self.publish_s += time.perf_counter() - start
+
+    def _publish(self) -> None:
+        self.version += 1
+        self.drawn_since_sync = 0
+        self._published_version = self.version  # on every rank (the publisher lives on the sender only)
+        tensors = self.plugin.named_full_tensors()
+        if not self.plugin.is_weight_sender:
+            for _ in tensors:  # non-senders yield nothing but must run the gathers
+                pass
+            return
+        tensors = list(tensors)
+        self.publisher.publish(self.version, tensors)
+        if self.learner is not None:  # after the producers got theirs: the learner's next round uses these too
+            self.learner.load_weights(tensors)
+
+    def snapshot_weights(self) -> tuple[int, list | None, bool]:
+        """Collective: the current weights for an evaluation, as (newest published version, [ref] on the
+        sender else None, whether the weights are exactly that version). Evaluation always reads the object
+        store, whatever ``--weight-sync`` is (evaluator.py: it must see weights that were never published, and
+        never hold up a publish). Right after an object-store publish (nothing drawn since) the published object
+        is reused; otherwise the full weights are gathered once more. The branch depends only on settings and
+        counters equal on every rank, so all ranks make the same collective calls."""
+        on_sync = self._published_version == self.version > 0 and self.drawn_since_sync == 0
+        if on_sync and self.config.parallel.weight_sync == "object-store":
+            return self.version, [self.publisher.published] if self.plugin.is_weight_sender else None, True
+        tensors = self.plugin.named_full_tensors()
+        if not self.plugin.is_weight_sender:
+            for _ in tensors:  # non-senders yield nothing but must run the gathers
+                pass
+            return self.version, None, on_sync
+        return self.version, [ray.put(pack_named_tensors(tensors))], on_sync
+
+    def save_pretrained(self, path: str) -> str:
+        """Collective: the policy as an HF directory (the sender writes it, with the tokenizer)."""
+        self.plugin.save_pretrained(path)
+        if self.plugin.is_weight_sender:
+            self.tokenizer.save_pretrained(path)
+        return path
+
+    def save_checkpoint(self, staging: str) -> dict:
+        """Collective: this rank's part of a run checkpoint (coati.trainer.checkpointing); the counters."""
+        from coati.trainer.checkpointing import save_consumer
+
+        return save_consumer(self, staging)
+
+    def load_checkpoint(self, path: str) -> dict:
+        """Collective, after ``setup``: continue from a run checkpoint of any layout the plugin reads."""
+        from coati.trainer.checkpointing import load_consumer
+
+        return load_consumer(self, path)
+
+    def full_state(self, role: str = ACTOR) -> dict[str, torch.Tensor]:
+        """Full weights of a trained model as a plain dict on the sender (tests compare them across runs and
+        layouts); collective."""
+        return {name: tensor.clone() for name, tensor in self.roles[role].plugin.named_full_tensors()}
+
+    def shutdown(self) -> None:
+        """Close the weight sync, leave the trainer group: release the plugin, then the default process group."""
+        if self.publisher is not None:
+            self.publisher.close()
+            self.publisher = None
+        for role in self.roles.values():
+            role.close()
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def rollout_metrics(groups: list[RolloutGroup], current_version: int) -> dict:
+    rewards = [r for g in groups for r in g.rewards]
+    lengths = [len(r) for g in groups for r in g.responses]
+    n = max(len(rewards), 1)
+    return {
+        "reward": sum(rewards) / n,
+        "accuracy": sum(c for g in groups for c in g.correct) / n,
+        "format_rate": sum(f for g in groups for f in g.format_ok) / n,
+        "response_length": sum(lengths) / n,
+        "truncation_rate": sum(f == "length" for g in groups for f in g.finish_reasons) / n,
+        "policy_lag": current_version - min((g.policy_version for g in groups), default=current_version),
+        # producer seconds that made these groups (generation and scoring run beside training in async mode)
+        "generate_s": sum(g.generate_s for g in groups),
+        "score_s": sum(g.score_s for g in groups),
+    }

