@@ -85,5 +85,15 @@ def build_tiny_model(spec: TinyModelSpec, tokenizer, seed: int = 0) -> PreTraine
 
 
 def save_tiny(model: PreTrainedModel, tokenizer, path: str) -> None:
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    """Saved without transformers' "Writing model shards" bar: one shard of a tiny model tells a user nothing,
+    and the bar would sit between the demo's own lines (or before a one-line error on a first run)."""
+    from transformers.utils import logging as transformers_logging
+
+    was_enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+    finally:
+        if was_enabled:
+            transformers_logging.enable_progress_bar()
