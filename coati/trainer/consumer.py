@@ -111,7 +111,7 @@ class Consumer:
             from coati.plugins.dist import init_trainer_group
 
             init_trainer_group(self.rank, p.num_trainers, master_address or "127.0.0.1", master_port or 29506)
-        model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=p.model_placement("policy").dtype)
         self.roles[ACTOR] = TrainedModel.build(ACTOR, p, model, config.algo.learning_rate, self.loss_fn, model_config)
         self.plugin = self.roles[ACTOR].plugin  # the policy's: it sets the data-parallel shares and is published
         if self.plugin.is_weight_sender:
