@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -85,7 +85,7 @@ def granted_gpus() -> list[int]:
     ray = sys.modules.get("ray")  # a process that never imported Ray is not one of its actors
     if ray is not None and ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
         return local_indices(ray.get_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES"))
-    return [int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count()]
+    return [int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()]
 
 
 def model_placement(role: str, backend: str = "transformers", dtype: str = "auto",
