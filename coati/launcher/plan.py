@@ -188,7 +188,7 @@ def _parts(memory: dict) -> str:
 
 
 def render(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: list[Node]) -> list[str]:
-    p = config.parallel
+    p, b = config.parallel, config.batch
     gpu_text = f"{nodes[0].gpus} GPUs of {nodes[0].memory / 1e9:.0f} GB" if unit == "GPU" else \
         f"{nodes[0].cpus} CPUs, {nodes[0].memory / GiB:.1f} GiB RAM"
     lines = [(f"plan: {len(nodes)} node(s) x {gpu_text}; model {shape.params / 1e9:.2f}B parameters "
@@ -196,6 +196,9 @@ def render(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: lis
              (f"trainer group: {p.plugin_name}, -t {p.num_trainers} = TP {p.tensor_parallel_size} x PP "
              f"{p.pipeline_parallel_size} x DP {p.dp_size}, -zero {p.zero_stage}, {p.precision}; "
              f"{p.num_inferencers} {p.backend} inferencer(s), -ptp {p.producer_tensor_parallel_size}"),
+             (f"activations: micro-batches of {min(b.train_microbatch_size, b.train_batch_size * b.num_generations)}"
+              f" samples x {config.data.max_prompt_tokens}+{config.sampling.max_new_tokens} tokens (-tmbs, -mpt + "
+              f"-mnt: the longest a batch can be)"),
              f"{'actor':<16} {'node':>4}  {'where':<14} {'thr':>3}  {'GiB':>6}  memory (GiB)"]
     for actor in actors:
         where = f"GPU {','.join(map(str, actor.units))}" if actor.units else "1 CPU slot"
@@ -204,8 +207,9 @@ def render(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: lis
     return lines
 
 
-def dry_run(config, cluster: str | None = None) -> tuple[list[str], str | None]:
-    """The plan's lines and, when it cannot run, the one error line (PlanError for bad input)."""
+def build_plan(config, cluster: str | None = None) -> tuple[ModelShape, list[Actor], str, list[Node]]:
+    """(the model's shape, every actor placed with threads and memory, the unit, the nodes); PlanError when the
+    flags or the cluster description are wrong or the bundles cannot be placed."""
     from coati.cluster.connect import cluster_address
     from coati.rollout.reward_model import read_model_config
 
@@ -222,6 +226,12 @@ def dry_run(config, cluster: str | None = None) -> tuple[list[str], str | None]:
     actors, unit = place(config, nodes)
     assign_threads(config, actors, nodes)
     estimate(config, shape, actors, unit, nodes)
+    return shape, actors, unit, nodes
+
+
+def dry_run(config, cluster: str | None = None) -> tuple[list[str], str | None]:
+    """The plan's lines and, when it cannot run, the one error line (PlanError for bad input)."""
+    shape, actors, unit, nodes = build_plan(config, cluster)
     lines = render(config, shape, actors, unit, nodes)
     error = check_fit(config, shape, actors, unit, nodes)
     lines.append(f"does not fit: {error}" if error else "fits: every actor's estimate is within its device's memory")

@@ -92,3 +92,11 @@ def model_placement(role: str, backend: str = "transformers", dtype: str = "auto
                     trainer_precision: str = "fp32") -> ModelPlacement:
     """``device_rule`` for this process's granted GPUs: what every model holder calls."""
     return device_rule(granted_gpus(), backend, role, dtype, trainer_precision)
+
+
+def device_memory_metrics() -> dict[str, float]:
+    """This process's peak CUDA memory so far (``torch.cuda.max_memory_allocated``, GiB) when it computes on a
+    GPU; nothing on the CPU (the metrics of CPU runs stay as they were)."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    return {"gpu_max_allocated_gib": torch.cuda.max_memory_allocated() / 2**30}
