@@ -52,13 +52,14 @@ def ensure_model(out: str, model: str | None) -> tuple[str, str]:
 
 
 def run_flags(model: str, data: str, args, layout: list[str], run_dir: str) -> list[str]:
-    steps_rows = args.steps * (1 if "-t" not in layout else int(layout[layout.index("-t") + 1]))
+    dp = 1 if "-t" not in layout else int(layout[layout.index("-t") + 1])  # these layouts have no tp/pp
+    steps_rows = args.steps * dp
     rows = os.path.join(run_dir + ".rows.jsonl")
     with open(data) as src, open(rows, "w") as dst:  # one prompt per data-parallel rank per step: --steps steps
         dst.writelines(src.readlines()[:steps_rows])
     return ["-m", model, "-d", rows, "--input-key", "question", "--label-key", "answer", "-rt", "boxed",
             "-mpt", str(args.max_prompt_tokens), "-b", args.backend, "--vllm-kv-cache-gb", str(args.kv_cache_gb),
-            "--weight-sync", args.weight_sync, "-g", str(args.generations), "-ibs", "1", "-imbs", "1", "-tbs", "1",
+            "--weight-sync", args.weight_sync, "-g", str(args.generations), "-ibs", str(dp), "-imbs", str(dp), "-tbs", "1",
             "-tMbs", "1", "-tmbs", str(args.generations), "-mnt", str(args.max_new_tokens), "-e", "1",
             "--no-progress", *layout]
 

@@ -22,7 +22,6 @@ import statistics
 import sys
 from dataclasses import dataclass
 
-
 from coati.config.rl import ConfigError
 from coati.config.sampling import SamplingParams
 from coati.dataset.rlhf_rows import has_answer
