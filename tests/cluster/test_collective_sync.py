@@ -13,7 +13,6 @@ from ray import cloudpickle
 
 from coati.cluster.collective_sync import (
     CollectiveSender,
-    Slot,
     WeightSyncError,
     checksum,
     fill_buckets,
