@@ -59,7 +59,7 @@ class PolicyLossConfig:
     clip_eps_high: float = setting(0.2, "the ratio is clipped above at 1 + clip_eps_high (DAPO's clip-higher: 0.28)")
     kl_loss_coef: float = option(
         0.0, "weight of the k3 KL to the initial model, a term of the loss (-a GRPO/DAPO/PG); default: 0 (no "
-             "reference model), as in every preset", "-kl", "--kl-coeff", keys=("beta",), resolved=True,
+             "reference model), as in every preset", "-kl", "--kl-coeff", keys=("beta",), resolved=True, metavar="COEF",
         family="group", instead="--kl-reward-coef (the KL penalty in the reward)")
     loss_variation: str = setting("sample_level", "token_level (mean over the batch's tokens) or sample_level (mean "
                                                   "per sample, then over samples)")

@@ -50,7 +50,7 @@ class PPOConfig:
                              choices=VALUE_LOSS_NAMES)
     kl_reward_coef: float = option(
         0.05, "-a PPO: beta of the per-token KL penalty to the initial (SFT) policy in the reward, -beta*(logp - "
-              "ref_logp); the starting value with --kl-target", "--kl-coef", instead="--kl-loss-coef (the KL term "
+              "ref_logp); the starting value with --kl-target", "--kl-coef", metavar="COEF", instead="--kl-loss-coef (the KL term "
               "in the loss)")
     kl_target: float | None = option(None, "-a PPO: adaptive KL controller: move beta towards this KL per sample "
                                            "(default: beta fixed)")
