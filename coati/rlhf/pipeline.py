@@ -42,7 +42,7 @@ DUMMY = {
     "ppo": {"num_generations": 4, "inference_batch_size": 32, "inference_microbatch_size": 32,
             "train_batch_size": 16, "train_minibatch_size": 16, "train_microbatch_size": 64, "num_episodes": 1,
             "max_new_tokens": 16, "ppo_epochs": 2, "learning_rate": 1e-4, "critic_learning_rate": 3e-4,
-            "kl_coef": 0.3, "reward_type": "boxed"},
+            "kl_reward_coef": 0.3, "reward_type": "boxed"},
 }
 
 
