@@ -31,6 +31,7 @@ class Example:
     gt_answer: str | None = None  # math tasks
     test_cases: dict | None = field(default=None, compare=False)  # code tasks
     source: str = ""  # "file:line" or "file:row N", for messages about this example
+    row: dict | None = field(default=None, compare=False, repr=False)  # the whole row, for --reward-fn
 
 
 @dataclass(frozen=True)
@@ -123,12 +124,12 @@ def row_to_example(row: Any, fmt: RowFormat, source: str) -> Example:
     if fmt.reward_type == "code":
         if label is None:
             raise _missing(row, label_key, "PRIME test cases", "--label-key")
-        return Example(messages=messages, test_cases=_test_cases(label), source=source)
+        return Example(messages=messages, test_cases=_test_cases(label), source=source, row=row)
     if label is None or (isinstance(label, str) and not label.strip()):
         raise _missing(row, label_key, 'the answer, a non-empty string such as "42", needed by math rewards',
                        "--label-key")
     try:
-        return Example(messages=messages, gt_answer=final_answer(label), source=source)
+        return Example(messages=messages, gt_answer=final_answer(label), source=source, row=row)
     except ValueError as err:
         raise ValueError(f'"{label_key}" {err}') from None
 
