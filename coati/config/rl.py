@@ -634,11 +634,12 @@ def _validate_weight_sync(p: ParallelConfig) -> None:
 
 def _validate_user_rewards(d: DataConfig) -> None:
     """--reward-weights, --reward-url and its limits (the functions themselves: preflight.check_user_rewards)."""
-    from rewards.combine import RewardWeightsError, parse_weights
+    from rewards.combine import RewardWeightsError, parse_weights, resolve_weights
     from rewards.remote import check_reward_url
 
+    names = [d.reward_type, *(spec.rpartition(":")[2] for spec in d.reward_fn), *(["remote"] if d.reward_url else [])]
     try:
-        parse_weights(d.reward_weights)
+        resolve_weights(names, parse_weights(d.reward_weights))
     except RewardWeightsError as err:
         raise ConfigError(str(err)) from None
     if d.reward_url is not None:

@@ -74,7 +74,8 @@ class Option:
 
     @property
     def parser_default(self):
-        return None if self.field.metadata["resolved"] else self.field.default
+        # argparse appends a repeated flag's values to its default: None, and the field's default when not given
+        return None if self.field.metadata["resolved"] or self.field.metadata.get("repeat") else self.field.default
 
 
 def _base_type(annotation) -> tuple[type, bool]:
@@ -150,7 +151,7 @@ def build_parser(cls, prog: str, description: str) -> argparse.ArgumentParser:
             groups[opt.path].add_argument(*opt.flags, action=argparse.BooleanOptionalAction, **common)
         elif meta.get("repeat"):
             groups[opt.path].add_argument(*opt.flags, action="append", type=opt.kind, metavar=meta["metavar"],
-                                          **{**common, "default": None})
+                                          **common)
         else:
             groups[opt.path].add_argument(*opt.flags, type=opt.kind, choices=meta["choices"], metavar=meta["metavar"],
                                           **common)
