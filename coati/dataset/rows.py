@@ -53,20 +53,21 @@ def final_answer(label: Any) -> str:
     """The gold answer a math label stands for.
 
     ``"... #### 1,080"`` (GSM8K) -> ``"1080"``: the text after the last ``####``, thousands separators dropped.
-    Else a label holding ``\\boxed{...}`` (a MATH solution) -> the last box's content. Else the label itself,
+    Else a label holding ``\\boxed{...}`` (a MATH solution) -> the last box's content, or the contents of the
+    listed boxes it ends with, joined by ", " (``\\boxed{1}$ and $\\boxed{-2}`` -> ``1, -2``). Else the label itself,
     stripped; numbers become their string.
     """
     if isinstance(label, bool) or not isinstance(label, (str, int, float)):
         raise ValueError(f"must be a string or a number, got {type(label).__name__}")
     if not isinstance(label, str):
         return str(label)
-    from rewards.math import last_boxed
+    from rewards.math import final_boxes
 
     if "####" in label:
         answer = _THOUSANDS.sub("", label.rsplit("####", 1)[1].strip())
     else:
-        boxed = last_boxed(label)
-        answer = (boxed if boxed is not None else label).strip()
+        boxes = final_boxes(label)  # several listed boxes ("\boxed{1} and \boxed{-2}") are one list answer
+        answer = (", ".join(boxes) if boxes else label).strip()
     if not answer:
         raise ValueError("holds no answer (empty, or nothing after '####' or inside \\boxed{})")
     return answer

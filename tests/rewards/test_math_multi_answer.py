@@ -76,3 +76,11 @@ def test_final_boxes():
     assert final_boxes(r"\boxed{a} then more reasoning \boxed{b} , \boxed{c}") == ["b", "c"]
     assert final_boxes(r"\boxed{\boxed{3}}") == [r"\boxed{3}"] and final_boxes("none") == []
     assert final_boxes(r"\boxed{1}\\ \boxed{2}") == ["1", "2"]
+
+
+def test_a_math_solution_ending_in_listed_boxes_is_a_list_gold():
+    from coati.dataset.rows import final_answer
+
+    gold = final_answer(r"Factoring, $(x - 1)(x + 2) = 0$, so $x = \boxed{1}$ or $x = \boxed{-2}$.")
+    assert gold == "1, -2" and ours(gold, r"\boxed{-2} \text{ and } \boxed{1}")
+    assert final_answer(r"First \boxed{3}; checking again, \boxed{4}.") == "4"
