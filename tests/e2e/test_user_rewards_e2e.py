@@ -73,3 +73,4 @@ def test_user_reward_raising_mid_run_stops_with_one_line(demo_assets, tmp_path):
     assert len(lines) == 1, proc.stderr[-3000:]
     assert f"--reward-fn {bad}:picky raised on {train}:20: ValueError: cannot score this one" in lines[0]
     assert "the run stopped" in lines[0]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]  # one line, not a traceback per actor
