@@ -82,20 +82,18 @@ def check_user_rewards(config: RLConfig, first) -> None:
     d = config.data
     if not d.reward_fn and d.reward_url is None:
         return
-    from rewards.combine import CombinedRewards, RewardWeightsError
+    from rewards.combine import CombinedRewards, RewardWeightsError, example_label, last_user_text
     from rewards.remote import RemoteRewardError
     from rewards.user import RewardFnError
 
     try:
         rewards = CombinedRewards(d.reward_type, d.reward_fn, d.reward_url, d.reward_weights,
                                   d.scorer_options()["remote_options"])
-        response = _check_response(config, first)
+        response, label = _check_response(config, first), example_label(first)
         for fn in rewards.functions:
-            fn(response, first.gt_answer if first.gt_answer is not None else first.test_cases, first.row,
-               f"{first.source} (the check call at start-up)")
+            fn(response, label, first.row, f"{first.source} (the check call at start-up)")
         if rewards.remote is not None:
-            rewards.remote.score([{"prompt": first.messages[-1]["content"], "response": response,
-                                   "label": first.gt_answer if first.gt_answer is not None else first.test_cases}])
+            rewards.remote.score([{"prompt": last_user_text(first), "response": response, "label": label}])
     except (RewardFnError, RemoteRewardError, RewardWeightsError) as err:
         raise ConfigError(str(err)) from None
 
