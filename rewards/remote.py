@@ -64,7 +64,7 @@ class RemoteReward:
         return out
 
     def _post(self, batch: list[dict]) -> list[tuple[float, dict]]:
-        body = json.dumps({"items": batch}).encode("utf-8")
+        body = json.dumps({"items": batch}, default=str).encode("utf-8")  # a value JSON lacks goes as its text
         last = ""
         for attempt in range(self.retries + 1):
             if attempt:
