@@ -10,19 +10,9 @@ from collections.abc import Mapping, Sequence
 
 from rewards.code.calls import call_stdin, is_call_based, returned_matches
 from rewards.code.extract import extract_code, outputs_match, program_for, validate_test_cases
-from rewards.code.sandbox import (
-    DEFAULT_PYTHON,
-    DEFAULT_UID_BASE,
-    OK,
-    OUTPUT_LIMIT,
-    RUNTIME_ERROR,
-    SANDBOX_ERROR,
-    TIMEOUT,
-    SandboxLimits,
-    _UidPool,
-    check_sandbox_available,
-    run_program,
-)
+from rewards.code.sandbox import (DEFAULT_PYTHON, OK, OUTPUT_LIMIT, RUNTIME_ERROR, SANDBOX_ERROR, TIMEOUT, SandboxLimits,
+                                  check_sandbox_available, run_program)
+from rewards.code.uids import DEFAULT_UID_BASE, UidPool
 from rewards.types import RewardResult, combine
 
 logger = logging.getLogger(__name__)
@@ -60,7 +50,7 @@ class CodeRewardScorer:
         self.all_or_nothing = all_or_nothing
         self.max_workers = max_workers or os.cpu_count() or 1
         self.python = python
-        self._uids = _UidPool(self.max_workers, uid_base)
+        self._uids = UidPool(self.max_workers, uid_base)
         self._executor = ThreadPoolExecutor(self.max_workers, thread_name_prefix="code-reward")
 
     # -- public API --------------------------------------------------------------------------------------
