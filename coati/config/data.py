@@ -65,9 +65,28 @@ class DataConfig:
               "(GSM8K) or \\boxed{...} (MATH, the last box counts), e.g. --label-key answer / solution "
               "(default: gt_answer; test_cases with -rt code)")
 
+    reward_fn: tuple[str, ...] = option(
+        (), "your own reward: path/to/file.py:function, called as function(response, label, row) -> number (or "
+            "(number, {name: number}) for the logs); repeatable; added to -rt's reward (see docs/rewards.md)",
+        kind=str, repeat=True, metavar="FILE.py:NAME")
+    reward_weights: str | None = option(
+        None, "weights of the rewards, name:weight,... (names: the -rt type, each --reward-fn function's name, "
+              "remote); every weight is 1 unless given; '-rt-type:0' (e.g. boxed:0) replaces the built-in reward")
+    reward_url: str | None = option(None, "remote reward server: batches of {prompt, response, label} POSTed as JSON "
+                                          "to http://HOST:PORT/PATH, scores back (docs/rewards.md)")
+    reward_url_timeout: float = option(30.0, "--reward-url: seconds to wait for one reply")
+    reward_url_retries: int = option(3, "--reward-url: more tries after a failed request before the run stops")
+
     @property
     def rows(self) -> RowFormat:
         return RowFormat(reward_type=self.reward_type, input_key=self.input_key, label_key=self.label_key)
+
+    def scorer_options(self) -> dict:
+        """RewardScorer's keyword arguments for this run (built-in reward, user functions, server)."""
+        return {"reward_type": self.reward_type,
+                "code_options": self.code.scorer_options() if self.reward_type == "code" else None,
+                "reward_fns": self.reward_fn, "reward_url": self.reward_url, "reward_weights": self.reward_weights,
+                "remote_options": {"timeout_s": self.reward_url_timeout, "retries": self.reward_url_retries}}
 
 
 def parse_eval_datasets(text: str | None) -> dict[str, str]:

@@ -22,6 +22,7 @@ def validate(config: RLConfig) -> None:
     p, b, s, d = config.parallel, config.batch, config.sampling, config.data
     require(d.reward_type in REWARD_TYPES, f"unknown reward type {d.reward_type!r}; choose one of {', '.join(REWARD_TYPES)}")
     _validate_keys(d)
+    _validate_user_rewards(d)
     if d.reward_type == "code":
         require(d.code.workers is None or d.code.workers >= 1, "--code-workers must be at least 1")
         try:
@@ -96,6 +97,23 @@ def _validate_weight_sync(p: ParallelConfig) -> None:
             f"--weight-sync must be one of {', '.join(WEIGHT_SYNC)}, got {p.weight_sync!r}")
     require(p.weight_sync_bucket_mb > 0, f"--weight-sync-bucket-mb must be > 0, got {p.weight_sync_bucket_mb:g}")
     require(p.weight_sync_timeout_s > 0, f"--weight-sync-timeout must be > 0 seconds, got {p.weight_sync_timeout_s:g}")
+
+
+def _validate_user_rewards(d: DataConfig) -> None:
+    """--reward-weights, --reward-url and its limits (the functions themselves: preflight.check_user_rewards)."""
+    from rewards.combine import RewardWeightsError, parse_weights, resolve_weights
+    from rewards.remote import check_reward_url
+
+    names = [d.reward_type, *(spec.rpartition(":")[2] for spec in d.reward_fn), *(["remote"] if d.reward_url else [])]
+    try:
+        resolve_weights(names, parse_weights(d.reward_weights))
+    except RewardWeightsError as err:
+        raise ConfigError(str(err)) from None
+    if d.reward_url is not None:
+        problem = check_reward_url(d.reward_url)
+        require(problem is None, problem or "")
+    require(d.reward_url_timeout > 0, f"--reward-url-timeout must be > 0 seconds, got {d.reward_url_timeout:g}")
+    require(d.reward_url_retries >= 0, f"--reward-url-retries must be >= 0, got {d.reward_url_retries}")
 
 
 def _validate_keys(d: DataConfig) -> None:

@@ -34,22 +34,23 @@ class OptionClash(TypeError):
 
 
 def option(default: Any, help: str, *aliases: str, choices: tuple | None = None, metavar: str | None = None,
-           flag: str | None = None, kind: type | None = None, resolved: bool = False, keys: tuple[str, ...] = (),
-           json_text: bool = False, **extra):
+           flag: str | None = None, kind: type | None = None, resolved: bool = False, repeat: bool = False,
+           keys: tuple[str, ...] = (), json_text: bool = False, **extra):
     """A config field that is also a flag: ``--name`` (from the field name) and ``aliases`` such as ``-lr``.
 
     ``flag``: the long flag when it is not the field's name (ColossalChat's ``--master_address``, ``--model``
     for ``ModelConfig.path``). ``kind``: the flag's value type when the field holds something parsed from it.
     ``resolved``: the flag defaults to None, meaning "not given", and the program resolves the value (a default
     that depends on the situation, or a precedence between sources); the field's own default serves configs built
-    in code. ``default`` may be ``dataclasses.MISSING`` for a field the program always fills in. ``keys``: further
+    in code. ``default`` may be ``dataclasses.MISSING`` for a field the program always fills in. ``repeat``: the
+    flag may be given several times (a YAML list); the field holds a tuple of ``kind`` values. ``keys``: further
     names the field takes as a YAML/mapping key (an older name). ``json_text``: the flag is JSON text, so a
     mapping may give the object itself. ``extra``: more metadata for the program (e.g. which algorithms use it).
     """
     return dataclasses.field(default=default, metadata={"help": help, "aliases": aliases, "choices": choices,
                                                         "metavar": metavar, "flag": flag, "kind": kind,
-                                                        "resolved": resolved, "keys": keys, "json_text": json_text,
-                                                        **extra})
+                                                        "resolved": resolved, "repeat": repeat, "keys": keys,
+                                                        "json_text": json_text, **extra})
 
 
 def setting(default: Any, doc: str, **extra):
@@ -100,7 +101,8 @@ class Option:
     @property
     def shown_default(self):
         """The default --help shows: the field's own for a resolved option (None there means "not given")."""
-        return self.field.default if self.field.metadata["resolved"] else self.parser_default
+        meta = self.field.metadata
+        return self.field.default if meta["resolved"] or meta.get("repeat") else self.parser_default
 
     @property
     def help_text(self) -> str:
@@ -112,7 +114,8 @@ class Option:
 
     @property
     def parser_default(self):
-        return None if self.field.metadata["resolved"] else self.field.default
+        # argparse appends a repeated flag's values to its default: None, and the field's default when not given
+        return None if self.field.metadata["resolved"] or self.field.metadata.get("repeat") else self.field.default
 
 
 def base_type(annotation) -> tuple[type, bool]:
@@ -185,6 +188,9 @@ def build_parser(cls, prog: str, description: str) -> argparse.ArgumentParser:
         common = dict(dest=opt.dest, default=opt.parser_default, help=opt.help_text.replace("%", "%%"))
         if opt.kind is bool:
             groups[opt.path].add_argument(*opt.flags, action=argparse.BooleanOptionalAction, **common)
+        elif meta.get("repeat"):
+            groups[opt.path].add_argument(*opt.flags, action="append", type=opt.kind, metavar=meta["metavar"],
+                                          **common)
         else:
             groups[opt.path].add_argument(*opt.flags, type=opt.kind, choices=meta["choices"], metavar=meta["metavar"],
                                           **common)
@@ -292,11 +298,14 @@ def check_values(cls, raw: dict, source: str) -> dict:
             dests = ", ".join(opt.dest for opt in options(cls))
             raise ConfigFileError(f"{source} has unknown key {key!r}; valid keys: {dests}"
                                   + unknown_key_hint(cls, name))
-        opt = index[name]
+        opt, where = index[name], f"{source} key {key!r}"
+        if opt.field.metadata.get("repeat"):  # a list, or one value
+            values[opt.dest] = [check_value(item, opt.kind, False, f"{where} item")
+                                for item in (value if isinstance(value, list) else [value])]
+            continue
         if opt.field.metadata["json_text"] and isinstance(value, (dict, list)):
             value = json.dumps(value)
-        values[opt.dest] = check_value(value, opt.kind, opt.optional, f"{source} key {key!r}",
-                                       opt.field.metadata["choices"])
+        values[opt.dest] = check_value(value, opt.kind, opt.optional, where, opt.field.metadata["choices"])
     return values
 
 
@@ -331,7 +340,9 @@ def construct(cls, values: dict, **given):
     for f in dataclasses.fields(cls):
         if f.name in given or not f.init:
             continue
-        if is_option(f):
+        if is_option(f) and f.metadata.get("repeat"):
+            kwargs[f.name] = tuple(values[_dest(f)] or ())
+        elif is_option(f):
             kwargs[f.name] = values[_dest(f)]
         elif dataclasses.is_dataclass(hints[f.name]) and options(hints[f.name]):
             kwargs[f.name] = construct(hints[f.name], values)
