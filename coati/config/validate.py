@@ -44,6 +44,27 @@ def validate(config: RLConfig) -> None:
             "(-a PPO's critic allows -g 1)")
     require(p.plugin in PLUGIN_FAMILIES, f"unknown --plugin {p.plugin!r}; choose one of {', '.join(PLUGIN_FAMILIES)}")
     _validate_layout(config)
+    _validate_batches(config)
+    require(s.temperature > 0, "-temp/--temperature must be > 0 for training: greedy groups are identical and learn nothing")
+    require(0 < s.top_p <= 1, f"-topp/--top-p must lie in (0, 1], got {s.top_p}")
+    require(s.top_k == -1 or s.top_k >= 1, f"-topk/--top-k must be -1 (off) or >= 1, got {s.top_k}")
+    require(config.algo.learning_rate > 0, "-lr/--learning-rate must be > 0")
+    require(p.producer_tensor_parallel_size >= 1, f"-ptp must be at least 1, got {p.producer_tensor_parallel_size}")
+    require(p.producer_tensor_parallel_size == 1 or p.backend == "vllm",
+            "-ptp > 1 (inference tensor parallelism) needs -b vllm")
+    _validate_weight_sync(p)
+    require(p.vllm_kv_cache_gb > 0, f"--vllm-kv-cache-gb must be > 0, got {p.vllm_kv_cache_gb}")
+    require(0 < p.vllm_gpu_memory_utilization <= 1,
+            f"--vllm-gpu-memory-utilization must lie in (0, 1], got {p.vllm_gpu_memory_utilization}")
+    validate_algo(config)
+    require(config.run.save_interval >= 0, "-si/--save-interval must be >= 0 (0 saves only at the end)")
+    _validate_logs(config)
+    _validate_cluster(config.run)
+
+
+def _validate_batches(config: RLConfig) -> None:
+    """-i/-ibs/-imbs against -t/-tbs/-tMbs/-tmbs: rounds tile into steps, steps into micro-batches."""
+    p, b = config.parallel, config.batch
     produced, consumed = p.num_inferencers * b.inference_batch_size, p.dp_size * b.train_batch_size
     if config.algo.learner_chunk_size > 0:  # a round also holds the learner's groups; steps must tile it
         chunk = config.algo.learner_chunk_size
@@ -62,21 +83,6 @@ def validate(config: RLConfig) -> None:
             f"-tMbs*g ({b.train_minibatch_size * b.num_generations} samples) must be >= -tmbs ({b.train_microbatch_size})")
     require(b.inference_batch_size >= b.inference_microbatch_size,
             f"-ibs ({b.inference_batch_size}) must be >= -imbs ({b.inference_microbatch_size})")
-    require(s.temperature > 0, "-temp/--temperature must be > 0 for training: greedy groups are identical and learn nothing")
-    require(0 < s.top_p <= 1, f"-topp/--top-p must lie in (0, 1], got {s.top_p}")
-    require(s.top_k == -1 or s.top_k >= 1, f"-topk/--top-k must be -1 (off) or >= 1, got {s.top_k}")
-    require(config.algo.learning_rate > 0, "-lr/--learning-rate must be > 0")
-    require(p.producer_tensor_parallel_size >= 1, f"-ptp must be at least 1, got {p.producer_tensor_parallel_size}")
-    require(p.producer_tensor_parallel_size == 1 or p.backend == "vllm",
-            "-ptp > 1 (inference tensor parallelism) needs -b vllm")
-    _validate_weight_sync(p)
-    require(p.vllm_kv_cache_gb > 0, f"--vllm-kv-cache-gb must be > 0, got {p.vllm_kv_cache_gb}")
-    require(0 < p.vllm_gpu_memory_utilization <= 1,
-            f"--vllm-gpu-memory-utilization must lie in (0, 1], got {p.vllm_gpu_memory_utilization}")
-    validate_algo(config)
-    require(config.run.save_interval >= 0, "-si/--save-interval must be >= 0 (0 saves only at the end)")
-    _validate_logs(config)
-    _validate_cluster(config.run)
 
 
 def _validate_cluster(r: RunConfig) -> None:
