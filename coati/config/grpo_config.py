@@ -86,6 +86,16 @@ def grpo_config_help(algo_cls=AlgoConfig) -> str:
             + f". Precedence: preset < --grpo-config < dedicated flags ({flags})")
 
 
+def check_presets(algo_cls=AlgoConfig) -> None:
+    """Every key of every ALGO_PRESETS row names a field (an older name is not enough: a row is code)."""
+    keys = grpo_keys(algo_cls)
+    for name, row in ALGO_PRESETS.items():
+        unknown = sorted(set(row) - set(keys))
+        if unknown:
+            raise TypeError(f"ALGO_PRESETS[{name!r}] sets {unknown[0]!r}, which is not a --grpo-config key"
+                            + did_you_mean(unknown[0], keys))
+
+
 def algo_preset(name: str, max_new_tokens: int, algo_cls=AlgoConfig) -> dict:
     """The --grpo-config values an algorithm starts from: the fields' defaults, then its row of ``ALGO_PRESETS``."""
     values = {key: knob.field.default for key, knob in grpo_keys(algo_cls).items()}
@@ -159,3 +169,6 @@ def _load_json(text: str, source: str):
     except json.JSONDecodeError as err:
         raise ConfigError(f"{source} is not valid JSON ({err.msg}); pass e.g. '{{\"clip_eps_high\": 0.28}}' "
                           "or the path of a .json/.yaml file") from None
+
+
+check_presets()  # a preset row with a misspelt key fails here, at import

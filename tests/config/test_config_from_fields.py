@@ -61,6 +61,16 @@ def test_a_new_field_is_a_grpo_config_key_with_its_type_and_help():
     assert "--entropy-floor" in {flag for opt in options(EntropyAlgo) for flag in opt.flags}
 
 
+def test_a_preset_row_must_name_fields(monkeypatch):
+    from coati.config import algo
+    from coati.config.grpo_config import check_presets
+
+    monkeypatch.setitem(algo.ALGO_PRESETS, "X", {"clip_eps_hi": 0.3})
+    with pytest.raises(TypeError, match=r"ALGO_PRESETS\['X'\] sets 'clip_eps_hi', which is not a --grpo-config key "
+                                        r"\(did you mean 'clip_eps_high'\?\)"):
+        check_presets()
+
+
 def test_every_key_of_the_real_tree_is_a_field():
     keys = grpo_keys()
     assert {"clip_eps_low", "kl_loss_coef", "skip_threshold", "advantage", "filter_range", "topk_samples",
