@@ -16,7 +16,16 @@ from coati.algorithm.loss import POLICY_LOSSES
 from coati.config.algo import ALGO_PRESETS, AlgoConfig
 from coati.config.errors import ConfigError, require
 from coati.config.ppo import PPOConfig
-from coati.utils.dataclass_cli import ConfigFileError, base_type, check_value, did_you_mean, doc_of, kind_name
+from coati.utils.dataclass_cli import (
+    ConfigFileError,
+    base_type,
+    check_value,
+    did_you_mean,
+    doc_of,
+    field_dest,
+    field_keys,
+    kind_name,
+)
 
 SECTIONS = ("loss", "groups")  # AlgoConfig's fields whose every field is a key
 
@@ -41,18 +50,16 @@ class Knob:
     @property
     def dest(self) -> str:
         """The flag's destination (its value in the parsed flags), for an option."""
-        return (self.field.metadata.get("flag") or "--" + self.key).lstrip("-").replace("-", "_")
+        return field_dest(self.field)
 
     @property
     def names(self) -> tuple[str, ...]:
         """The key, its flag's long aliases' names and older names (``beta``)."""
-        meta = self.field.metadata
-        aliases = [a[2:].replace("-", "_") for a in meta.get("aliases", ()) if a.startswith("--")]
-        return tuple(dict.fromkeys((self.key, *aliases, *meta.get("keys", ()))))
+        return field_keys(self.field)
 
     @property
     def flag(self) -> str | None:
-        return self.field.metadata.get("flag") or "--" + self.key.replace("_", "-") if self.is_flag else None
+        return "--" + self.dest.replace("_", "-") if self.is_flag else None
 
     @property
     def text(self) -> str:

@@ -90,9 +90,7 @@ class Option:
 
     @property
     def keys(self) -> tuple[str, ...]:
-        """Every name the option takes as a YAML/mapping key: its dest, its long aliases', older names."""
-        long_aliases = [a[2:].replace("-", "_") for a in self.field.metadata["aliases"] if a.startswith("--")]
-        return tuple(dict.fromkeys((self.dest, *long_aliases, *self.field.metadata["keys"])))
+        return field_keys(self.field)
 
     @property
     def where(self) -> str:
@@ -138,11 +136,22 @@ def flag_name(name: str) -> str:
 
 
 def _long(f: dataclasses.Field) -> str:
-    return f.metadata["flag"] or flag_name(f.name)
+    return f.metadata.get("flag") or flag_name(f.name)
 
 
 def _dest(f: dataclasses.Field) -> str:
     return _long(f).lstrip("-").replace("-", "_")
+
+
+def field_dest(f: dataclasses.Field) -> str:
+    """Where a field's flag puts its value (the argparse dest), and its YAML key."""
+    return _dest(f)
+
+
+def field_keys(f: dataclasses.Field) -> tuple[str, ...]:
+    """Every name a field takes as a YAML/mapping key: its dest, its long aliases', older names (``keys``)."""
+    long_aliases = [a[2:].replace("-", "_") for a in f.metadata.get("aliases", ()) if a.startswith("--")]
+    return tuple(dict.fromkeys((_dest(f), *long_aliases, *f.metadata.get("keys", ()))))
 
 
 def _walk(cls, path: tuple[str, ...]):
