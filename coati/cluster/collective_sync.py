@@ -31,9 +31,7 @@ two bucketed copies on the sender, used in turn (the object store keeps one copy
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
-import math
 import threading
 import time
 from dataclasses import dataclass
@@ -42,128 +40,18 @@ from typing import Callable, Iterable, Iterator
 import torch
 import torch.distributed as dist
 
-ALIGN = 8  # bytes: every tensor starts at a multiple of the widest element size
-POLL_MAX_S = 0.01  # longest sleep between two looks at the store (a look is one small TCP round trip)
-IN_FLIGHT = 2  # buckets broadcast at once: the next one travels while this one is checksummed
-
-
-class WeightSyncError(RuntimeError):
-    """Producers do not hold what the sender sent (checksums differ)."""
-
-
-# --- bucket layout and checksums (pure) ---
-@dataclass(frozen=True)
-class Slot:
-    name: str
-    dtype: str  # torch dtype name, e.g. "float32"
-    shape: tuple[int, ...]
-    bucket: int
-    offset: int  # bytes into the bucket
-    nbytes: int
-
-
-def itemsize(dtype: str) -> int:
-    return torch.empty((), dtype=getattr(torch, dtype)).element_size()
-
-
-def plan_buckets(specs: Iterable[tuple[str, str, tuple[int, ...]]], bucket_bytes: int) -> tuple[list[Slot], list[int]]:
-    """Lay tensors (name, dtype, shape), in order, into buckets of at most ``bucket_bytes``; a tensor never
-    splits (a larger one gets a bucket of its own). Offsets and bucket sizes are multiples of ``ALIGN``.
-    Returns (slots, bucket sizes in bytes)."""
-    slots: list[Slot] = []
-    sizes: list[int] = []
-    for name, dtype, shape in specs:
-        nbytes = math.prod(shape) * itemsize(dtype)
-        padded = -(-nbytes // ALIGN) * ALIGN
-        if not sizes or (sizes[-1] > 0 and sizes[-1] + padded > bucket_bytes):
-            sizes.append(0)
-        slots.append(Slot(name, dtype, tuple(shape), len(sizes) - 1, sizes[-1], nbytes))
-        sizes[-1] += padded
-    return slots, sizes
-
-
-def layout_id(slots: list[Slot], sizes: list[int]) -> str:
-    text = json.dumps([[s.name, s.dtype, list(s.shape), s.bucket, s.offset] for s in slots] + [sizes])
-    return hashlib.sha1(text.encode()).hexdigest()[:16]
-
-
-def checksum(bucket: torch.Tensor) -> int:
-    """Sum of the bucket's bytes read as 64-bit words, modulo 2^64 (as a signed int64): the order of the additions
-    does not matter, so CPU and GPU agree; a native int64 sum runs at memory speed (an int32 sum widened to
-    int64 was 16x slower)."""
-    return int(bucket.view(torch.int64).sum())
-
-
-def tensor_views(buckets: list[torch.Tensor], slots: list[Slot]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) views into the buckets, without copying."""
-    for slot in slots:
-        raw = buckets[slot.bucket][slot.offset : slot.offset + slot.nbytes]
-        yield slot.name, raw.view(getattr(torch, slot.dtype)).view(slot.shape)
-
-
-def fill_buckets(named_tensors: list[tuple[str, torch.Tensor]], slots: list[Slot], buckets: list[torch.Tensor]) -> None:
-    """Copy the tensors into their slots (padding bytes keep their values: receivers get them too)."""
-    for (_, tensor), (_, view) in zip(named_tensors, tensor_views(buckets, slots)):
-        view.copy_(tensor.detach())
-
-
-def mismatches(table: torch.Tensor) -> list[tuple[int, int]]:
-    """(member, bucket) pairs whose checksum differs from the sender's (row 0) in a [members, buckets] table."""
-    bad = (table[1:] != table[0]).nonzero().tolist()
-    return [(member + 1, bucket) for member, bucket in bad]
-
-
-# --- store helpers ---
-def _wait_key(store, key: str, stop: Callable[[], bool] = lambda: False, deadline: float | None = None) -> bool:
-    """Poll until ``key`` exists (True), ``stop()`` or the deadline (False). ``store.wait`` with a timeout would
-    log a c10d warning per expiry, so this polls with a growing sleep (1 ms to POLL_MAX_S)."""
-    pause = 0.001
-    while not store.check([key]):
-        if stop() or (deadline is not None and time.monotonic() > deadline):
-            return False
-        time.sleep(pause)
-        pause = min(pause * 2, POLL_MAX_S)
-    return True
-
-
-def _make_group(store, generation: int, rank: int, size: int, backend: str, timeout_s: float):
-    prefixed = dist.PrefixStore(f"g{generation}/pg", store)
-    timeout = datetime.timedelta(seconds=timeout_s)
-    if backend == "nccl":
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = timeout
-        return dist.ProcessGroupNCCL(prefixed, rank, size, options)
-    return dist.ProcessGroupGloo(prefixed, rank, size, timeout)
-
-
-def _broadcast(group, tensor: torch.Tensor):
-    """Start broadcasting ``tensor`` from rank 0; returns the work to ``wait()`` on."""
-    options = dist.BroadcastOptions()
-    options.rootRank, options.rootTensor = 0, 0
-    return group.broadcast([tensor], options)
-
-
-def _pipelined(buckets: list[torch.Tensor], start: Callable[[int], tuple]) -> Iterator[tuple[int, torch.Tensor]]:
-    """Broadcast buckets with up to IN_FLIGHT of them under way; yields (index, bucket) as each arrives.
-    ``start(i)`` begins bucket i and returns (work, the tensor it fills)."""
-    pending = []
-    for index in range(len(buckets)):
-        pending.append((index, *start(index)))
-        if len(pending) == IN_FLIGHT:
-            done, work, tensor = pending.pop(0)
-            work.wait()
-            yield done, tensor
-    for done, work, tensor in pending:
-        work.wait()
-        yield done, tensor
-
-
-def _allreduce(group, tensor: torch.Tensor) -> None:
-    group.allreduce([tensor], dist.AllreduceOptions()).wait()
-
-
-def _device(backend: str) -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+from coati.cluster.buckets import (
+    ALIGN,
+    Slot,
+    WeightSyncError,
+    checksum,
+    fill_buckets,
+    layout_id,
+    mismatches,
+    plan_buckets,
+    tensor_views,
+)
+from coati.cluster.sync_group import POLL_MAX_S, allreduce, broadcast, group_device, make_group, pipelined, wait_key
 
 
 @dataclass
@@ -314,7 +202,7 @@ class CollectiveSender:
             if waiting:
                 time.sleep(POLL_MAX_S)
         self._post("start", "1")
-        self._group = _make_group(self.store, self.generation, 0, self.num_producers + 1, self.backend, self.timeout_s)
+        self._group = make_group(self.store, self.generation, 0, self.num_producers + 1, self.backend, self.timeout_s)
         self._members = incarnations
         self._set_waiting([], "nothing")
         return True
@@ -337,18 +225,18 @@ class CollectiveSender:
                 time.sleep(POLL_MAX_S / 5)
         self._post(f"go/{n}", "go")
         self._set_waiting(list(range(self.num_producers)), f"version {entry.version}'s transfer")
-        device = _device(self.backend)
+        device = group_device(self.backend)
 
         def start(index):
             bucket = entry.buckets[index].to(device)
-            return _broadcast(self._group, bucket), bucket
+            return broadcast(self._group, bucket), bucket
 
-        for _ in _pipelined(entry.buckets, start):
+        for _ in pipelined(entry.buckets, start):
             pass
         table = torch.zeros(self.num_producers + 1, len(entry.buckets), dtype=torch.int64,
-                            device=_device(self.backend))
+                            device=group_device(self.backend))
         table[0] = torch.tensor(entry.sums, dtype=torch.int64)
-        _allreduce(self._group, table)
+        allreduce(self._group, table)
         bad = mismatches(table.cpu())
         if bad:
             member, bucket = bad[0]
@@ -449,7 +337,7 @@ class CollectiveReceiver:
         self.incarnation = self.store.add(f"member/{self.rank}", 1)
         self._state = f"waiting to be admitted to a group (incarnation {self.incarnation})"
         key = f"joined/{self.rank}/{self.incarnation}"
-        if not _wait_key(self.store, key, self._stopping):
+        if not wait_key(self.store, key, self._stopping):
             return None
         return int(self.store.get(key).decode())
 
@@ -470,11 +358,11 @@ class CollectiveReceiver:
                 if not self.store.check([f"{prefix}start"]):
                     time.sleep(POLL_MAX_S / 5)
                     continue
-                group = _make_group(self.store, generation, self.rank + 1, self.num_producers + 1, self.backend,
+                group = make_group(self.store, generation, self.rank + 1, self.num_producers + 1, self.backend,
                                     self.timeout_s)
                 started = True
             self._state = f"idle in generation {generation}"
-            if not _wait_key(self.store, f"{prefix}msg/{n}", self._stopping):
+            if not wait_key(self.store, f"{prefix}msg/{n}", self._stopping):
                 return None
             message = self.store.get(f"{prefix}msg/{n}").decode().split()
             if message[0] == "close":
@@ -486,7 +374,7 @@ class CollectiveReceiver:
                 self._prepare(layout)
                 self.store.set(f"{prefix}ready/{n}/{self.rank}", "1")
                 self._state = f"ready for version {version}"
-                if not _wait_key(self.store, f"{prefix}go/{n}", self._stopping):
+                if not wait_key(self.store, f"{prefix}go/{n}", self._stopping):
                     return None
                 go = self.store.get(f"{prefix}go/{n}").decode().split()
                 if go[0] == "reform":
@@ -509,22 +397,22 @@ class CollectiveReceiver:
         self._state = f"receiving version {version}"
         with self._cond:
             self._staged = 0  # the staging copy is being overwritten
-        device = _device(self.backend)
+        device = group_device(self.backend)
         sums = []
 
         def start(index):  # on CPU straight into the staging copy
             staging = self._staging[index]
             bucket = staging if device.type == "cpu" else torch.empty_like(staging, device=device)
-            return _broadcast(group, bucket), bucket
+            return broadcast(group, bucket), bucket
 
-        for index, bucket in _pipelined(self._staging, start):
+        for index, bucket in pipelined(self._staging, start):
             self._received(index, bucket)
             sums.append(checksum(bucket))
             if bucket is not self._staging[index]:
                 self._staging[index].copy_(bucket)
         table = torch.zeros(self.num_producers + 1, len(self._staging), dtype=torch.int64, device=device)
         table[self.rank + 1] = torch.tensor(sums, dtype=torch.int64)
-        _allreduce(group, table)
+        allreduce(group, table)
         bad = mismatches(table.cpu())
         if bad:  # all or nothing: no producer generates with a version the sender reports as failed
             self._failure = f"discarded version {version}: producer {bad[0][0] - 1}'s checksums differ from the sender's"

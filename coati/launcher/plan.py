@@ -133,7 +133,7 @@ def estimate(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: l
                            p.precision)
     seq = config.data.max_prompt_tokens + config.sampling.max_new_tokens
     micro = min(batch.train_microbatch_size, batch.train_batch_size * batch.num_generations)
-    uses_reference = config.algo.loss.kl_coeff > 0 or config.algo.uses_critic
+    uses_reference = config.algo.loss.kl_loss_coef > 0 or config.algo.uses_critic
     reference = DTYPE_BYTES[_dtype_name(device_rule(gpus, p.backend, "reference", p.model_dtype, p.precision))]
     engine = _dtype_name(device_rule(gpus, p.backend, "producer", p.model_dtype, p.precision))
     for actor in actors:

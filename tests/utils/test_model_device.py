@@ -65,7 +65,7 @@ def test_this_cpu_process_gets_the_cpu_in_fp32():
 
 
 def test_run_config_routes_its_flags_to_the_rule():
-    from coati.config.rl import ParallelConfig
+    from coati.config.layout import ParallelConfig
 
     if torch.cuda.is_available():
         pytest.skip("checks the CPU answer")
