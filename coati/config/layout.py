@@ -44,6 +44,10 @@ class ParallelConfig(TrainerLayout):
                                   "HybridParallel (-tp/-pp, x -zero)", choices=PLUGIN_FAMILIES)
     precision: str = option("fp32", "trainer precision; bf16/fp16 (mixed, fp32 master weights) need --plugin "
                                     "colossalai", choices=("fp32", "bf16", "fp16"))
+    model_dtype: str = option(
+        "auto", "dtype of the models that are not trained (inference engines, evaluator, reference, reward model): "
+                "auto = fp32 on the CPU, bf16 on granted GPUs (fp16 with --precision fp16)",
+        choices=("auto", "fp32", "bf16", "fp16"))
     vllm_kv_cache_gb: float = option(1.0, "-b vllm on CPU: KV-cache memory per inferencer (GiB)")
     vllm_gpu_memory_utilization: float = option(
         0.7, "-b vllm on GPU: fraction of each GPU's memory vLLM may take (weights + KV cache)")
@@ -63,6 +67,12 @@ class ParallelConfig(TrainerLayout):
     weight_sync_timeout_s: float = option(
         600.0, "--weight-sync collective: seconds a weight version may take to reach every inferencer before the "
                "run stops naming the inferencer and the version", flag="--weight-sync-timeout")
+
+    def model_placement(self, role: str):
+        """Device and dtype of this run's model of ``role`` in this process (coati.utils.device's rule)."""
+        from coati.utils.device import model_placement
+
+        return model_placement(role, self.backend, self.model_dtype, self.precision)
 
 
 def plugin_for(family: str, num_trainers: int, tp: int, pp: int, zero_stage: int) -> str:

@@ -35,6 +35,8 @@ class EvalConfig:
     num_prompts: int = option(0, "evaluate the first N prompts only (0: all)", "-n")
     micro_batch_size: int = option(32, "prompts per generate call and rows per reward-model forward", "-imbs")
     seed: int = option(42, "sampling seed of the sampled mode")
+    model_dtype: str = option("auto", "dtype of the policy and the reward model: auto = fp32 on the CPU, bf16 on a "
+                                      "GPU", choices=("auto", "fp32", "bf16", "fp16"))
     output: str | None = option(None, "JSON summary path; the samples go to <its name>.samples.jsonl (default: "
                                       "<checkpoint's parent>/evals/<checkpoint>_<eval file>.json)", "-o")
 

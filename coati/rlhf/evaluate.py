@@ -22,8 +22,6 @@ import statistics
 import sys
 from dataclasses import dataclass
 
-import torch
-
 from coati.config.errors import ConfigError, require
 from coati.config.sampling import SamplingParams
 from coati.dataset.rlhf_rows import has_answer
@@ -143,15 +141,19 @@ def run(plan: Plan) -> dict:
     mode, write the summary and the samples; the summary."""
     from transformers import AutoModelForCausalLM
 
+    from coati.utils.device import model_placement
+
     config, inputs = plan.config, plan.inputs
     reward_model = None
     with _no_load_bars():
         if config.reward_model:
+            rm_placement = model_placement("reward_model", dtype=config.model_dtype)
             try:
-                reward_model = load_reward_model(config.reward_model)
+                reward_model = load_reward_model(config.reward_model, rm_placement.dtype, rm_placement.device)
             except ValueError as err:
                 raise ConfigError(str(err)) from None
-        policy = AutoModelForCausalLM.from_pretrained(inputs.model, dtype=torch.float32)
+        placement = model_placement("evaluate", dtype=config.model_dtype)
+        policy = AutoModelForCausalLM.from_pretrained(inputs.model, dtype=placement.dtype).to(placement.device)
     backend = TransformersBackend(policy, plan.tokenizer, config.micro_batch_size)
     scorer = RewardScorer(config.reward_type) if any(has_answer(e) for e, _, _ in plan.batch) else None
     modes, records = {}, []

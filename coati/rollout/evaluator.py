@@ -67,10 +67,11 @@ class Evaluator:
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         torch.manual_seed(config.run.seed + 2000)  # its own stream for sampled evals
         # The seed offset keeps vLLM's sampling streams apart from every producer's.
-        self.backend = make_backend(config, config.parallel.num_inferencers)
+        self.backend = make_backend(config, config.parallel.num_inferencers, role="evaluator")
         self.scorer = RewardScorer(**config.data.scorer_options())
         self.reward_model = reward_model_scorer(config.algo.ppo.reward_model, self.backend.tokenizer,
-                                                config.batch.inference_microbatch_size)
+                                                config.batch.inference_microbatch_size,
+                                                config.parallel.model_placement("reward_model"))
         self.loaded = None  # (step, version) of the weights in the backend; None: the initial model
         self.tasks = {task: self._tokenise(path) for task, path in config.data.eval_paths.items()}
 

@@ -23,9 +23,13 @@ from coati.utils.quiet import quiet_actor
 from rewards.scorer import RewardScorer
 
 
-def make_backend(config: RLConfig, rank: int = 0):
+def make_backend(config: RLConfig, rank: int = 0, role: str = "producer"):
+    """The inference engine of a producer (or of the evaluator, ``role="evaluator"``) on the device and in the
+    dtype the device rule gives this actor."""
+    placement = config.parallel.model_placement(role)
     if config.parallel.backend == "transformers":
-        return TransformersBackend.from_pretrained(config.model.path, config.batch.inference_microbatch_size)
+        return TransformersBackend.from_pretrained(config.model.path, config.batch.inference_microbatch_size,
+                                                   placement)
     if config.parallel.backend == "vllm":
         from coati.rollout.vllm_backend import VLLMBackend, VLLMEngineOptions
 
@@ -34,7 +38,7 @@ def make_backend(config: RLConfig, rank: int = 0):
         return VLLMBackend(config.model.path, VLLMEngineOptions(
             tensor_parallel_size=p.producer_tensor_parallel_size, kv_cache_gb=p.vllm_kv_cache_gb,
             gpu_memory_utilization=p.vllm_gpu_memory_utilization, seed=config.run.seed + 1000 + rank,
-            max_model_len=config.data.max_prompt_tokens + longest))
+            max_model_len=config.data.max_prompt_tokens + longest, dtype=placement.vllm_dtype))
     raise ValueError(f"backend {config.parallel.backend!r} is not available")
 
 
@@ -57,7 +61,8 @@ class Producer:
         # -a PPO: the reward model scores here, beside the engine: a forward pass per response costs less than
         # generating it, and the scores travel with the groups (no extra actor, no second transfer of samples).
         self.reward_model = reward_model_scorer(config.algo.ppo.reward_model, self.tokenizer,
-                                                config.batch.inference_microbatch_size)
+                                                config.batch.inference_microbatch_size,
+                                                config.parallel.model_placement("reward_model"))
         self.version = 0
         examples = load_examples(config.data.train_path, config.data.rows)
         start, end = prompt_shard(len(examples), config.parallel.num_inferencers, config.batch.inference_batch_size,

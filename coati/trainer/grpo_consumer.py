@@ -40,6 +40,15 @@ def shaped_group_tensors(groups: list[RolloutGroup], groups_config, max_new_toke
     return rewards, advantages, mask
 
 
+def load_reference(config) -> torch.nn.Module:
+    """The frozen initial policy of the KL term, on the device and in the dtype the device rule gives it."""
+    from transformers import AutoModelForCausalLM
+
+    placement = config.parallel.model_placement("reference")
+    model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=placement.dtype).to(placement.device)
+    return model.eval().requires_grad_(False)
+
+
 class GRPOConsumer(Consumer):
     summed_stats = ("skipped_samples",)
     max_stats = MAX_STATS
@@ -52,17 +61,16 @@ class GRPOConsumer(Consumer):
         self._prox_epoch, self._prox_at = 0, 0
         self.reference = None
         if self.loss_config.kl_loss_coef > 0:
-            from transformers import AutoModelForCausalLM
-
-            self.reference = AutoModelForCausalLM.from_pretrained(self.config.model.path, dtype=torch.float32).eval()
-            self.reference.requires_grad_(False)
+            self.reference = load_reference(self.config)
 
     @torch.no_grad()
     def _reference_logprobs(self, batch: dict) -> torch.Tensor:
         chunks = []
+        device = next(self.reference.parameters()).device
         for micro in split_micro_batches(batch, self.config.batch.train_microbatch_size):
-            logits = self.reference(input_ids=micro["input_ids"], attention_mask=micro["attention_mask"]).logits
-            chunks.append(token_logprobs(logits, micro["input_ids"], self.temperature))
+            input_ids = micro["input_ids"].to(device)
+            logits = self.reference(input_ids=input_ids, attention_mask=micro["attention_mask"].to(device)).logits
+            chunks.append(token_logprobs(logits, input_ids, self.temperature).to(micro["input_ids"].device))
         return torch.cat(chunks)
 
     def select_groups(self, groups):
