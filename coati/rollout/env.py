@@ -94,7 +94,7 @@ class ToolEnv(Environment):
         return StepResult(observation=self.format_response(result.text), info=info)
 
     def format_response(self, text: str) -> str:
-        return f"\n<tool_response>\n{text}\n</tool_response>\n"
+        return f"\n<tool_response>\n{text.rstrip(chr(10))}\n</tool_response>\n"
 
     def tool_prompt(self) -> str:
         """A system-prompt paragraph listing the tools' schemas and the call format."""

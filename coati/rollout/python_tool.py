@@ -22,14 +22,14 @@ class PythonToolOptions:
     workers: int = 1  # uids claimed: concurrent calls this process may make
 
 
-def make_python_tool(options: PythonToolOptions = PythonToolOptions(), python: str = "/usr/bin/python3"):
+def make_python_tool(options: PythonToolOptions = PythonToolOptions(), interpreter: str = "/usr/bin/python3"):
     """A ``python(code)`` tool function bound to its own sandbox uids; raises SandboxUnavailable at once
     (before any rollout) when the sandbox cannot run here."""
-    check_sandbox_available(python)
+    check_sandbox_available(interpreter)
     limits = SandboxLimits(cpu_time_s=options.cpu_time_s, wall_time_s=options.wall_time_s)
     pool = _UidPool(options.workers)
 
-    def python(code: str) -> ToolResult:  # noqa: the name is what the model calls
+    def python(code: str) -> ToolResult:  # the function's name is the tool's name the model calls
         """Run a Python 3 program and return what it prints. No network, no files outside /tmp, a few seconds.
 
         Args:
@@ -37,7 +37,7 @@ def make_python_tool(options: PythonToolOptions = PythonToolOptions(), python: s
         """
         uid = pool.acquire()
         try:
-            result = run_program(code, b"", limits, uid, python)
+            result = run_program(code, b"", limits, uid, interpreter)
         finally:
             pool.release(uid)
         return _observation(result, options.max_output_chars)
