@@ -68,6 +68,22 @@ class Episode:
         return "".join(turn["model"] + turn.get("observation", "") for turn in self.turns)
 
 
+def episode_budget(config) -> EpisodeBudget:
+    """The budget an RLConfig's --max-turns, --max-tool-calls and --max-episode-tokens set."""
+    e = config.episodes
+    return EpisodeBudget(e.max_turns, e.max_tool_calls, e.max_episode_tokens)
+
+
+def episode_system_prompt(env_class, config) -> str:
+    """The run's system prompt, followed by the environment's description of its tools (when it has one)."""
+    system = config.data.system_prompt
+    describe = getattr(env_class, "tool_prompt", None) if env_class is not None else None
+    if describe is None:
+        return system
+    tools = describe(env_class())
+    return f"{system}\n\n{tools}" if system else tools
+
+
 def start_episode(prompt_ids: list[int], env, row, encode: Callable[[str], list[int]]) -> Episode:
     episode = Episode(list(prompt_ids), env)
     first = env.reset(row)

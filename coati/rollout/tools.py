@@ -88,7 +88,7 @@ def _argument_problem(schema: dict, arguments) -> str | None:
         if python_type is float and isinstance(value, int) and not isinstance(value, bool):
             ok = True
         if not ok:
-            return f"argument {key!r} must be a {wanted}"
+            return f"argument {key!r} must be of JSON type {wanted}"
     return None
 
 
