@@ -111,9 +111,28 @@ class DataConfig:
               "(GSM8K) or \\boxed{...} (MATH, the last box counts), e.g. --label-key answer / solution "
               "(default: gt_answer; test_cases with -rt code)")
 
+    reward_fn: tuple[str, ...] = option(
+        (), "your own reward: path/to/file.py:function, called as function(response, label, row) -> number (or "
+            "(number, {name: number}) for the logs); repeatable; added to -rt's reward (see docs/rewards.md)",
+        kind=str, repeat=True, metavar="FILE.py:NAME")
+    reward_weights: str | None = option(
+        None, "weights of the rewards, name:weight,... (names: the -rt type, each --reward-fn function's name, "
+              "remote); every weight is 1 unless given; '-rt-type:0' (e.g. boxed:0) replaces the built-in reward")
+    reward_url: str | None = option(None, "remote reward server: batches of {prompt, response, label} POSTed as JSON "
+                                          "to http://HOST:PORT/PATH, scores back (docs/rewards.md)")
+    reward_url_timeout: float = option(30.0, "--reward-url: seconds to wait for one reply")
+    reward_url_retries: int = option(3, "--reward-url: more tries after a failed request before the run stops")
+
     @property
     def rows(self) -> RowFormat:
         return RowFormat(reward_type=self.reward_type, input_key=self.input_key, label_key=self.label_key)
+
+    def scorer_options(self) -> dict:
+        """RewardScorer's keyword arguments for this run (built-in reward, user functions, server)."""
+        return {"reward_type": self.reward_type,
+                "code_options": self.code.scorer_options() if self.reward_type == "code" else None,
+                "reward_fns": self.reward_fn, "reward_url": self.reward_url, "reward_weights": self.reward_weights,
+                "remote_options": {"timeout_s": self.reward_url_timeout, "retries": self.reward_url_retries}}
 
 
 class TrainerLayout:
@@ -538,6 +557,7 @@ def validate(config: RLConfig) -> None:
     p, b, s, d = config.parallel, config.batch, config.sampling, config.data
     _require(d.reward_type in REWARD_TYPES, f"unknown reward type {d.reward_type!r}; choose one of {', '.join(REWARD_TYPES)}")
     _validate_keys(d)
+    _validate_user_rewards(d)
     if d.reward_type == "code":
         _require(d.code.workers is None or d.code.workers >= 1, "--code-workers must be at least 1")
         try:
@@ -616,6 +636,23 @@ def _validate_weight_sync(p: ParallelConfig) -> None:
              f"--weight-sync must be one of {', '.join(WEIGHT_SYNC)}, got {p.weight_sync!r}")
     _require(p.weight_sync_bucket_mb > 0, f"--weight-sync-bucket-mb must be > 0, got {p.weight_sync_bucket_mb:g}")
     _require(p.weight_sync_timeout_s > 0, f"--weight-sync-timeout must be > 0 seconds, got {p.weight_sync_timeout_s:g}")
+
+
+def _validate_user_rewards(d: DataConfig) -> None:
+    """--reward-weights, --reward-url and its limits (the functions themselves: preflight.check_user_rewards)."""
+    from rewards.combine import RewardWeightsError, parse_weights, resolve_weights
+    from rewards.remote import check_reward_url
+
+    names = [d.reward_type, *(spec.rpartition(":")[2] for spec in d.reward_fn), *(["remote"] if d.reward_url else [])]
+    try:
+        resolve_weights(names, parse_weights(d.reward_weights))
+    except RewardWeightsError as err:
+        raise ConfigError(str(err)) from None
+    if d.reward_url is not None:
+        problem = check_reward_url(d.reward_url)
+        _require(problem is None, problem or "")
+    _require(d.reward_url_timeout > 0, f"--reward-url-timeout must be > 0 seconds, got {d.reward_url_timeout:g}")
+    _require(d.reward_url_retries >= 0, f"--reward-url-retries must be >= 0, got {d.reward_url_retries}")
 
 
 def _validate_keys(d: DataConfig) -> None:

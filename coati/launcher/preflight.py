@@ -67,6 +67,37 @@ def _check_ppo_models(ppo: PPOConfig) -> None:
              "written by save_pretrained, e.g. runs/rlhf/rm/final)")
 
 
+def _check_response(config: RLConfig, example) -> str:
+    """A response in the reward type's format, answering with the row's own gold (a check call's input)."""
+    if config.data.reward_type == "code":
+        return "```python\nprint()\n```"
+    if config.data.reward_type == "think_answer_tags":
+        return f"<think>check</think><answer>{example.gt_answer}</answer>"
+    return f"\\boxed{{{example.gt_answer}}}"
+
+
+def check_user_rewards(config: RLConfig, first) -> None:
+    """--reward-fn: each function loads and, called on the first training row, returns a finite number;
+    --reward-url: the server scores that row. One ConfigError line otherwise, before any actor."""
+    d = config.data
+    if not d.reward_fn and d.reward_url is None:
+        return
+    from rewards.combine import CombinedRewards, RewardWeightsError, example_label, last_user_text
+    from rewards.remote import RemoteRewardError
+    from rewards.user import RewardFnError
+
+    try:
+        rewards = CombinedRewards(d.reward_type, d.reward_fn, d.reward_url, d.reward_weights,
+                                  d.scorer_options()["remote_options"])
+        response, label = _check_response(config, first), example_label(first)
+        for fn in rewards.functions:
+            fn(response, label, first.row, f"{first.source} (the check call at start-up)")
+        if rewards.remote is not None:
+            rewards.remote.score([{"prompt": last_user_text(first), "response": response, "label": label}])
+    except (RewardFnError, RemoteRewardError, RewardWeightsError) as err:
+        raise ConfigError(str(err)) from None
+
+
 def check_inputs(config: RLConfig) -> None:
     """Checks that open files: the model directory and every dataset (parsed in full, line by line)."""
     check_engine(config)
@@ -89,6 +120,8 @@ def check_inputs(config: RLConfig) -> None:
         train = load_examples(config.data.train_path, config.data.rows)
     except DatasetError as err:
         raise ConfigError(str(err)) from None
+    if train:
+        check_user_rewards(config, train[0])
     for name, eval_path in config.data.eval_paths.items():
         try:
             load_examples(eval_path, config.data.rows)

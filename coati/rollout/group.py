@@ -25,6 +25,7 @@ class RolloutGroup:
     generate_s: float = 0.0  # this group's share of the generate call's seconds
     score_s: float = 0.0  # its share of the seconds spent scoring its round (groups are scored together)
     scores: list[float] = field(default_factory=list)  # the reward model's score per response (-a PPO); else empty
+    reward_parts: list[dict] = field(default_factory=list)  # each weighted reward's score per response; else empty
     # Multi-turn episodes (coati.rollout.episode): per response, 1 where the model wrote the token and 0 where the
     # environment did (tool output); empty = every response token is the model's (single-turn).
     loss_masks: list[list[int]] = field(default_factory=list)

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coati.rollout.tools import ToolResult
-from rewards.code.sandbox import OK, TIMEOUT, SandboxLimits, _UidPool, check_sandbox_available, run_program
+from rewards.code.sandbox import OK, TIMEOUT, SandboxLimits, check_sandbox_available, run_program
+from rewards.code.uids import UidPool
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ def make_python_tool(options: PythonToolOptions = PythonToolOptions(), interpret
     (before any rollout) when the sandbox cannot run here."""
     check_sandbox_available(interpreter)
     limits = SandboxLimits(cpu_time_s=options.cpu_time_s, wall_time_s=options.wall_time_s)
-    pool = _UidPool(options.workers)
+    pool = UidPool(options.workers)
 
     def python(code: str) -> ToolResult:  # the function's name is the tool's name the model calls
         """Run a Python 3 program and return what it prints. No network, no files outside /tmp, a few seconds.

@@ -30,18 +30,19 @@ class OptionClash(TypeError):
 
 
 def option(default: Any, help: str, *aliases: str, choices: tuple | None = None, metavar: str | None = None,
-           flag: str | None = None, kind: type | None = None, resolved: bool = False):
+           flag: str | None = None, kind: type | None = None, resolved: bool = False, repeat: bool = False):
     """A config field that is also a flag: ``--name`` (from the field name) and ``aliases`` such as ``-lr``.
 
     ``flag``: the long flag when it is not the field's name (ColossalChat's ``--master_address``, ``--model``
     for ``ModelConfig.path``). ``kind``: the flag's value type when the field holds something parsed from it.
     ``resolved``: the flag defaults to None, meaning "not given", and the program resolves the value (a default
     that depends on the situation, or a precedence between sources); the field's own default serves configs built
-    in code. ``default`` may be ``dataclasses.MISSING`` for a field the program always fills in.
+    in code. ``default`` may be ``dataclasses.MISSING`` for a field the program always fills in. ``repeat``: the
+    flag may be given several times (a YAML list); the field holds a tuple of ``kind`` values.
     """
     return dataclasses.field(default=default, metadata={"help": help, "aliases": aliases, "choices": choices,
                                                         "metavar": metavar, "flag": flag, "kind": kind,
-                                                        "resolved": resolved})
+                                                        "resolved": resolved, "repeat": repeat})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +74,8 @@ class Option:
 
     @property
     def parser_default(self):
-        return None if self.field.metadata["resolved"] else self.field.default
+        # argparse appends a repeated flag's values to its default: None, and the field's default when not given
+        return None if self.field.metadata["resolved"] or self.field.metadata.get("repeat") else self.field.default
 
 
 def _base_type(annotation) -> tuple[type, bool]:
@@ -147,6 +149,9 @@ def build_parser(cls, prog: str, description: str) -> argparse.ArgumentParser:
         common = dict(dest=opt.dest, default=opt.parser_default, help=meta["help"])
         if opt.kind is bool:
             groups[opt.path].add_argument(*opt.flags, action=argparse.BooleanOptionalAction, **common)
+        elif meta.get("repeat"):
+            groups[opt.path].add_argument(*opt.flags, action="append", type=opt.kind, metavar=meta["metavar"],
+                                          **common)
         else:
             groups[opt.path].add_argument(*opt.flags, type=opt.kind, choices=meta["choices"], metavar=meta["metavar"],
                                           **common)
@@ -215,6 +220,11 @@ def read_config_file(cls, path: str) -> dict:
         if name not in known:
             raise ConfigFileError(f"--config {path} has unknown key {key!r}; valid keys: {', '.join(known)}")
         opt = known[name]
+        if opt.field.metadata.get("repeat"):  # a list, or one value
+            value = [_coerce(item, opt.kind, False, f"--config {path} key {key!r} item")
+                     for item in (value if isinstance(value, list) else [value])]
+            values[name] = value
+            continue
         value = _coerce(value, opt.kind, opt.optional, f"--config {path} key {key!r}")
         choices = opt.field.metadata["choices"]
         if choices and value is not None and value not in choices:
@@ -232,7 +242,9 @@ def construct(cls, values: dict, **given):
     for f in dataclasses.fields(cls):
         if f.name in given or not f.init:
             continue
-        if is_option(f):
+        if is_option(f) and f.metadata.get("repeat"):
+            kwargs[f.name] = tuple(values[_dest(f)] or ())
+        elif is_option(f):
             kwargs[f.name] = values[_dest(f)]
         elif dataclasses.is_dataclass(hints[f.name]) and options(hints[f.name]):
             kwargs[f.name] = construct(hints[f.name], values)
