@@ -14,7 +14,7 @@ from coati.cluster.weight_sync import make_receiver
 from coati.config.rl import RLConfig
 from coati.config.sampling import SamplingParams
 from coati.dataset.loader import load_examples
-from coati.rollout.evaluation import evaluate
+from coati.rollout.evaluation import evaluate, evaluate_episodes
 from coati.rollout.env import load_env, make_env
 from coati.rollout.episode import episode_budget, episode_groups, episode_system_prompt
 from coati.rollout.generation import prompt_shard, rollout_groups, tokenise_prompts
@@ -146,8 +146,11 @@ class Producer:
         if latest_weights:
             self._sync_weights(0)
         examples, skipped = self._tokenise(load_examples(path, self.config.data.rows))
-        result = evaluate(self.backend, [ids for _, _, ids in examples], [e for e, _, _ in examples],
-                          self.scorer, params, prompt_texts=[text for _, text, _ in examples],
-                          reward_model=self.reward_model)
+        if self.env_class is not None:
+            result = evaluate_episodes(self.backend, self.env_class, examples, params, episode_budget(self.config))
+        else:
+            result = evaluate(self.backend, [ids for _, _, ids in examples], [e for e, _, _ in examples],
+                              self.scorer, params, prompt_texts=[text for _, text, _ in examples],
+                              reward_model=self.reward_model)
         return {**result.summary(), "count": len(examples), "skipped_too_long": skipped, "version": self.version,
                 "records": result.records}
