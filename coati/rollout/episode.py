@@ -102,7 +102,7 @@ def _turn_params(sampling, envs, turn: int):
 def take_turn(episode: Episode, completion, budget: EpisodeBudget, eos_id: int, version: int,
               encode: Callable[[str], list[int]], decode: Callable[[list[int]], str]) -> None:
     """Append one model turn (``completion``), let the environment answer, and end the episode if due."""
-    room = budget.max_tokens - len(episode.ids)
+    room = max(budget.max_tokens - len(episode.ids), 0)  # the reset observation alone may fill the budget
     tokens, logprobs = completion.token_ids[:room], completion.logprobs[:room]
     episode.append(tokens, logprobs)
     text = decode(tokens)

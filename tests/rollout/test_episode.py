@@ -112,7 +112,6 @@ def test_observation_tokens_masked_and_single_turn_unchanged():
 def test_gradients_at_tool_tokens_are_exactly_zero(backend, variation):
     groups = episode_groups(backend, ChattyEnv, _batch(backend.tokenizer, ("7+8=",)),
                             SamplingParams(n=4, temperature=1.0, max_new_tokens=6, seed=1), EpisodeBudget(4, 4, 200))
-    groups[0].advantages = [1.0, -1.0, 0.5, -0.5]
     batch = collate(groups, backend.tokenizer.pad_token_id)
     mask = batch["action_mask"]
     response_area = torch.zeros_like(mask)
@@ -124,7 +123,8 @@ def test_gradients_at_tool_tokens_are_exactly_zero(backend, variation):
     logprobs = token_logprobs(logits, batch["input_ids"])
     ref = logprobs.detach() - 0.1
     config = PolicyLossConfig(loss_variation=variation, kl_coeff=0.05)
-    loss, _ = policy_loss(logprobs, batch["old_logprobs"], batch["advantages"], mask, config,
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    loss, _ = policy_loss(logprobs, batch["old_logprobs"], advantages, mask, config,
                           batch_normaliser(mask, variation), ref_logprobs=ref)
     loss.backward()
     grad = logits.grad[:, :-1]
