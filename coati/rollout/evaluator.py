@@ -44,7 +44,7 @@ import ray
 import torch
 
 from coati.cluster.weight_sync import unpack_named_tensors
-from coati.config.rl import RLConfig
+from coati.config.tree import RLConfig
 from coati.config.sampling import SamplingParams
 from coati.dataset.loader import load_examples
 from coati.rollout.env import load_env

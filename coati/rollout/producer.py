@@ -11,7 +11,7 @@ import ray
 import torch
 
 from coati.cluster.weight_sync import make_receiver
-from coati.config.rl import RLConfig
+from coati.config.tree import RLConfig
 from coati.config.sampling import SamplingParams
 from coati.dataset.loader import load_examples
 from coati.rollout.evaluation import evaluate, evaluate_episodes

@@ -47,7 +47,7 @@ import ray
 import torch
 
 from coati.cluster.weight_sync import make_publisher, pack_named_tensors
-from coati.config.rl import RLConfig
+from coati.config.tree import RLConfig
 from coati.rollout.episode_metrics import episode_metrics
 from coati.rollout.group import RolloutGroup, collate, split_micro_batches
 from coati.rollout.rollout_log import rollout_log_due, rollout_records

@@ -25,7 +25,7 @@ import torch
 
 from coati.cluster.schedule import LEARNER
 from coati.cluster.weight_sync import load_named_tensors
-from coati.config.rl import RLConfig
+from coati.config.tree import RLConfig
 from coati.dataset.loader import load_examples
 from coati.rollout.generation import prompt_shard, rollout_groups, tokenise_prompts
 from coati.rollout.group import RolloutGroup
