@@ -122,7 +122,7 @@ def test_gradients_at_tool_tokens_are_exactly_zero(backend, variation):
     logits.retain_grad()
     logprobs = token_logprobs(logits, batch["input_ids"])
     ref = logprobs.detach() - 0.1
-    config = PolicyLossConfig(loss_variation=variation, kl_coeff=0.05)
+    config = PolicyLossConfig(loss_variation=variation, kl_loss_coef=0.05)
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
     loss, _ = policy_loss(logprobs, batch["old_logprobs"], advantages, mask, config,
                           batch_normaliser(mask, variation), ref_logprobs=ref)
