@@ -89,3 +89,16 @@ def test_user_example_env_runs_episodes(tiny_model_dir):
                             SamplingParams(n=2, max_new_tokens=8, seed=0), EpisodeBudget(2, 2, 64), version=3)
     assert len(groups) == 1 and len(groups[0].responses) == 2 and groups[0].policy_version == 3
     assert all(len(m) == len(r) for m, r in zip(groups[0].loss_masks, groups[0].responses))
+
+
+def test_env_flag_combinations_refused():
+    from coati.config.cli import build_parser, config_from_args
+    from coati.config.errors import ConfigError
+
+    base = ["-m", "/nonexistent", "-d", "x.jsonl", "--env", "python_tool"]
+    for extra, words in ((["--learner-chunk-size", "32"], "drop --learner-chunk-size"),
+                         (["-a", "PPO", "--reward-model", "/rm"], "drop --reward-model"),
+                         (["--max-episode-tokens", "0"], "--max-episode-tokens must be at least 1"),
+                         (["--max-tool-calls", "-1"], "--max-tool-calls must be >= 0")):
+        with pytest.raises(ConfigError, match=words):
+            config_from_args(build_parser().parse_args(base + extra))
