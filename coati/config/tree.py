@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from coati.config.algo import AlgoConfig
 from coati.config.batch import BatchConfig
 from coati.config.data import DataConfig, ModelConfig
+from coati.config.env import EnvConfig
 from coati.config.layout import ParallelConfig
 from coati.config.run import RunConfig
 from coati.config.sampling import SamplingParams
@@ -22,6 +23,7 @@ class RLConfig:
     batch: BatchConfig = BatchConfig()
     algo: AlgoConfig = AlgoConfig()
     run: RunConfig = RunConfig()
+    episodes: EnvConfig = EnvConfig()  # multi-turn episodes with an environment (--env); off by default
     # Sampling used for held-out evaluation: (name, params) pairs, all scored with the training reward.
     eval_sampling: tuple[tuple[str, SamplingParams], ...] = field(default=())
 

@@ -115,6 +115,8 @@ def check_inputs(config: RLConfig) -> None:
             check_sandbox_available()
         except SandboxUnavailable as err:
             raise ConfigError(str(err)) from None
+    if config.episodes.env is not None:
+        _check_env(config.episodes.env)
     try:
         train = load_examples(config.data.train_path, config.data.rows)
     except DatasetError as err:
@@ -146,3 +148,14 @@ def check_inputs(config: RLConfig) -> None:
     require(per_producer >= config.batch.inference_batch_size,
              f"{config.data.train_path} has {len(train)} prompts: each of the {config.parallel.num_inferencers} "
              f"inferencers needs at least -ibs={config.batch.inference_batch_size}; lower -ibs or add data")
+
+
+def _check_env(spec: str) -> None:
+    """--env: the file imports, the class exists and one instance can be made (its tools' schemas build)."""
+    from coati.rollout.env import EnvLoadError, load_env, make_env
+    from rewards.code import SandboxUnavailable
+
+    try:
+        make_env(load_env(spec))
+    except (EnvLoadError, SandboxUnavailable) as err:
+        raise ConfigError(str(err)) from None

@@ -14,7 +14,9 @@ from coati.cluster.weight_sync import make_receiver
 from coati.config.tree import RLConfig
 from coati.config.sampling import SamplingParams
 from coati.dataset.loader import load_examples
-from coati.rollout.evaluation import evaluate
+from coati.rollout.evaluation import evaluate, evaluate_episodes
+from coati.rollout.env import load_env, make_env
+from coati.rollout.episode import episode_budget, episode_groups, episode_system_prompt
 from coati.rollout.generation import prompt_shard, rollout_groups, tokenise_prompts
 from coati.rollout.group import RolloutGroup
 from coati.rollout.inference_backend import TransformersBackend
@@ -64,6 +66,7 @@ class Producer:
                                                 config.batch.inference_microbatch_size,
                                                 config.parallel.model_placement("reward_model"))
         self.version = 0
+        self.env_class = load_env(config.episodes.env) if config.episodes.env else None
         examples = load_examples(config.data.train_path, config.data.rows)
         start, end = prompt_shard(len(examples), config.parallel.num_inferencers, config.batch.inference_batch_size,
                                   config.algo.learner_chunk_size, rank)
@@ -71,7 +74,7 @@ class Producer:
         self.rounds_per_episode = len(self.examples) // config.batch.inference_batch_size
 
     def _tokenise(self, examples):
-        return tokenise_prompts(self.tokenizer, examples, self.config.data.system_prompt,
+        return tokenise_prompts(self.tokenizer, examples, episode_system_prompt(self.env_class, self.config),
                                 self.config.data.max_prompt_tokens)
 
     def info(self) -> dict:
@@ -137,6 +140,9 @@ class Producer:
         return max(0, num_rounds - start_round)
 
     def _rollout(self, batch, params=None) -> list[RolloutGroup]:
+        if self.env_class is not None:
+            return episode_groups(self.backend, lambda: make_env(self.env_class), batch,
+                                  params or self.config.sampling, episode_budget(self.config), self.version)
         return rollout_groups(self.backend, self.scorer, batch, params or self.config.sampling, self.version,
                               reward_model=self.reward_model)
 
@@ -145,8 +151,11 @@ class Producer:
         if latest_weights:
             self._sync_weights(0)
         examples, skipped = self._tokenise(load_examples(path, self.config.data.rows))
-        result = evaluate(self.backend, [ids for _, _, ids in examples], [e for e, _, _ in examples],
-                          self.scorer, params, prompt_texts=[text for _, text, _ in examples],
-                          reward_model=self.reward_model)
+        if self.env_class is not None:
+            result = evaluate_episodes(self.backend, self.env_class, examples, params, episode_budget(self.config))
+        else:
+            result = evaluate(self.backend, [ids for _, _, ids in examples], [e for e, _, _ in examples],
+                              self.scorer, params, prompt_texts=[text for _, text, _ in examples],
+                              reward_model=self.reward_model)
         return {**result.summary(), "count": len(examples), "skipped_too_long": skipped, "version": self.version,
                 "records": result.records}

@@ -48,6 +48,7 @@ import torch
 
 from coati.cluster.weight_sync import make_publisher, pack_named_tensors
 from coati.config.tree import RLConfig
+from coati.rollout.episode_metrics import episode_metrics
 from coati.rollout.group import RolloutGroup, collate, split_micro_batches
 from coati.rollout.rollout_log import rollout_log_due, rollout_records
 from coati.trainer.roles import ACTOR, TrainedModel, grad_norm_name
@@ -411,4 +412,5 @@ def rollout_metrics(groups: list[RolloutGroup], current_version: int) -> dict:
         # producer seconds that made these groups (generation and scoring run beside training in async mode)
         "generate_s": sum(g.generate_s for g in groups),
         "score_s": sum(g.score_s for g in groups),
+        **episode_metrics(groups),  # multi-turn episodes only
     }

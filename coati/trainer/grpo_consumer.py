@@ -32,7 +32,7 @@ def shaped_group_tensors(groups: list[RolloutGroup], groups_config, max_new_toke
     """(shaped rewards [n, G], advantages [n, G], sample loss mask [n, G]) for a list of groups (pure)."""
     rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
     if groups_config.soft_over_length_punishment:
-        lengths = torch.tensor([[len(r) for r in g.responses] for g in groups], dtype=torch.float32)
+        lengths = torch.tensor([g.model_token_counts() for g in groups], dtype=torch.float32)
         rewards = rewards + overlong_penalty(lengths, max_new_tokens, groups_config.cache_length)
     advantages = compute_advantages(rewards, groups_config.advantage)
     truncated = torch.tensor([[reason == "length" for reason in g.finish_reasons] for g in groups])
@@ -52,6 +52,11 @@ def load_reference(config) -> torch.nn.Module:
 class GRPOConsumer(Consumer):
     summed_stats = ("skipped_samples",)
     max_stats = MAX_STATS
+
+    def length_limit(self) -> int:
+        """L_max of the soft overlong punishment: the model's tokens per response (per episode with --env)."""
+        episodes = self.config.episodes
+        return self.config.sampling.max_new_tokens if episodes.env is None else episodes.max_episode_tokens
 
     def setup_algorithm(self) -> None:
         self.loss_config = self.config.algo.loss
@@ -87,7 +92,7 @@ class GRPOConsumer(Consumer):
 
     def build_batches(self, share, kept, padding):
         size = self.config.batch.train_minibatch_size
-        mnt = self.config.sampling.max_new_tokens
+        mnt = self.length_limit()
         rewards, advantages, sample_mask = shaped_group_tensors(share, self.groups_config, mnt)
         if padding:  # placeholders that only keep the ranks' collective calls in step
             sample_mask[len(share) - padding :] = 0
@@ -95,7 +100,7 @@ class GRPOConsumer(Consumer):
         # every valid token / sample of the step. Each rank divides by it / dp, since gradients are averaged.
         all_rewards, _, all_mask = (rewards, advantages, sample_mask) if self.plugin.dp_size == 1 else \
             shaped_group_tensors(kept, self.groups_config, mnt)
-        lengths = torch.tensor([[len(r) for r in g.responses] for g in kept], dtype=torch.float32)
+        lengths = torch.tensor([g.model_token_counts() for g in kept], dtype=torch.float32)
         normaliser = normaliser_from_counts((lengths * all_mask).reshape(-1), self.loss_config.loss_variation)
         normaliser /= self.plugin.dp_size
         batches = []
@@ -116,7 +121,7 @@ class GRPOConsumer(Consumer):
         return batches
 
     def rollout_tensors(self, kept):
-        return shaped_group_tensors(kept, self.groups_config, self.config.sampling.max_new_tokens)
+        return shaped_group_tensors(kept, self.groups_config, self.length_limit())
 
     def step(self):
         self._step_stats = {}

@@ -98,7 +98,7 @@ class PPOConsumer(GRPOConsumer):
     def build_batches(self, share, kept, padding):
         size = self.config.batch.train_minibatch_size
         ppo, beta = self.ppo, self.kl_ctl.value
-        lengths = torch.tensor([len(r) for g in kept for r in g.responses], dtype=torch.float32)
+        lengths = torch.tensor([n for g in kept for n in g.model_token_counts()], dtype=torch.float32)
         normaliser = normaliser_from_counts(lengths, "token_level") / self.plugin.dp_size
         first_padded = len(share) - padding
         batches, sums = [], dict.fromkeys(_SUMS, 0.0)
