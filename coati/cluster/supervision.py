@@ -39,13 +39,14 @@ class Supervisor:
         self.run_dir, self.consumers, self.producers = run_dir, consumers, producers
         self.places = places  # "trainers"/"inferencers" -> [where() of each rank]
         self.generation: list = []  # the producers' run() refs still in flight
+        self.in_flight: list = []  # the refs of the gather under way
 
     def watch(self, generation: list) -> None:
         self.generation = list(generation)
 
     def gather(self, refs: list) -> list:
         """``ray.get(refs)``, but raising as soon as any of them fails or a producer's ``run`` fails."""
-        pending = list(refs)
+        pending = self.in_flight = list(refs)
         while pending:
             ready, _ = ray.wait(pending + self.generation, num_returns=1)
             for ref in ready:
@@ -108,6 +109,19 @@ class Supervisor:
     def kill_all(self) -> None:
         for actor in self.producers + self.consumers:
             ray.kill(actor, no_restart=True)
+
+    def drain(self, timeout: float = DEATH_TIMEOUT_S) -> None:
+        """Collect the failures of the calls still in flight once the run has stopped (the actors killed): Ray
+        prints a failure nobody fetched as an "Unhandled error" traceback when its ref is dropped, which would
+        land after the one line that says what happened."""
+        refs = self.in_flight + self.generation
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout) if refs else ([], [])
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except Exception:  # noqa: BLE001 - each is a consequence of the failure already reported
+                pass
+        self.in_flight, self.generation = [], []
 
 
 def _reward_stop(error: Exception):

@@ -92,6 +92,7 @@ def _run(config: RLConfig, log, reservation, start: float) -> RunResult:
         if stopped is err:
             raise
         supervisor.kill_all()
+        supervisor.drain()
         raise stopped from None
 
 
