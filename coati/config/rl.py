@@ -17,6 +17,7 @@ from coati.cluster.weight_sync import WEIGHT_SYNC
 from coati.config.ppo import PPOConfig
 from coati.config.sampling import SamplingParams
 from coati.dataset.rows import RowFormat
+from coati.plugins.mesh import MeshShape
 from coati.utils.dataclass_cli import option
 from rewards import REWARD_TYPES
 
@@ -120,8 +121,13 @@ class TrainerLayout:
     imply; shared by the GRPO run's ParallelConfig and the RLHF stages' options."""
 
     @property
+    def mesh_shape(self) -> MeshShape:
+        """The trainer group's sizes (coati.plugins.mesh: the arithmetic every layout shares)."""
+        return MeshShape(self.num_trainers, self.tensor_parallel_size, self.pipeline_parallel_size)
+
+    @property
     def dp_size(self) -> int:
-        return self.num_trainers // (self.tensor_parallel_size * self.pipeline_parallel_size)
+        return self.mesh_shape.dp_size
 
     @property
     def plugin_name(self) -> str:
