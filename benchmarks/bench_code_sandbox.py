@@ -24,7 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from coati.dataset.code_task import generate_rows, reference_solution  # noqa: E402
 from rewards.code import CodeRewardScorer, SandboxLimits, check_sandbox_available  # noqa: E402
-from rewards.code.sandbox import DEFAULT_PYTHON, OK, _UidPool, run_program  # noqa: E402
+from rewards.code.sandbox import DEFAULT_PYTHON, OK, run_program  # noqa: E402
+from rewards.code.uids import UidPool  # noqa: E402
 
 PROGRAM = "a, b = map(int, input().split())\nprint(a + b)\n"
 STDIN = b"1234 5678\n"
@@ -84,7 +85,7 @@ def main() -> None:
     limits = SandboxLimits()
     print(f"machine: {os.cpu_count()} cores, interpreter {DEFAULT_PYTHON}")
 
-    with tempfile.TemporaryDirectory() as tmp, _UidPool(1) as pool:
+    with tempfile.TemporaryDirectory() as tmp, UidPool(1) as pool:
         uid = pool.acquire()
         path = os.path.join(tmp, "main.py")
         with open(path, "w") as handle:

@@ -234,10 +234,10 @@ def demo_step_share(steps: int) -> dict:
     class TimedScorer(RewardScorer):
         spent = 0.0
 
-        def score(self, responses, example):
+        def score_groups(self, groups, examples):
             start = time.process_time()
             try:
-                return super().score(responses, example)
+                return super().score_groups(groups, examples)
             finally:
                 TimedScorer.spent += time.process_time() - start
 

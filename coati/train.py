@@ -14,7 +14,7 @@ import sys
 def main(argv: list[str] | None = None, prog: str = "rl_example.py", **defaults) -> int:
     """``defaults``: fields' defaults this command changes (``coati ppo``), below --config and the flags."""
     from coati.config.cli import build_parser, config_from_args
-    from coati.config.rl import ConfigError
+    from coati.config.errors import ConfigError
     from coati.launcher.preflight import check_engine, check_inputs
     from coati.utils.dataclass_cli import ConfigFileError
 

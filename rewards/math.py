@@ -1,7 +1,11 @@
 """Math rewards: the answer is pulled out of a fixed format and checked with math-verify.
 
 Two formats (``--reward-type``):
-- ``boxed``: the last ``\\boxed{...}`` in the response (braces balanced) holds the answer.
+- ``boxed``: the last ``\\boxed{...}`` in the response (braces balanced) holds the answer. When boxes right
+  before it are joined to it only by a listing (``\\boxed{-2} \\text{ and } \\boxed{1}``: commas, "and",
+  "or", spacing, ``$``), they are all the answer (``final_boxes``): for a gold of several values (a list or
+  set, ``1, -2``) read together as that set, order-free; for a one-value gold every one of them must be right,
+  so listing several candidates never wins.
 - ``think_answer_tags``: the response is ``<think>...</think><answer>...</answer>`` (each tag exactly once,
   nothing but whitespace around them); the answer tag's content is the answer, with or without ``\\boxed``.
 
@@ -40,6 +44,10 @@ from rewards.types import RewardResult, combine
 enable_two_stage_parsing()  # same parses, several times faster (see rewards/latex_parsing.py)
 
 _BOXED = "\\boxed{"
+# What may stand between the boxes of one listed answer: math delimiters, spacing, punctuation, and/or.
+_TEXT_COMMAND = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
+_LIST_MARKUP = re.compile(r"\$|\\[()\[\]\\]|\\(?:quad|qquad|[,;:! ])|~|[,;.&]|\b[A-Za-z]\s*=")
+_LIST_WORDS = re.compile(r"\b(?:and|or)\b")
 _THINK_ANSWER = re.compile(r"^\s*<think>(?P<think>.*?)</think>\s*<answer>(?P<answer>.*?)</answer>\s*$", re.DOTALL)
 _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 # An unescaped $ (``\$`` is a dollar sign), or \( or \[: the text marks its own math.
@@ -68,6 +76,42 @@ def last_boxed(text: str) -> str | None:
             return text[start + len(_BOXED) : i - 1]
         start = text.rfind(_BOXED, 0, start)
     return None
+
+
+def _top_level_boxes(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, content) of each top-level ``\\boxed{...}``, in order; an unclosed box ends the scan."""
+    boxes, start = [], text.find(_BOXED)
+    while start != -1:
+        depth, i = 1, start + len(_BOXED)
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        if depth:
+            break
+        boxes.append((start, i, text[start + len(_BOXED) : i - 1]))
+        start = text.find(_BOXED, i)
+    return boxes
+
+
+def _joins_boxes(between: str) -> bool:
+    """The text between two boxes only lists them (``, ``, `` and ``, ``$ or $``, ``\\quad\\text{and}\\quad``)."""
+    words = _LIST_MARKUP.sub(" ", _TEXT_COMMAND.sub(r" \1 ", between)).lower()
+    return not _LIST_WORDS.sub(" ", words).strip()
+
+
+def final_boxes(text: str) -> list[str]:
+    """The final answer's boxes: the last ``\\boxed{}`` and the boxes right before it that only a listing joins
+    to it (``\\boxed{-2} \\text{ and } \\boxed{1}``), each distinct content once, in order. A box that
+    reasoning separates from the next ("First \\boxed{3}, but checking again ... \\boxed{4}") is not part of it."""
+    boxes = _top_level_boxes(text)
+    if not boxes:
+        return []
+    run = [boxes[-1]]
+    for box in reversed(boxes[:-1]):
+        if not _joins_boxes(text[box[1] : run[0][0]]):
+            break
+        run.insert(0, box)
+    return list(dict.fromkeys(content for _, _, content in run))
 
 
 def extract_think_answer(text: str) -> str | None:
@@ -188,6 +232,23 @@ class GoldAnswer:
             self._parsed = parse_math(self.text)
         return self._parsed
 
+    @property
+    def several(self) -> bool:
+        """The gold is a list or set of several values (``1, -2``, ``(2, 2), (6, 2)``, ``\\{1, 2\\}``), which
+        math-verify reads as a finite set: order-free."""
+        if self.number is not None:
+            return False
+        import sympy
+
+        return bool(self.parsed) and isinstance(self.parsed[0], sympy.FiniteSet) and len(self.parsed[0]) > 1
+
+    def matches_boxes(self, boxes: list[str]) -> bool:
+        """A final answer of several different boxes: for a gold of several values they are read together, as
+        that list or set; for a one-value gold every box must be right (listing candidates must never win)."""
+        if self.several:
+            return self.matches(", ".join(boxes))
+        return all(self.matches(box) for box in boxes)
+
     def _verify(self, answer_parsed: list) -> bool:
         verify_kwargs = {} if _in_main_thread() else {"timeout_seconds": None}
         return bool(verify(self.parsed, answer_parsed, **verify_kwargs))  # gold first: verify is asymmetric
@@ -227,20 +288,24 @@ MATH_FORMATS = {
 
 
 def score_group(responses: list[str], gold: GoldAnswer, reward_type: str) -> list[RewardResult]:
-    """One result per response; each distinct answer of the group is checked once."""
+    """One result per response; each distinct answer of the group is checked once. A response (boxed) or an
+    answer tag (think_answer_tags) with several different boxes is checked by ``GoldAnswer.matches_boxes``."""
     extract, format_reason = MATH_FORMATS[reward_type]
-    by_answer: dict[str, RewardResult] = {}
+    by_answer: dict[str | tuple, RewardResult] = {}
     results = []
     for response in responses:
         answer = extract(response)
         if answer is None:
             results.append(RewardResult(0.0, False, False, None, format_reason))
             continue
-        if answer not in by_answer:
-            correct = gold.matches(answer)
-            by_answer[answer] = RewardResult(combine(True, float(correct)), correct, True, answer,
-                                             "ok" if correct else "wrong answer")
-        results.append(by_answer[answer])
+        boxes = final_boxes(response if reward_type == "boxed" else answer) if response.count(_BOXED) > 1 else []
+        key = tuple(boxes) if len(boxes) > 1 else answer
+        if key not in by_answer:
+            correct = gold.matches_boxes(boxes) if len(boxes) > 1 else gold.matches(answer)
+            by_answer[key] = RewardResult(combine(True, float(correct)), correct, True,
+                                          ", ".join(boxes) if len(boxes) > 1 else answer,
+                                          "ok" if correct else "wrong answer")
+        results.append(by_answer[key])
     return results
 
 

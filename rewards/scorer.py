@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+from rewards.combine import CombinedRewards
 from rewards.math import MATH_FORMATS, GoldAnswer, score_group
 from rewards.types import RewardResult
 
 
 class RewardScorer:
-    def __init__(self, reward_type: str, code_options: dict | None = None):
+    """The built-in reward of ``reward_type``, weighted with the user's functions (``reward_fns``: specs
+    ``path.py:name``) and a reward server (``reward_url``) when given; see rewards/combine.py."""
+
+    def __init__(self, reward_type: str, code_options: dict | None = None, reward_fns=(),
+                 reward_url: str | None = None, reward_weights: str | None = None,
+                 remote_options: dict | None = None):
         if reward_type not in (*MATH_FORMATS, "code"):
             raise ValueError(f"unknown reward type {reward_type!r}; choose think_answer_tags, boxed or code")
         self.reward_type = reward_type
+        self.combined = CombinedRewards(reward_type, reward_fns, reward_url, reward_weights, remote_options)
         self._code = None
         if reward_type == "code":
             from rewards.code import CodeRewardScorer
@@ -18,6 +25,9 @@ class RewardScorer:
             self._code = CodeRewardScorer(**(code_options or {}))
 
     def score(self, responses: list[str], example) -> list[RewardResult]:
+        return self.combined.apply(self._builtin(responses, example), responses, [example] * len(responses))
+
+    def _builtin(self, responses: list[str], example) -> list[RewardResult]:
         """``example`` has ``gt_answer`` (math) or ``test_cases`` (code). The responses are usually one
         prompt's group: its gold answer is parsed once and each distinct answer checked once."""
         if self._code is not None:
@@ -29,11 +39,13 @@ class RewardScorer:
         sandbox workers stay busy across groups instead of waiting at the end of each; math: group by group."""
         if len(groups) != len(examples):
             raise ValueError(f"{len(groups)} groups but {len(examples)} examples")
+        flat_responses = [r for responses in groups for r in responses]
+        flat_examples = [example for responses, example in zip(groups, examples) for _ in responses]
         if self._code is None:
-            return [self.score(responses, example) for responses, example in zip(groups, examples)]
-        flat = self._code.score_batch([r for responses in groups for r in responses],
-                                      [example.test_cases for responses, example in zip(groups, examples)
-                                       for _ in responses])
+            flat = [r for responses, example in zip(groups, examples) for r in self._builtin(responses, example)]
+        else:
+            flat = self._code.score_batch(flat_responses, [example.test_cases for example in flat_examples])
+        flat = self.combined.apply(flat, flat_responses, flat_examples)  # one batch for a reward server
         bounds = [0]
         for responses in groups:
             bounds.append(bounds[-1] + len(responses))
@@ -44,5 +56,7 @@ class RewardScorer:
         if len(responses) != len(examples):
             raise ValueError(f"{len(responses)} responses but {len(examples)} examples")
         if self._code is not None:
-            return self._code.score_batch(responses, [example.test_cases for example in examples])
-        return [self.score([response], example)[0] for response, example in zip(responses, examples)]
+            results = self._code.score_batch(responses, [example.test_cases for example in examples])
+        else:
+            results = [self._builtin([response], example)[0] for response, example in zip(responses, examples)]
+        return self.combined.apply(results, responses, list(examples))

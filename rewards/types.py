@@ -16,6 +16,8 @@ class RewardResult:
     format_ok: bool  # the response has the shape the reward type asks for
     extracted: str | None  # the answer or program pulled out of the response, if any
     reason: str  # short human-readable cause, e.g. "ok", "wrong answer", "no \\boxed{}"
+    # each weighted reward's own score (and its named parts) when several rewards are combined; else None
+    parts: dict | None = None
 
 
 def combine(format_ok: bool, score: float) -> float:

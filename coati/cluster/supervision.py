@@ -72,6 +72,9 @@ class Supervisor:
         marked it dead, which may take a few seconds on a loaded machine."""
         if not isinstance(error, (ray.exceptions.RayActorError, ray.exceptions.RayTaskError)):
             return error
+        stop = _reward_stop(error)
+        if stop is not None:  # a user reward raised, or the reward server stayed down: its own line says it
+            return RunStopped(f"{stop}; the run stopped. {resume_hint(self.run_dir)}")
         dead = self._find_dead(getattr(error, "actor_id", None))
         if dead is None:
             return error  # an exception inside a live actor: its traceback says more than a summary would
@@ -105,6 +108,15 @@ class Supervisor:
     def kill_all(self) -> None:
         for actor in self.producers + self.consumers:
             ray.kill(actor, no_restart=True)
+
+
+def _reward_stop(error: Exception):
+    """The user-reward or reward-server error inside an actor's failure, if that is what it is."""
+    from rewards.remote import RemoteRewardError
+    from rewards.user import RewardFnError
+
+    cause = getattr(error, "cause", None)
+    return cause if isinstance(cause, (RewardFnError, RemoteRewardError)) else None
 
 
 def resume_hint(run_dir: str) -> str:

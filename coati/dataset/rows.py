@@ -31,6 +31,7 @@ class Example:
     gt_answer: str | None = None  # math tasks
     test_cases: dict | None = field(default=None, compare=False)  # code tasks
     source: str = ""  # "file:line" or "file:row N", for messages about this example
+    row: dict | None = field(default=None, compare=False, repr=False)  # the whole row, for --reward-fn
 
 
 @dataclass(frozen=True)
@@ -52,20 +53,21 @@ def final_answer(label: Any) -> str:
     """The gold answer a math label stands for.
 
     ``"... #### 1,080"`` (GSM8K) -> ``"1080"``: the text after the last ``####``, thousands separators dropped.
-    Else a label holding ``\\boxed{...}`` (a MATH solution) -> the last box's content. Else the label itself,
+    Else a label holding ``\\boxed{...}`` (a MATH solution) -> the last box's content, or the contents of the
+    listed boxes it ends with, joined by ", " (``\\boxed{1}$ and $\\boxed{-2}`` -> ``1, -2``). Else the label itself,
     stripped; numbers become their string.
     """
     if isinstance(label, bool) or not isinstance(label, (str, int, float)):
         raise ValueError(f"must be a string or a number, got {type(label).__name__}")
     if not isinstance(label, str):
         return str(label)
-    from rewards.math import last_boxed
+    from rewards.math import final_boxes
 
     if "####" in label:
         answer = _THOUSANDS.sub("", label.rsplit("####", 1)[1].strip())
     else:
-        boxed = last_boxed(label)
-        answer = (boxed if boxed is not None else label).strip()
+        boxes = final_boxes(label)  # several listed boxes ("\boxed{1} and \boxed{-2}") are one list answer
+        answer = (", ".join(boxes) if boxes else label).strip()
     if not answer:
         raise ValueError("holds no answer (empty, or nothing after '####' or inside \\boxed{})")
     return answer
@@ -123,12 +125,12 @@ def row_to_example(row: Any, fmt: RowFormat, source: str) -> Example:
     if fmt.reward_type == "code":
         if label is None:
             raise _missing(row, label_key, "PRIME test cases", "--label-key")
-        return Example(messages=messages, test_cases=_test_cases(label), source=source)
+        return Example(messages=messages, test_cases=_test_cases(label), source=source, row=row)
     if label is None or (isinstance(label, str) and not label.strip()):
         raise _missing(row, label_key, 'the answer, a non-empty string such as "42", needed by math rewards',
                        "--label-key")
     try:
-        return Example(messages=messages, gt_answer=final_answer(label), source=source)
+        return Example(messages=messages, gt_answer=final_answer(label), source=source, row=row)
     except ValueError as err:
         raise ValueError(f'"{label_key}" {err}') from None
 

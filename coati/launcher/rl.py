@@ -21,7 +21,7 @@ from coati.cluster.schedule import node_cores, node_thread_budgets, thread_budge
 from coati.cluster.supervision import PRODUCER_OPTIONS, Supervisor
 from coati.cluster.trainer_group import TrainerGroup, join_trainer_group, start_trainer_group
 from coati.cluster.weight_sync import WeightStore
-from coati.config.rl import RLConfig
+from coati.config.tree import RLConfig
 from coati.launcher.eval_schedule import EvalSchedule
 from coati.rollout.producer import Producer
 from coati.trainer.checkpointing import check_resume, restore_run, save_checkpoint, trim_metrics

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from coati.config.rl import ConfigError
+from coati.config.errors import ConfigError, require
 from coati.utils.dataclass_cli import option
 from rewards import REWARD_TYPES
 
@@ -51,10 +51,6 @@ class Inputs:
     output: str
 
 
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ConfigError(message)
-
 
 def _model_problem(path: str) -> str | None:
     from coati.rollout.reward_model import read_model_config
@@ -92,15 +88,15 @@ def check_inputs(config: EvalConfig, log=print) -> Inputs:
     for flag, value in (("-mpt/--max-prompt-tokens", config.max_prompt_tokens),
                         ("-imbs/--micro-batch-size", config.micro_batch_size),
                         ("-mnt/--max-new-tokens", 1 if config.max_new_tokens is None else config.max_new_tokens)):
-        _require(value >= 1, f"{flag} must be at least 1, got {value}")
-    _require(config.num_prompts >= 0, f"-n/--num-prompts must be >= 0 (0: all), got {config.num_prompts}")
+        require(value >= 1, f"{flag} must be at least 1, got {value}")
+    require(config.num_prompts >= 0, f"-n/--num-prompts must be >= 0 (0: all), got {config.num_prompts}")
     embedded = config.model is None
-    _require(embedded or config.dataset is not None, "-d/--dataset is required with -m/--model (a file of prompts)")
+    require(embedded or config.dataset is not None, "-d/--dataset is required with -m/--model (a file of prompts)")
     problem = None if embedded else _model_problem(config.model)
-    _require(problem is None, problem)
+    require(problem is None, problem)
     if config.reward_model is not None:
         problem = reward_model_problem(config.reward_model)
-        _require(problem is None, problem)
+        require(problem is None, problem)
     model, dataset = config.model, config.dataset
     if embedded or dataset is None:
         from coati.demo.math_demo import ensure_demo_assets

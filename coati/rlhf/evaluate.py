@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from coati.config.rl import ConfigError
+from coati.config.errors import ConfigError, require
 from coati.config.sampling import SamplingParams
 from coati.dataset.rlhf_rows import has_answer
 from coati.rlhf.eval_config import (
@@ -75,21 +75,17 @@ def _max_new_tokens(config: EvalConfig, model_dir: str, longest_prompt: int) -> 
         positions = json.load(handle).get("max_position_embeddings")
     if positions:  # the demo model has 1024 positions: 1024 new tokens after a prompt would run past them
         wanted = min(wanted, positions - longest_prompt)
-    _require(wanted >= 1, f"the longest prompt ({longest_prompt} tokens) fills the model's {positions} positions: "
+    require(wanted >= 1, f"the longest prompt ({longest_prompt} tokens) fills the model's {positions} positions: "
                           "lower -mpt")
     return wanted
 
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ConfigError(message)
 
 
 def prepare(config: EvalConfig, inputs: Inputs, tokenizer) -> Plan:
     """Tokenised prompts and the generation length; still no model loaded."""
     system_prompt = _system_prompt(config, tokenizer)
     batch, skipped = tokenise_prompts(tokenizer, inputs.examples, system_prompt, config.max_prompt_tokens)
-    _require(bool(batch), f"{inputs.dataset}: all {len(inputs.examples)} prompts are longer than -mpt "
+    require(bool(batch), f"{inputs.dataset}: all {len(inputs.examples)} prompts are longer than -mpt "
                           f"{config.max_prompt_tokens} tokens")
     longest = max(len(ids) for _, _, ids in batch)
     return Plan(config, inputs, tokenizer, system_prompt, batch, skipped,

@@ -27,7 +27,7 @@ import torch
 from coati.cluster.connect import init_ray_for
 from coati.cluster.trainer_group import even_threads, join_trainer_group, one_unit_each, rendezvous_address, \
     start_trainer_group
-from coati.config.rl import ConfigError
+from coati.config.errors import ConfigError
 from coati.plugins.dist import all_reduce_stats
 from coati.rlhf.config import StageConfig
 from coati.rlhf.tasks import TASKS

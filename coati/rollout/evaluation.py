@@ -57,6 +57,7 @@ def score_outputs(outputs: list[list[Completion]], examples, scorer: RewardScore
             "format_ok": result.format_ok,
             "reason": result.reason,
             "finish_reason": completion.finish_reason,
+            **({"reward_parts": result.parts} if result.parts is not None else {}),
         })
     count = max(len(records), 1)
     return EvalResult(

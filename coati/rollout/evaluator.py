@@ -44,7 +44,7 @@ import ray
 import torch
 
 from coati.cluster.weight_sync import unpack_named_tensors
-from coati.config.rl import RLConfig
+from coati.config.tree import RLConfig
 from coati.config.sampling import SamplingParams
 from coati.dataset.loader import load_examples
 from coati.rollout.evaluation import evaluate
@@ -68,8 +68,7 @@ class Evaluator:
         torch.manual_seed(config.run.seed + 2000)  # its own stream for sampled evals
         # The seed offset keeps vLLM's sampling streams apart from every producer's.
         self.backend = make_backend(config, config.parallel.num_inferencers)
-        code_options = config.data.code.scorer_options() if config.data.reward_type == "code" else None
-        self.scorer = RewardScorer(config.data.reward_type, code_options)
+        self.scorer = RewardScorer(**config.data.scorer_options())
         self.reward_model = reward_model_scorer(config.algo.ppo.reward_model, self.backend.tokenizer,
                                                 config.batch.inference_microbatch_size)
         self.loaded = None  # (step, version) of the weights in the backend; None: the initial model

@@ -25,6 +25,7 @@ class RolloutGroup:
     generate_s: float = 0.0  # this group's share of the generate call's seconds
     score_s: float = 0.0  # its share of the seconds spent scoring its round (groups are scored together)
     scores: list[float] = field(default_factory=list)  # the reward model's score per response (-a PPO); else empty
+    reward_parts: list[dict] = field(default_factory=list)  # each weighted reward's score per response; else empty
 
 
 def collate(groups: list[RolloutGroup], pad_id: int) -> dict[str, torch.Tensor]:

@@ -11,7 +11,7 @@ import ray
 import torch
 
 from coati.cluster.weight_sync import make_receiver
-from coati.config.rl import RLConfig
+from coati.config.tree import RLConfig
 from coati.config.sampling import SamplingParams
 from coati.dataset.loader import load_examples
 from coati.rollout.evaluation import evaluate
@@ -53,8 +53,7 @@ class Producer:
         self.weights = make_receiver(config, weight_store, rank)
         self.backend = make_backend(config, rank)
         self.tokenizer = self.backend.tokenizer
-        code_options = config.data.code.scorer_options() if config.data.reward_type == "code" else None
-        self.scorer = RewardScorer(config.data.reward_type, code_options)
+        self.scorer = RewardScorer(**config.data.scorer_options())
         # -a PPO: the reward model scores here, beside the engine: a forward pass per response costs less than
         # generating it, and the scores travel with the groups (no extra actor, no second transfer of samples).
         self.reward_model = reward_model_scorer(config.algo.ppo.reward_model, self.tokenizer,

@@ -38,5 +38,6 @@ def rollout_records(step: int, drawn: list[RolloutGroup], kept: list[RolloutGrou
                 "shaped_reward": None if row is None else float(shaped[row, sample]),
                 "advantage": None if row is None else float(advantages[row, sample]),
                 "in_loss": row is not None and bool(in_loss[row, sample]),
+                **({"reward_parts": group.reward_parts[sample]} if group.reward_parts else {}),
             })
     return records

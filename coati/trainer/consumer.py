@@ -47,7 +47,7 @@ import torch
 
 from coati.cluster.trainer_group import rendezvous_address
 from coati.cluster.weight_sync import make_publisher, pack_named_tensors
-from coati.config.rl import RLConfig
+from coati.config.tree import RLConfig
 from coati.plugins.dist import all_reduce_stats
 from coati.plugins.mesh import TrainerMesh
 from coati.rollout.group import RolloutGroup, collate, split_micro_batches

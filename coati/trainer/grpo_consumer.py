@@ -51,7 +51,7 @@ class GRPOConsumer(Consumer):
         self._prox: list[torch.Tensor] = []  # first-epoch logprobs per micro-batch, for later ppo epochs
         self._prox_epoch, self._prox_at = 0, 0
         self.reference = None
-        if self.loss_config.kl_coeff > 0:
+        if self.loss_config.kl_loss_coef > 0:
             from transformers import AutoModelForCausalLM
 
             self.reference = AutoModelForCausalLM.from_pretrained(self.config.model.path, dtype=torch.float32).eval()

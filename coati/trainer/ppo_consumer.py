@@ -83,7 +83,7 @@ class PPOConsumer(GRPOConsumer):
         config, ppo = self.config, self.config.algo.ppo
         self.ppo = ppo
         self.estimator = get_adv_estimator(config.algo.groups.advantage).fn
-        self.kl_ctl = KLController(ppo.kl_coef, ppo.kl_target, ppo.kl_horizon)
+        self.kl_ctl = KLController(ppo.kl_reward_coef, ppo.kl_target, ppo.kl_horizon)
         if self.reference is None:  # the KL lives in the reward, not in the loss (GRPO loads it for the loss's beta)
             self.reference = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=torch.float32).eval()
             self.reference.requires_grad_(False)

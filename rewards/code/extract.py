@@ -30,10 +30,15 @@ def validate_test_cases(obj: object) -> str | None:
     """None when ``obj`` is a valid PRIME ``test_cases`` object, else a short message saying what is wrong.
 
     Valid: ``{"inputs": [str, ...], "outputs": [str, ...]}`` with lists of equal, non-zero length, and
-    optionally ``"harness": str`` (see :func:`program_for`).
+    optionally ``"harness": str`` (see :func:`program_for`); or call-based, ``{"fn_name": str, "inputs":
+    [[arg, ...], ...], "outputs": [value, ...]}`` (see :mod:`rewards.code.calls`).
     """
     if not isinstance(obj, dict):
         return "test_cases must be an object with 'inputs' and 'outputs'"
+    if "fn_name" in obj:  # call-based: rewards/code/calls.py
+        from rewards.code.calls import validate_call_cases
+
+        return validate_call_cases(obj)
     for key in ("inputs", "outputs"):
         if key not in obj:
             return f"test_cases.{key} is missing"
@@ -59,6 +64,10 @@ def program_for(code: str, test_cases: dict) -> str:
     same stdin/stdout cases: it decides what to run and what to print, for example by ``exec``-ing
     ``SOLUTION`` and calling the function it defines. It runs in the same sandbox as any program.
     """
+    if "fn_name" in test_cases:
+        from rewards.code.calls import call_program
+
+        return call_program(code, test_cases["fn_name"])
     harness = test_cases.get("harness")
     if harness is None:
         return code

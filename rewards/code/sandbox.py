@@ -37,34 +37,25 @@ unsandboxed execution: :func:`check_sandbox_available` raises :class:`SandboxUna
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import json
-import logging
 import os
 import selectors
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 
-logger = logging.getLogger(__name__)
+from rewards.code.uids import (KILL_WAIT_S, DEFAULT_UID_BASE, SandboxUnavailable, UidPool, kill_uid_processes,
+                               proc_status)
+
 
 DEFAULT_PYTHON = "/usr/bin/python3"
-DEFAULT_UID_BASE = 1_900_000_000
-_UID_SLOTS = 4096  # uids uid_base .. uid_base + _UID_SLOTS - 1 may be claimed
-_LOCK_DIR = os.path.join(tempfile.gettempdir(), "coati-code-sandbox")
 _CODE_PATH = "/code/main.py"
 _TOP_LEVEL_SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _READ_CHUNK = 1 << 16
-_KILL_WAIT_S = 5.0
-
-
-class SandboxUnavailable(RuntimeError):
-    """The sandbox cannot run here; code rewards refuse to run programs without it."""
 
 
 @dataclass(frozen=True)
@@ -146,7 +137,7 @@ def check_sandbox_available(python: str = DEFAULT_PYTHON) -> None:
             return
         if not os.path.isfile(python) or not os.access(python, os.X_OK):
             raise SandboxUnavailable(f"sandbox interpreter {python!r} not found or not executable")
-        with _UidPool(1, DEFAULT_UID_BASE) as pool:
+        with UidPool(1, DEFAULT_UID_BASE) as pool:
             uid = pool.acquire()
             try:
                 result = run_program("print(sum(map(int, input().split())))", b"2 3\n", SandboxLimits(), uid, python)
@@ -156,99 +147,6 @@ def check_sandbox_available(python: str = DEFAULT_PYTHON) -> None:
             detail = result.stderr.decode("utf-8", "replace").strip()[-500:]
             raise SandboxUnavailable(f"the sandbox does not run programs here ({result.status}): {detail}")
         _checked.add(python)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Sandbox uids
-
-
-class _UidPool:
-    """Claims ``n`` free uids from ``uid_base`` upwards with lock files; the locks die with the process."""
-
-    def __init__(self, n: int, uid_base: int = DEFAULT_UID_BASE):
-        os.makedirs(_LOCK_DIR, mode=0o700, exist_ok=True)
-        self._fds: dict[int, int] = {}
-        self._free: list[int] = []
-        self._cond = threading.Condition()
-        for uid in range(uid_base, uid_base + _UID_SLOTS):
-            if len(self._fds) == n:
-                break
-            fd = os.open(os.path.join(_LOCK_DIR, f"uid-{uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            self._fds[uid] = fd
-            kill_uid_processes(uid)  # whatever a crashed previous holder left behind
-            self._free.append(uid)
-        if len(self._fds) < n:
-            self.close()
-            raise SandboxUnavailable(f"could not claim {n} sandbox uids from {uid_base}")
-
-    def acquire(self) -> int:
-        with self._cond:
-            while not self._free:
-                self._cond.wait()
-            return self._free.pop()
-
-    def release(self, uid: int) -> None:
-        with self._cond:
-            self._free.append(uid)
-            self._cond.notify()
-
-    def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
-        self._free.clear()
-
-    def __enter__(self) -> _UidPool:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def _proc_status(pid: str) -> dict[str, str] | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
-    except OSError:  # gone meanwhile
-        return None
-
-
-def uid_processes(uid: int) -> list[int]:
-    """Live (non-zombie) processes whose real or effective uid is ``uid``, found by scanning /proc."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        status = _proc_status(entry)
-        if status is None or status.get("State", "").startswith("Z"):
-            continue
-        uids = status.get("Uid", "").split()
-        if len(uids) >= 2 and str(uid) in uids[:2]:
-            found.append(int(entry))
-    return found
-
-
-def kill_uid_processes(uid: int, wait_s: float = _KILL_WAIT_S) -> bool:
-    """SIGKILL every process of ``uid`` until none is left; False if some survived ``wait_s``."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        pids = uid_processes(uid)
-        if not pids:
-            return True
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if time.monotonic() > deadline:
-            logger.error("sandbox uid %d still has processes %s after SIGKILL", uid, pids)
-            return False
-        time.sleep(0.005)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -384,19 +282,28 @@ class _Run:
             fd = os.pidfd_open(pid)
         except ProcessLookupError:  # already gone
             return
-        status = _proc_status(str(pid))
+        status = proc_status(str(pid))
         if status is None or str(self.uid) not in status.get("Uid", "").split()[:2]:
             os.close(fd)  # gone, and the pid reused by a process that is not ours
             return
         self.child_fd = fd
 
     def supervise(self, stdin: bytes, limits: SandboxLimits, start: float) -> RunResult:
+        out, err, killed_for = self._pump(stdin, limits, start + limits.wall_time_s)
+        wall = time.monotonic() - start
+        if killed_for:
+            self.kill()
+            return RunResult(killed_for, bytes(out[: limits.max_output_bytes]), bytes(err), None, wall)
+        returncode = self.proc.wait()  # it has exited already
+        return RunResult(_exit_status(returncode, err), bytes(out), bytes(err), returncode, wall)
+
+    def _pump(self, stdin: bytes, limits: SandboxLimits, deadline: float) -> tuple[bytearray, bytearray, str | None]:
+        """Feed stdin and collect stdout/stderr/info until every pipe is closed and the outer bwrap has exited,
+        or a limit is hit: (stdout, stderr, the status it was killed for, or None)."""
         proc = self.proc
-        deadline = start + limits.wall_time_s
         out, err = bytearray(), bytearray()
         out_fd, err_fd, in_fd = proc.stdout.fileno(), proc.stderr.fileno(), proc.stdin.fileno()
         sel = selectors.DefaultSelector()
-        killed_for = None
         try:
             for fd in (out_fd, err_fd, in_fd):
                 os.set_blocking(fd, False)
@@ -407,27 +314,16 @@ class _Run:
                 sel.register(in_fd, selectors.EVENT_WRITE)
             else:
                 proc.stdin.close()
-            # Done when stdout, stderr and the info pipe are closed and the outer bwrap has exited.
             while sel.get_map():
                 timeout = deadline - time.monotonic()
                 if timeout <= 0:
-                    killed_for = TIMEOUT
-                    break
+                    return out, err, TIMEOUT
                 for key, _ in sel.select(timeout):
                     fd = key.fd
                     if fd == self.outer_fd:
                         sel.unregister(fd)
                     elif fd == in_fd:
-                        try:
-                            written = os.write(in_fd, pending[:_READ_CHUNK])
-                            pending = pending[written:]
-                        except BlockingIOError:
-                            continue
-                        except BrokenPipeError:  # it stopped reading: fine
-                            pending = pending[:0]
-                        if not pending:
-                            sel.unregister(in_fd)
-                            proc.stdin.close()
+                        pending = self._feed(sel, in_fd, pending)
                     else:
                         chunk = os.read(fd, _READ_CHUNK)
                         if not chunk:
@@ -437,34 +333,29 @@ class _Run:
                         elif fd == out_fd:
                             out += chunk
                             if len(out) > limits.max_output_bytes:
-                                killed_for = OUTPUT_LIMIT
+                                return out, err, OUTPUT_LIMIT
                         elif fd == err_fd:
                             if len(err) < limits.max_stderr_bytes:
                                 err += chunk[: limits.max_stderr_bytes - len(err)]
                         else:
                             self.info += chunk
-                if killed_for:
-                    break
+            return out, err, None
         finally:
             sel.close()
-        wall = time.monotonic() - start
-        if killed_for:
-            self.kill()
-            return RunResult(killed_for, bytes(out[: limits.max_output_bytes]), bytes(err), None, wall)
 
-        returncode = proc.wait()  # it has exited already
-        if returncode == 0:
-            return RunResult(OK, bytes(out), bytes(err), 0, wall)
-        # bwrap exits with 128 + the signal that killed the program. Nothing in the sandbox can SIGKILL
-        # its pid 1: that is the CPU limit.
-        if returncode == 128 + signal.SIGKILL:
-            result_status = TIMEOUT
-        elif returncode == 1 and err.startswith(b"bwrap: "):
-            # bwrap failed to build the sandbox. A program could print this too, which only fails its own case.
-            result_status = SANDBOX_ERROR
-        else:
-            result_status = RUNTIME_ERROR
-        return RunResult(result_status, bytes(out), bytes(err), returncode, wall)
+    def _feed(self, sel, in_fd: int, pending: memoryview) -> memoryview:
+        """Write what the pipe takes now; close stdin once all is written or the program stopped reading."""
+        try:
+            written = os.write(in_fd, pending[:_READ_CHUNK])
+            pending = pending[written:]
+        except BlockingIOError:
+            return pending
+        except BrokenPipeError:  # it stopped reading: fine
+            pending = pending[:0]
+        if not pending:
+            sel.unregister(in_fd)
+            self.proc.stdin.close()
+        return pending
 
     def kill(self) -> None:
         """Kill the whole sandbox and reap it; on return no process of the uid is left."""
@@ -476,7 +367,7 @@ class _Run:
                 pass
         if self.proc.returncode is None:
             try:
-                self.proc.wait(timeout=_KILL_WAIT_S if self.child_fd is not None else 0.05)
+                self.proc.wait(timeout=KILL_WAIT_S if self.child_fd is not None else 0.05)
             except subprocess.TimeoutExpired:  # not started yet, or stuck: --die-with-parent takes the inside along
                 try:
                     os.killpg(self.proc.pid, signal.SIGKILL)
@@ -494,3 +385,16 @@ class _Run:
                 pipe.close()
             except OSError:
                 pass
+
+
+def _exit_status(returncode: int, err: bytes) -> str:
+    if returncode == 0:
+        return OK
+    # bwrap exits with 128 + the signal that killed the program. Nothing in the sandbox can SIGKILL its pid 1:
+    # that is the CPU limit.
+    if returncode == 128 + signal.SIGKILL:
+        return TIMEOUT
+    if returncode == 1 and err.startswith(b"bwrap: "):
+        # bwrap failed to build the sandbox. A program could print this too, which only fails its own case.
+        return SANDBOX_ERROR
+    return RUNTIME_ERROR

@@ -8,20 +8,11 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping, Sequence
 
+from rewards.code.calls import call_stdin, is_call_based, returned_matches
 from rewards.code.extract import extract_code, outputs_match, program_for, validate_test_cases
-from rewards.code.sandbox import (
-    DEFAULT_PYTHON,
-    DEFAULT_UID_BASE,
-    OK,
-    OUTPUT_LIMIT,
-    RUNTIME_ERROR,
-    SANDBOX_ERROR,
-    TIMEOUT,
-    SandboxLimits,
-    _UidPool,
-    check_sandbox_available,
-    run_program,
-)
+from rewards.code.sandbox import (DEFAULT_PYTHON, OK, OUTPUT_LIMIT, RUNTIME_ERROR, SANDBOX_ERROR, TIMEOUT, SandboxLimits,
+                                  check_sandbox_available, run_program)
+from rewards.code.uids import DEFAULT_UID_BASE, UidPool
 from rewards.types import RewardResult, combine
 
 logger = logging.getLogger(__name__)
@@ -59,7 +50,7 @@ class CodeRewardScorer:
         self.all_or_nothing = all_or_nothing
         self.max_workers = max_workers or os.cpu_count() or 1
         self.python = python
-        self._uids = _UidPool(self.max_workers, uid_base)
+        self._uids = UidPool(self.max_workers, uid_base)
         self._executor = ThreadPoolExecutor(self.max_workers, thread_name_prefix="code-reward")
 
     # -- public API --------------------------------------------------------------------------------------
@@ -74,8 +65,7 @@ class CodeRewardScorer:
             return RewardResult(reward=0.0, correct=False, format_ok=False, extracted=None, reason="no code block")
         uid = self._uids.acquire()
         try:
-            return self._run_cases(code, program_for(code, test_cases), test_cases["inputs"],
-                                   test_cases["outputs"], uid)
+            return self._run_cases(code, program_for(code, test_cases), test_cases, uid)
         finally:
             self._uids.release(uid)
 
@@ -118,11 +108,15 @@ class CodeRewardScorer:
             result = run_program(code, stdin.encode("utf-8"), self.limits, uid, self.python)
         return result
 
-    def _run_cases(self, code: str, program: str, inputs: list[str], outputs: list[str], uid: int) -> RewardResult:
+    def _run_cases(self, code: str, program: str, test_cases: Mapping, uid: int) -> RewardResult:
+        # stdin -> stdout rows compare printed text; call-based rows the returned JSON value
+        calls = is_call_based(test_cases)
+        inputs = [call_stdin(args) for args in test_cases["inputs"]] if calls else test_cases["inputs"]
+        matches = returned_matches if calls else outputs_match
         passed, first_failure = 0, None
-        for i, (stdin, expected) in enumerate(zip(inputs, outputs)):
+        for i, (stdin, expected) in enumerate(zip(inputs, test_cases["outputs"])):
             result = self._run_case(program, stdin, uid)
-            if result.status == OK and outputs_match(result.stdout.decode("utf-8", "replace"), expected):
+            if result.status == OK and matches(result.stdout.decode("utf-8", "replace"), expected):
                 passed += 1
                 continue
             if first_failure is None:

@@ -1,0 +1,117 @@
+"""A remote reward server: ``--reward-url http://HOST:PORT/PATH``.
+
+Protocol (one HTTP POST per batch, ``Content-Type: application/json``, UTF-8)::
+
+    request:  {"items": [{"prompt": str, "response": str, "label": <the row's label, any JSON>}, ...]}
+    reply:    200, {"scores": [number, ...]}                       one finite number per item, in order
+              optionally "parts": [{"name": number, ...}, ...]     per item, for the logs only
+
+``prompt`` is the text of the row's last user message. A batch holds at most ``batch_size`` items.
+
+Failures: a connection error, a timeout (``timeout_s`` per request), HTTP 429 or 5xx is tried again, up to
+``retries`` more times with waits of 0.5 s, 1 s, 2 s...; when the server stays down the scorer raises
+``RemoteRewardError`` (one line: the URL, what happened, how many tries). Any other HTTP status, a reply
+that is not that JSON, or a wrong number of scores is a server bug: ``RemoteRewardError`` at once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+from urllib.parse import urlparse
+
+
+class RemoteRewardError(RuntimeError):
+    """The reward server could not be reached or answered wrongly; one line."""
+
+
+def check_reward_url(url: str) -> str | None:
+    """None when ``url`` looks usable, else a message saying what is wrong."""
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return f"--reward-url {url!r} must be http://HOST:PORT/PATH (or https://)"
+    try:
+        parsed.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        return f"--reward-url {url!r} has a port that is not a number"
+    return None
+
+
+class _Retry(Exception):
+    """A failure worth another try."""
+
+
+class RemoteReward:
+    name = "remote"
+
+    def __init__(self, url: str, timeout_s: float = 30.0, retries: int = 3, batch_size: int = 256,
+                 backoff_s: float = 0.5):
+        problem = check_reward_url(url)
+        if problem:
+            raise RemoteRewardError(problem)
+        self.url, self.timeout_s, self.retries = url, timeout_s, retries
+        self.batch_size, self.backoff_s = batch_size, backoff_s
+
+    def score(self, items: list[dict]) -> list[tuple[float, dict]]:
+        """(score, parts) per item (``{"prompt", "response", "label"}``), in order."""
+        out = []
+        for start in range(0, len(items), self.batch_size):
+            out += self._post(items[start : start + self.batch_size])
+        return out
+
+    def _post(self, batch: list[dict]) -> list[tuple[float, dict]]:
+        body = json.dumps({"items": batch}, default=str).encode("utf-8")  # a value JSON lacks goes as its text
+        last = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                return self._parse(self._send(body), len(batch))
+            except _Retry as err:
+                last = str(err)
+        raise RemoteRewardError(f"reward server {self.url} is down: {last} ({self.retries + 1} tries); "
+                                "start it or fix --reward-url")
+
+    def _send(self, body: bytes) -> bytes:
+        request = urllib.request.Request(self.url, data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:
+                return reply.read()
+        except urllib.error.HTTPError as err:
+            if err.code == 429 or err.code >= 500:
+                raise _Retry(f"HTTP {err.code}") from None
+            raise RemoteRewardError(f"reward server {self.url} answered HTTP {err.code} {err.reason}; "
+                                    "check the path and the request format (docs/rewards.md)") from None
+        except (TimeoutError, urllib.error.URLError, ConnectionError, OSError) as err:
+            reason = getattr(err, "reason", err)
+            if isinstance(reason, TimeoutError) or "timed out" in str(reason):
+                raise _Retry(f"no reply within {self.timeout_s:g} s") from None
+            raise _Retry(f"{reason}") from None
+
+    def _parse(self, raw: bytes, count: int) -> list[tuple[float, dict]]:
+        try:
+            reply = json.loads(raw)
+        except ValueError:
+            raise RemoteRewardError(f"reward server {self.url} replied with something that is not JSON: "
+                                    f"{raw[:80]!r}") from None
+        scores = reply.get("scores") if isinstance(reply, dict) else None
+        if not isinstance(scores, list) or len(scores) != count:
+            got = len(scores) if isinstance(scores, list) else "no list"
+            raise RemoteRewardError(f"reward server {self.url} must reply {{\"scores\": [...]}} with {count} "
+                                    f"numbers, got {got}")
+        parts = reply.get("parts") or [{}] * count
+        if not isinstance(parts, list) or len(parts) != count or not all(isinstance(p, dict) for p in parts):
+            raise RemoteRewardError(f"reward server {self.url}: \"parts\" must be a list of {count} objects")
+        return [(_finite(s, self.url), {str(k): _finite(v, self.url) for k, v in p.items()})
+                for s, p in zip(scores, parts)]
+
+
+def _finite(value: Any, url: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RemoteRewardError(f"reward server {url} returned {value!r} as a score; scores must be finite numbers")
+    return float(value)
