@@ -73,6 +73,12 @@ def cluster_address(master_address: str | None, environ=os.environ) -> tuple[str
 
 def init_ray(config) -> None:
     """Join the cluster ``cluster_address`` names (after ``probe``), else start a local one."""
+    run = config.run
+    init_ray_for(config.parallel.num_inferencers + config.parallel.num_trainers, run.master_address, run.ray_dir)
+
+
+def init_ray_for(actors: int, master_address: str | None = None, ray_dir: str | None = None) -> None:
+    """``init_ray`` for a job of ``actors`` one-slot actors (a local cluster gets at least that many CPUs)."""
     import ray
     from ray.util.debug import log_once
 
@@ -82,18 +88,16 @@ def init_ray(config) -> None:
     # Actors' repeated lines still fold into one "[repeated Nx across cluster]"; the one-time notice explaining
     # that (with a link) is used up here, so it never lands between the progress bar and the eval lines.
     log_once("log_dedup_warning")
-    run = config.run
-    address, source = cluster_address(run.master_address)
+    address, source = cluster_address(master_address)
     if address is None:
-        actors = config.parallel.num_inferencers + config.parallel.num_trainers
-        ray.init(address="local", num_cpus=max(actors, os.cpu_count() or 1), _temp_dir=run.ray_dir, **kwargs)
+        ray.init(address="local", num_cpus=max(actors, os.cpu_count() or 1), _temp_dir=ray_dir, **kwargs)
         return
     if "://" in address:  # from RAY_ADDRESS (the flag's form is checked with the other flags)
         raise ClusterError(f"{source} {address}: Ray Client and job-server addresses are not supported; run the "
                            "driver on a node of the cluster and pass the head's HOST[:PORT]")
     if address != "auto":  # Ray's own discovery of a cluster on this machine; nothing to probe
-        probe(address, source, run.ray_dir)
-    ray.init(address=address, _temp_dir=run.ray_dir, **kwargs)
+        probe(address, source, ray_dir)
+    ray.init(address=address, _temp_dir=ray_dir, **kwargs)
 
 
 def probe(address: str, source: str = "--master_address", ray_dir: str | None = None,

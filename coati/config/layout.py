@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coati.cluster.weight_sync import WEIGHT_SYNC
+from coati.plugins.mesh import MeshShape
 from coati.utils.dataclass_cli import option
 
 BACKENDS = ("transformers", "vllm")
@@ -17,8 +18,13 @@ class TrainerLayout:
     imply; shared by the GRPO run's ParallelConfig and the RLHF stages' options."""
 
     @property
+    def mesh_shape(self) -> MeshShape:
+        """The trainer group's sizes (coati.plugins.mesh: the arithmetic every layout shares)."""
+        return MeshShape(self.num_trainers, self.tensor_parallel_size, self.pipeline_parallel_size)
+
+    @property
     def dp_size(self) -> int:
-        return self.num_trainers // (self.tensor_parallel_size * self.pipeline_parallel_size)
+        return self.mesh_shape.dp_size
 
     @property
     def plugin_name(self) -> str:

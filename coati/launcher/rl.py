@@ -19,6 +19,7 @@ from coati.cluster.buffer import RolloutBuffer
 from coati.cluster.connect import init_ray, node_label, reserve, where
 from coati.cluster.schedule import node_cores, node_thread_budgets, thread_budgets
 from coati.cluster.supervision import PRODUCER_OPTIONS, Supervisor
+from coati.cluster.trainer_group import TrainerGroup, join_trainer_group, start_trainer_group
 from coati.cluster.weight_sync import WeightStore
 from coati.config.tree import RLConfig
 from coati.launcher.eval_schedule import EvalSchedule
@@ -74,8 +75,8 @@ def _run(config: RLConfig, log, reservation, start: float) -> RunResult:
         schedule.buffer_capacity, schedule.slots())
     # the advantage estimator decides: group rewards (GRPO, DAPO, PG) or a critic's per-token values (PPO)
     consumer_class = PPOConsumer if config.algo.uses_critic else GRPOConsumer
-    consumers = [ray.remote(consumer_class).options(**reservation.trainer_options(rank)).remote(
-        config, rank, buffer, store, trainer_threads[rank]) for rank in range(p.num_trainers)]
+    consumers = start_trainer_group(consumer_class, p.num_trainers, dict(config=config, buffer=buffer, weight_store=store),
+                                    trainer_threads, reservation.trainer_options).actors
     producers = [ray.remote(Producer).options(**reservation.inferencer_options(rank), **PRODUCER_OPTIONS).remote(
         config, rank, names["buffer"], names["weights"], producer_threads[rank]) for rank in range(p.num_inferencers)]
     places = {"trainers": ray.get([actor.__ray_call__.remote(where) for actor in consumers]),
@@ -99,8 +100,7 @@ def _run(config: RLConfig, log, reservation, start: float) -> RunResult:
 def _train(config, log, start, consumers, producers, buffer, supervisor, evaluator_threads, reservation) -> RunResult:
     from tqdm import tqdm
 
-    address, port = ray.get(consumers[0].rendezvous_address.remote())
-    supervisor.gather([consumer.setup.remote(address, port) for consumer in consumers])  # joins the group together
+    join_trainer_group(TrainerGroup(consumers), supervisor.gather)
     infos = ray.get([producer.info.remote() for producer in producers])
     # --learner-chunk-size: the sending trainer's generator has its own shard, and as many rounds to fill.
     learner_infos = [info for info in ray.get([consumer.learner_info.remote() for consumer in consumers]) if info]

@@ -11,11 +11,13 @@
 | colossalai-zero | ColossalAI LowLevelZeroPlugin (stage 1 or 2) | colossal |
 | colossalai-hybrid | ColossalAI HybridParallelPlugin (tp / pp / zero) | colossal |
 
+Every multi-rank plugin reads its sizes, coordinates and sub-groups from one ``TrainerMesh`` (``coati.plugins.mesh``).
 Multi-rank plugins need ``torch.distributed`` initialised first (``coati.plugins.dist.init_trainer_group``).
 Trainer-state checkpoints (``save_state`` / ``load_state``, resumable in other layouts): ``coati.plugins.state``.
 """
 
 from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin
+from coati.plugins.mesh import MeshShape, TrainerMesh
 from coati.plugins.torch_single import SingleProcessPlugin
 from coati.plugins.validation import ParallelLayout, validate_layout
 
@@ -24,13 +26,14 @@ PLUGINS = ("single", "torch-ddp", "torch-fsdp2", "torch-tp", "torch-pp", "coloss
 
 
 def make_plugin(name: str, tp_size: int = 1, pp_size: int = 1, zero_stage: int = 0, precision: str = "fp32",
-                world_size: int | None = None, model_config=None) -> TrainerPlugin:
+                world_size: int | None = None, model_config=None, mesh: TrainerMesh | None = None) -> TrainerPlugin:
     """The plugin ``name`` for a layout; with ``world_size`` (and ``model_config``) the layout is validated now.
 
     Without ``world_size`` the checks run in ``setup``, against the initialised group. Under pipeline
     parallelism the micro-batches given to one ``forward_backward`` call are the pipeline's micro-batches
     (at least ``pp_size`` of them per call; ColossalChat's ``microbatch_size = tmbs // pp`` is the case of
-    passing micro-batches of ``tmbs // pp`` samples).
+    passing micro-batches of ``tmbs // pp`` samples). ``mesh``: the trainer group's mesh, shared by every
+    plugin built with it (the roles of one group); without it the plugin builds its own in ``setup``.
     """
     if name not in PLUGINS:
         raise ValueError(f"unknown trainer plugin {name!r}; choose one of {', '.join(PLUGINS)}")
@@ -44,15 +47,15 @@ def make_plugin(name: str, tp_size: int = 1, pp_size: int = 1, zero_stage: int =
     if name in ("torch-ddp", "torch-fsdp2", "torch-tp"):
         from coati.plugins.torch_native import TorchNativePlugin
 
-        return TorchNativePlugin(name.removeprefix("torch-"), layout)
+        return TorchNativePlugin(name.removeprefix("torch-"), layout, mesh)
     if name == "torch-pp":
         from coati.plugins.torch_pipeline import TorchPipelinePlugin
 
-        return TorchPipelinePlugin(layout)
+        return TorchPipelinePlugin(layout, mesh)
     from coati.plugins.colossal import ColossalPlugin
 
-    return ColossalPlugin(name.removeprefix("colossalai-"), layout)
+    return ColossalPlugin(name.removeprefix("colossalai-"), layout, mesh=mesh)
 
 
-__all__ = ["LossFn", "MicroBatch", "PLUGINS", "ParallelLayout", "SingleProcessPlugin", "TrainerPlugin", "make_plugin",
+__all__ = ["LossFn", "MeshShape", "MicroBatch", "PLUGINS", "TrainerMesh", "ParallelLayout", "SingleProcessPlugin", "TrainerPlugin", "make_plugin",
            "validate_layout"]

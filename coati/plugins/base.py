@@ -27,6 +27,9 @@ from typing import Callable, Iterator
 
 import torch
 
+from coati.plugins.mesh import TrainerMesh
+from coati.plugins.validation import ParallelLayout
+
 MicroBatch = dict[str, torch.Tensor]
 # (logits of the micro-batch, the micro-batch) -> (loss to backpropagate, detached statistics)
 LossFn = Callable[[torch.Tensor, MicroBatch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -85,28 +88,53 @@ class TrainerPlugin(ABC):
     def is_weight_sender(self) -> bool:
         """True on the one rank of the trainer group that publishes weights to the inferencers."""
 
+    # The trainer group's mesh (coati.plugins.mesh): sizes, this rank's coordinates, the sub-groups. Handed in
+    # when several plugins share one group (the roles of a trainer group); else built from the default group.
+    _mesh: TrainerMesh | None = None
+    _owns_mesh: bool = True
+    layout: ParallelLayout = ParallelLayout()
+
+    def _use_mesh(self, mesh: TrainerMesh | None) -> None:
+        self._mesh, self._owns_mesh = mesh, mesh is None
+
+    def _resolve_mesh(self) -> TrainerMesh:
+        """In ``setup``: this plugin's own mesh of the group as it is now, or the one handed in, which must
+        have this plugin's tp/pp sizes."""
+        if self._owns_mesh:
+            self._mesh = TrainerMesh.build(self.layout.tp_size, self.layout.pp_size)
+        elif (self._mesh.tp_size, self._mesh.pp_size) != (self.layout.tp_size, self.layout.pp_size):
+            raise ValueError(f"the trainer mesh is tp={self._mesh.tp_size} pp={self._mesh.pp_size} but this plugin's "
+                             f"layout is tp={self.layout.tp_size} pp={self.layout.pp_size}; build both from one layout")
+        return self._mesh
+
+    @property
+    def mesh(self) -> TrainerMesh:
+        if self._mesh is None:
+            self._mesh = TrainerMesh.build(self.layout.tp_size, self.layout.pp_size)
+        return self._mesh
+
     @property
     def rank(self) -> int:
         """This process's rank in the trainer group."""
-        return 0
+        return self.mesh.rank
 
     @property
     def world_size(self) -> int:
         """Processes in the trainer group (dp_size * tp_size * pp_size)."""
-        return 1
+        return self.mesh.world_size
 
     @property
     def dp_rank(self) -> int:
-        return 0
+        return self.mesh.dp_rank
 
     @property
     def dp_size(self) -> int:
-        return 1
+        return self.mesh.dp_size
 
     @property
     def model_parallel_size(self) -> int:
         """Ranks that share one data-parallel rank's micro-batches (tp_size * pp_size)."""
-        return self.world_size // self.dp_size
+        return self.mesh.model_parallel_size
 
     @abstractmethod
     def save_pretrained(self, path: str) -> None:
@@ -136,6 +164,12 @@ class TrainerPlugin(ABC):
 
     def close(self) -> None:
         """Release what ``setup`` built (process sub-groups, hooks); the default group stays to its owner."""
+        self._close_mesh()
+
+    def _close_mesh(self) -> None:
+        """A mesh handed in belongs to whoever built it (it may serve other plugins); an own one closes here."""
+        if self._owns_mesh and self._mesh is not None:
+            self._mesh.close()
 
     def _on_device(self, micro_batches: list[MicroBatch]) -> list[MicroBatch]:
         from coati.plugins.dist import to_device

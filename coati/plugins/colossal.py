@@ -12,6 +12,11 @@ Clipping: the ColossalAI optimizers clip inside ``step`` with ``max_norm`` fixed
 ``optimizer_step`` receives is written to the optimizer before stepping, and the pre-clip norm it reports
 is ColossalAI's (``get_grad_norm``). On CPU, ``colossal_cpu_compat`` is applied first.
 
+Groups: ColossalAI's plugins build their own process groups (``HybridParallelPlugin`` its ``ProcessGroupMesh`` in
+its constructor; none takes groups from outside), so they cannot share the trainer mesh's: each ColossalPlugin (each
+role) has ColossalAI groups of its own. The sizes come from the layout, this rank's coordinates from the trainer mesh,
+and ``setup`` checks that ColossalAI placed the rank where the mesh does.
+
 Weights out: the sender is global rank 0. TP shards are gathered inside each TP group (ColossalAI's
 ``gather_distributed_param``, vocabulary padding removed); pipeline stages other than the first send their
 (TP-gathered) tensors to rank 0 point-to-point. Only the ranks of data-parallel rank 0 with TP rank 0 send.
@@ -28,6 +33,7 @@ import torch.distributed as dist
 from coati.plugins import colossal_cpu_compat
 from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin
 from coati.plugins.dist import trainer_device, world
+from coati.plugins.mesh import TrainerMesh
 from coati.plugins.validation import ParallelLayout, validate_layout
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -51,26 +57,19 @@ def launch_colossalai() -> list[str]:
 class ColossalPlugin(TrainerPlugin):
     KINDS = ("ddp", "zero", "hybrid")
 
-    def __init__(self, kind: str, layout: ParallelLayout | None = None, max_grad_norm: float = 1.0):
+    def __init__(self, kind: str, layout: ParallelLayout | None = None, max_grad_norm: float = 1.0,
+                 mesh: TrainerMesh | None = None):
         if kind not in self.KINDS:
             raise ValueError(f"unknown ColossalAI plugin {kind!r}; choose one of {self.KINDS}")
         self.kind = kind
         self.layout = layout or ParallelLayout()
         self.max_grad_norm = max_grad_norm
-        self._rank, self._world = world()
+        self._use_mesh(mesh)
         self.booster = self.plugin = self.model = self.optimizer = None
         self._hf_names: list[str] = []
         self._owners: dict[str, int] = {}  # pipeline: HF name -> global rank that sends it
 
     # --- layout ---
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        return self._world
-
     @property
     def tp_size(self) -> int:
         return self.layout.tp_size
@@ -80,24 +79,16 @@ class ColossalPlugin(TrainerPlugin):
         return self.layout.pp_size
 
     @property
-    def dp_size(self) -> int:
-        return self._world // (self.tp_size * self.pp_size)
-
-    @property
-    def dp_rank(self) -> int:
-        return self._rank // (self.tp_size * self.pp_size)  # ColossalAI's mesh is (dp, pp, tp)
-
-    @property
     def pp_rank(self) -> int:
-        return (self._rank // self.tp_size) % self.pp_size
+        return self.mesh.pp_rank  # ColossalAI's ProcessGroupMesh is (dp, pp, tp), as the trainer mesh
 
     @property
     def tp_rank(self) -> int:
-        return self._rank % self.tp_size
+        return self.mesh.tp_rank
 
     @property
     def is_weight_sender(self) -> bool:
-        return self._rank == 0
+        return self.rank == 0
 
     # --- setup ---
     def _make_booster_plugin(self, cpu: bool, model_config):
@@ -123,15 +114,17 @@ class ColossalPlugin(TrainerPlugin):
     def setup(self, model, learning_rate, betas=(0.9, 0.99), weight_decay=0.0) -> None:
         from colossalai.booster import Booster
 
-        self._rank, self._world = world()
         config = getattr(model, "config", None)
-        validate_layout(f"colossalai-{self.kind}", self._world, self.layout, config)
+        validate_layout(f"colossalai-{self.kind}", world()[1], self.layout, config)
+        self._resolve_mesh()
         cpu = bool(launch_colossalai())
         # no move here: the Booster moves the model to the accelerator's device (after sharding, under TP)
         self.device = trainer_device()
         self.config = config
         self._hf_names = [name for name, _ in model.named_parameters()]  # tied weights once, HF order
         self.plugin = self._make_booster_plugin(cpu, config)
+        if self.kind == "hybrid":
+            check_same_mesh(self.plugin, self.mesh)
         self.booster = Booster(plugin=self.plugin)
         model = model.to(DTYPES[self.layout.precision]) if self.kind == "ddp" else model
         optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, betas=betas, weight_decay=weight_decay)
@@ -149,7 +142,7 @@ class ColossalPlugin(TrainerPlugin):
         stats = []
         for index, micro_batch in enumerate(micro_batches):
             last = index == len(micro_batches) - 1
-            context = self.booster.no_sync(self.model) if (self.kind == "ddp" and not last and self._world > 1) \
+            context = self.booster.no_sync(self.model) if (self.kind == "ddp" and not last and self.world_size > 1) \
                 else _null()
             with context:
                 logits = self.model(input_ids=micro_batch["input_ids"],
@@ -186,8 +179,8 @@ class ColossalPlugin(TrainerPlugin):
 
     def _broadcast_stats(self, collected: list[dict], count: int) -> list[dict]:
         """The last stage's statistics, sent to every stage of its pipeline (one broadcast)."""
-        last = self._rank - self.pp_rank * self.tp_size + (self.pp_size - 1) * self.tp_size
-        payload = [collected if self._rank == last else None]
+        last = self.mesh.last_in("pp")
+        payload = [collected if self.rank == last else None]
         group = self.plugin.pp_group
         dist.broadcast_object_list(payload, src=last, group=group)
         return payload[0]
@@ -225,8 +218,8 @@ class ColossalPlugin(TrainerPlugin):
         if self.dp_rank == 0 and self.tp_rank == 0:
             for name in self._hf_names:
                 if name in local:
-                    mine[name] = self._rank
-        everyone: list = [None] * self._world
+                    mine[name] = self.rank
+        everyone: list = [None] * self.world_size
         dist.all_gather_object(everyone, mine)
         for table in everyone:
             for name, entry in table.items():
@@ -249,7 +242,7 @@ class ColossalPlugin(TrainerPlugin):
             tensor = self._gather(local[name])  # collective inside the TP group
             if self.is_weight_sender:
                 yield name, tensor
-            elif self.pp_size > 1 and self._owners[name] == self._rank:
+            elif self.pp_size > 1 and self._owners[name] == self.rank:
                 dist.send_object_list([tensor], dst=0)
 
     def _gather(self, param: torch.Tensor) -> torch.Tensor:
@@ -271,14 +264,14 @@ class ColossalPlugin(TrainerPlugin):
             from coati.plugins.torch_native import save_hf
 
             save_hf(_HFConfigHolder(self.config), state, path)
-        if self._world > 1:
+        if self.world_size > 1:
             dist.barrier()
 
     # --- trainer state (ColossalAI's sharded Booster checkpoint; colossalai-ddp also reads torch-dcp ones) ---
     def _manifest(self) -> dict:
         from coati.plugins.state import layout_manifest
 
-        return layout_manifest(f"colossalai-{self.kind}", self._world, tp_size=self.tp_size, pp_size=self.pp_size,
+        return layout_manifest(f"colossalai-{self.kind}", self.world_size, tp_size=self.tp_size, pp_size=self.pp_size,
                                zero_stage=self.layout.zero_stage, precision=self.layout.precision)
 
     def save_state(self, path: str) -> None:
@@ -292,9 +285,9 @@ class ColossalPlugin(TrainerPlugin):
         os.makedirs(path, exist_ok=True)
         self.booster.save_model(self.model, os.path.join(path, "model"), shard=True)
         self.booster.save_optimizer(self.optimizer, os.path.join(path, "optimizer"), shard=True)
-        if self._rank == 0:
+        if self.rank == 0:
             write_manifest(path, {"format": COLOSSAL_FORMAT, **self._manifest()})
-        if self._world > 1:
+        if self.world_size > 1:
             dist.barrier()
 
     def load_state(self, path: str) -> None:
@@ -315,6 +308,16 @@ class ColossalPlugin(TrainerPlugin):
 
     def close(self) -> None:
         self.booster = self.plugin = self.model = self.optimizer = None
+        self._close_mesh()
+
+
+def check_same_mesh(hybrid, mesh: TrainerMesh) -> None:
+    """HybridParallelPlugin lays out its own ProcessGroupMesh (it takes no groups from outside); the micro-batch
+    shares and the weight senders follow the trainer mesh, so the two must give this rank the same place."""
+    theirs = tuple(hybrid.pg_mesh.coordinate(axis) for axis in (hybrid.dp_axis, hybrid.pp_axis, hybrid.tp_axis))
+    ours = (mesh.dp_rank, mesh.pp_rank, mesh.tp_rank)
+    if theirs != ours:
+        raise RuntimeError(f"ColossalAI placed rank {mesh.rank} at (dp, pp, tp) = {theirs}, the trainer mesh at {ours}")
 
 
 def colossal_mismatch(saved: dict, requested: dict) -> str | None:

@@ -135,3 +135,26 @@ def data_parallel_normaliser(local: float, plugin) -> float:
     total = torch.tensor([local], dtype=torch.float64, device=device_type())
     dist.all_reduce(total)
     return max(float(total) / plugin.model_parallel_size / plugin.dp_size, 1.0 / plugin.dp_size)
+
+
+def all_reduce_stats(totals: dict[str, float], mesh, summed=(), maxima=()) -> dict[str, float]:
+    """One step's statistics over the whole trainer group (``mesh``: a TrainerMesh, or a plugin's sizes).
+
+    Each rank's normalised statistic is its share of the global value times dp (losses are normalised by the
+    global normaliser / dp), so the global value is the mean over data-parallel ranks; names in ``summed``
+    are counts (summed over dp ranks), names in ``maxima`` the largest over all ranks. Model-parallel peers
+    hold equal values: the sum over all ranks is divided by tp * pp. Collective over the default group.
+    """
+    if mesh.world_size == 1 or not totals:
+        return totals
+    names = sorted(name for name in totals if name not in maxima)
+    values = torch.tensor([totals[name] for name in names], dtype=torch.float64, device=device_type())
+    dist.all_reduce(values)
+    values = values.cpu() / mesh.model_parallel_size
+    out = {name: float(value) if name in summed else float(value) / mesh.dp_size for name, value in zip(names, values)}
+    peaks = sorted(name for name in totals if name in maxima)
+    if peaks:
+        peak = torch.tensor([totals[name] for name in peaks], dtype=torch.float64, device=device_type())
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        out.update({name: float(value) for name, value in zip(peaks, peak.cpu())})
+    return out

@@ -31,6 +31,8 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
+from coati.plugins.mesh import MeshShape
+
 MANIFEST = "trainer_state.json"
 DCP_FORMAT = "torch-dcp"
 COLOSSAL_FORMAT = "colossalai"
@@ -40,7 +42,7 @@ def layout_manifest(plugin: str, world_size: int, tp_size: int = 1, pp_size: int
                     precision: str = "fp32") -> dict:
     """A layout as the manifest names it (the writer adds ``format``)."""
     return {"plugin": plugin, "world_size": world_size, "tp_size": tp_size, "pp_size": pp_size,
-            "dp_size": world_size // (tp_size * pp_size), "zero_stage": zero_stage, "precision": precision}
+            "dp_size": MeshShape(world_size, tp_size, pp_size).dp_size, "zero_stage": zero_stage, "precision": precision}
 
 
 def describe(manifest: dict) -> str:

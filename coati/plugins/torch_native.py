@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin
 from coati.plugins.dist import clip_grads_, full_tensor, grad_norm_sq, trainer_device, world
+from coati.plugins.mesh import TrainerMesh
 from coati.plugins.validation import ParallelLayout, validate_layout
 
 # Module paths inside one Llama-family decoder block (Qwen2, Llama, Mistral share them).
@@ -58,7 +59,7 @@ def apply_fsdp2(model: torch.nn.Module, dp_mesh, zero_stage: int) -> None:
 class TorchNativePlugin(TrainerPlugin):
     KINDS = ("ddp", "fsdp2", "tp")
 
-    def __init__(self, kind: str, layout: ParallelLayout | None = None):
+    def __init__(self, kind: str, layout: ParallelLayout | None = None, mesh: TrainerMesh | None = None):
         if kind not in self.KINDS:
             raise ValueError(f"unknown torch-native layout {kind!r}; choose one of {self.KINDS}")
         self.kind = kind
@@ -66,43 +67,26 @@ class TorchNativePlugin(TrainerPlugin):
         self.module: torch.nn.Module | None = None  # the HF model (parameters possibly DTensors)
         self.wrapped: torch.nn.Module | None = None  # what forward runs through (DDP wrapper or the module)
         self.optimizer: torch.optim.Optimizer | None = None
-        self._rank, self._world = world()
-        self.mesh = None
+        self._use_mesh(mesh)
 
     # --- layout ---
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        return self._world
-
     @property
     def tp_size(self) -> int:
         return self.layout.tp_size
 
     @property
-    def dp_size(self) -> int:
-        return self._world // self.tp_size
-
-    @property
-    def dp_rank(self) -> int:
-        return self._rank // self.tp_size
-
-    @property
     def is_weight_sender(self) -> bool:
-        return self._rank == 0
+        return self.rank == 0
 
     def setup(self, model, learning_rate, betas=(0.9, 0.99), weight_decay=0.0) -> None:
-        self._rank, self._world = world()
-        validate_layout(f"torch-{self.kind}", self._world, self.layout, getattr(model, "config", None))
+        validate_layout(f"torch-{self.kind}", world()[1], self.layout, getattr(model, "config", None))
+        self._resolve_mesh()
         self.device = trainer_device()
         # the full model on every rank's device first: DDP, fully_shard and parallelize_module all expect the
         # parameters (and buffers such as rotary frequencies) on the mesh's device
         self.module = model.to(self.device).train()
         if self.kind == "ddp":
-            if self._world > 1:
+            if self.world_size > 1:
                 from torch.nn.parallel import DistributedDataParallel
 
                 device_ids = [self.device.index] if self.device.type == "cuda" else None
@@ -110,13 +94,11 @@ class TorchNativePlugin(TrainerPlugin):
             else:
                 self.wrapped = model
         else:
-            from torch.distributed.device_mesh import init_device_mesh
-
-            self.mesh = init_device_mesh(self.device.type, (self.dp_size, self.tp_size), mesh_dim_names=("dp", "tp"))
+            device_mesh = self.mesh.device_mesh(self.device.type)
             if self.tp_size > 1:
-                apply_tensor_parallel(model, self.mesh["tp"])
+                apply_tensor_parallel(model, device_mesh["tp"])
             if self.kind == "fsdp2" or self.dp_size > 1:
-                apply_fsdp2(model, self.mesh["dp"], self.layout.zero_stage)
+                apply_fsdp2(model, device_mesh["dp"], self.layout.zero_stage)
             self.wrapped = model
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, betas=betas,
                                            weight_decay=weight_decay)
@@ -124,7 +106,7 @@ class TorchNativePlugin(TrainerPlugin):
     # --- training ---
     def _sync_context(self, last: bool):
         """Gradient reduction only on the last micro-batch of a call (accumulate locally before)."""
-        if self.kind == "ddp" and self._world > 1:
+        if self.kind == "ddp" and self.world_size > 1:
             return nullcontext() if last else self.wrapped.no_sync()
         if hasattr(self.wrapped, "set_requires_gradient_sync"):  # FSDP2 root
             self.wrapped.set_requires_gradient_sync(last)
@@ -167,14 +149,14 @@ class TorchNativePlugin(TrainerPlugin):
         state = dict(self.named_full_tensors())  # every rank takes part in the gathers
         if self.is_weight_sender:
             save_hf(self.module, state, path)
-        if self._world > 1:
+        if self.world_size > 1:
             dist.barrier()
 
     # --- trainer state (DCP: DTensor shards are written by their owners, resharded on load) ---
     def _manifest(self) -> dict:
         from coati.plugins.state import layout_manifest
 
-        return layout_manifest(f"torch-{self.kind}", self._world, tp_size=self.tp_size,
+        return layout_manifest(f"torch-{self.kind}", self.world_size, tp_size=self.tp_size,
                                zero_stage=self.layout.zero_stage)
 
     def save_state(self, path: str) -> None:
@@ -190,7 +172,7 @@ class TorchNativePlugin(TrainerPlugin):
     def close(self) -> None:
         self.optimizer = None
         self.wrapped = None
-        self.mesh = None
+        self._close_mesh()
 
 
 def save_hf(module: torch.nn.Module, state: dict[str, torch.Tensor], path: str) -> None:

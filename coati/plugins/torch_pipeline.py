@@ -1,6 +1,6 @@
 """Pipeline parallelism with ``torch.distributed.pipelining`` (GPipe), optionally x data parallel.
 
-Ranks form a ``(dp, pp)`` grid, ``rank = dp_rank * pp + stage``. Each stage owns a contiguous slice of the
+Ranks form a ``(dp, pp)`` grid, ``rank = dp_rank * pp + stage`` (the trainer mesh, coati.plugins.mesh, with tp 1). Each stage owns a contiguous slice of the
 decoder layers (stage 0 also the embedding, the last stage also the final norm and the LM head), built by
 ``DecoderStage`` with the HF parameter names. The micro-batches of one ``forward_backward`` call are the
 pipeline's micro-batches; ``loss_fn`` runs on the last stage (its statistics are broadcast to every stage),
@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin
 from coati.plugins.dist import clip_grads_, trainer_device, world
+from coati.plugins.mesh import TrainerMesh
 from coati.plugins.validation import ParallelLayout, validate_layout
 
 
@@ -73,9 +74,9 @@ class DecoderStage(torch.nn.Module):
 
 
 class TorchPipelinePlugin(TrainerPlugin):
-    def __init__(self, layout: ParallelLayout | None = None):
+    def __init__(self, layout: ParallelLayout | None = None, mesh: TrainerMesh | None = None):
         self.layout = layout or ParallelLayout(pp_size=2)
-        self._rank, self._world = world()
+        self._use_mesh(mesh)
         self.stage_module: DecoderStage | None = None
         self.optimizer = None
         self._schedules: dict = {}
@@ -85,54 +86,27 @@ class TorchPipelinePlugin(TrainerPlugin):
         self.pp_group = self.dp_group = self.tie_group = None
 
     @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        return self._world
-
-    @property
     def pp_size(self) -> int:
         return self.layout.pp_size
 
     @property
     def stage(self) -> int:
-        return self._rank % self.pp_size
-
-    @property
-    def dp_size(self) -> int:
-        return self._world // self.pp_size
-
-    @property
-    def dp_rank(self) -> int:
-        return self._rank // self.pp_size
+        return self.mesh.pp_rank
 
     @property
     def is_weight_sender(self) -> bool:
-        return self._rank == 0
+        return self.rank == 0
 
     def setup(self, model, learning_rate, betas=(0.9, 0.99), weight_decay=0.0) -> None:
-        self._rank, self._world = world()
-        validate_layout("torch-pp", self._world, self.layout, model.config)
-        pp, dp = self.pp_size, self.dp_size
-        # every rank creates every group, in the same order (new_group is collective)
-        for d in range(dp):
-            group = dist.new_group([d * pp + s for s in range(pp)])
-            if d == self.dp_rank:
-                self.pp_group = group
-        for s in range(pp):
-            group = dist.new_group([d * pp + s for d in range(dp)]) if dp > 1 else None
-            if s == self.stage:
-                self.dp_group = group
+        validate_layout("torch-pp", world()[1], self.layout, model.config)
+        mesh = self._resolve_mesh()
+        self.pp_group, self.dp_group = mesh.group("pp", single=True), mesh.group("dp")
         self._hf_names = [name for name, _ in model.named_parameters()]
         self._tied = model.get_output_embeddings() is not None and \
             model.get_output_embeddings().weight is model.get_input_embeddings().weight
         if self._tied:
-            for d in range(dp):
-                group = dist.new_group([d * pp, d * pp + pp - 1])
-                if d == self.dp_rank:
-                    self.tie_group = group
+            self.tie_group = mesh.stage_ends_group()
+        pp = self.pp_size
         start, end = stage_bounds(model.config.num_hidden_layers, pp, self.stage)
         self.stage_module = DecoderStage(model.train(), start, end, self.stage == 0, self.stage == pp - 1)
         if self._tied and self.stage == pp - 1:  # own copy of the tied weight on the last stage
@@ -142,8 +116,8 @@ class TorchPipelinePlugin(TrainerPlugin):
         self.optimizer = torch.optim.AdamW(self.stage_module.parameters(), lr=learning_rate, betas=betas,
                                            weight_decay=weight_decay)
         local = dict(self.stage_module.named_parameters())
-        mine = {name: self._rank for name in self._hf_names if name in local} if self.dp_rank == 0 else {}
-        tables: list = [None] * self._world
+        mine = {name: self.rank for name in self._hf_names if name in local} if self.dp_rank == 0 else {}
+        tables: list = [None] * self.world_size
         dist.all_gather_object(tables, mine)
         for table in tables:
             for name, owner in table.items():
@@ -194,7 +168,7 @@ class TorchPipelinePlugin(TrainerPlugin):
             start = end
         ordered = [self._stats[i] for i in range(len(micro_batches))] if self.stage == self.pp_size - 1 else None
         payload = [ordered]
-        dist.broadcast_object_list(payload, src=self._rank - self.stage + self.pp_size - 1, group=self.pp_group)
+        dist.broadcast_object_list(payload, src=self.mesh.last_in("pp"), group=self.pp_group)
         self._current = None
         return payload[0]
 
@@ -237,13 +211,13 @@ class TorchPipelinePlugin(TrainerPlugin):
         for name in self._hf_names:
             owner = self._owners[name]
             if self.is_weight_sender:
-                if owner == self._rank:
+                if owner == self.rank:
                     yield name, local[name].detach().cpu()
                 else:
                     payload = [None]
                     dist.recv_object_list(payload, src=owner)
                     yield name, payload[0]
-            elif owner == self._rank:
+            elif owner == self.rank:
                 dist.send_object_list([local[name].detach().cpu()], dst=0)
 
     def save_pretrained(self, path: str) -> None:
@@ -260,7 +234,7 @@ class TorchPipelinePlugin(TrainerPlugin):
         as a full model stores it: both stages write, and read, one tensor)."""
         from coati.plugins.state import layout_manifest
 
-        manifest = layout_manifest("torch-pp", self._world, pp_size=self.pp_size)
+        manifest = layout_manifest("torch-pp", self.world_size, pp_size=self.pp_size)
         last_copy = self._tied and self.stage == self.pp_size - 1
         return manifest, ({"lm_head.weight": "model.embed_tokens.weight"} if last_copy else {})
 
@@ -278,9 +252,5 @@ class TorchPipelinePlugin(TrainerPlugin):
 
     def close(self) -> None:
         self._schedules.clear()
-        for group in {self.pp_group, self.dp_group, self.tie_group} - {None}:
-            try:
-                dist.destroy_process_group(group)
-            except Exception:  # noqa: BLE001 - best effort; the default group stays
-                pass
         self.pp_group = self.dp_group = self.tie_group = None
+        self._close_mesh()

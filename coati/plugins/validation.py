@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coati.plugins.mesh import MeshShape
+
 # Model families (HF ``config.model_type``) whose decoder the pipeline stage builders understand.
 TORCH_PP_FAMILIES = ("qwen2", "llama")
 COLOSSAL_PP_FAMILIES = ("qwen2",)  # our own shardformer policy (transformers 5); see colossal_policies.py
@@ -24,22 +26,24 @@ class ParallelLayout:
     zero_stage: int = 0
     precision: str = "fp32"
 
+    def shape(self, world_size: int) -> MeshShape:
+        return MeshShape(world_size, self.tp_size, self.pp_size)
+
     def dp_size(self, world_size: int) -> int:
-        return world_size // (self.tp_size * self.pp_size)
+        return self.shape(world_size).dp_size
 
 
 def validate_layout(plugin: str, world_size: int, layout: ParallelLayout, model_config=None) -> None:
     """All checks for ``plugin`` on ``world_size`` ranks; ``model_config`` is the HF config (None: skip model checks)."""
     tp, pp = layout.tp_size, layout.pp_size
+    shape = layout.shape(world_size)
     if tp < 1 or pp < 1:
-        raise ValueError(f"tensor/pipeline parallel sizes must be >= 1 (got tp={tp}, pp={pp})")
+        shape.validate()
     if layout.zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero stage must be 0, 1, 2 or 3 (got {layout.zero_stage})")
     if layout.precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)} (got {layout.precision!r})")
-    if world_size % (tp * pp):
-        raise ValueError(f"tp_size*pp_size = {tp}*{pp} = {tp * pp} does not divide the {world_size} trainers; "
-                         f"use a trainer count that is a multiple of {tp * pp}")
+    shape.validate()
     if plugin == "single" and world_size != 1:
         raise ValueError(f"plugin 'single' trains in one process, not {world_size}; pick torch-ddp or a colossalai plugin")
     if plugin in ("single", "torch-ddp", "colossalai-ddp", "colossalai-zero") and (tp > 1 or pp > 1):

@@ -104,7 +104,7 @@ def validate(config: StageConfig) -> None:
     require(config.max_grad_norm >= 0, f"--max-grad-norm must be >= 0 (0: off), got {config.max_grad_norm}")
     require(0 <= config.eval_fraction < 1, f"--eval-fraction must lie in [0, 1), got {config.eval_fraction}")
     require(config.eval_interval >= 0, f"-ei/--eval-interval must be >= 0, got {config.eval_interval}")
-    model_parallel = config.tensor_parallel_size * config.pipeline_parallel_size
+    model_parallel = config.mesh_shape.model_parallel_size
     require(config.num_trainers % model_parallel == 0,
              f"-t ({config.num_trainers}) must be a multiple of tp*pp ({model_parallel}): change -t, -tp or -pp")
     require(config.zero_stage in (0, 1, 2, 3), f"-zero/--zero-stage must be 0, 1, 2 or 3, got {config.zero_stage}")

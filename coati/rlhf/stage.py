@@ -24,7 +24,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from coati.cluster.connect import init_ray_for
+from coati.cluster.trainer_group import even_threads, join_trainer_group, one_unit_each, rendezvous_address, \
+    start_trainer_group
 from coati.config.errors import ConfigError
+from coati.plugins.dist import all_reduce_stats
 from coati.rlhf.config import StageConfig
 from coati.rlhf.tasks import TASKS
 
@@ -61,24 +65,18 @@ class StageTrainer:
         self.train_path, self.eval_path, self.model_path = train_path, eval_path, model_path
         if num_threads:  # Ray actors get a share of the cores; in-process the caller's setting stands
             torch.set_num_threads(num_threads)
-        self.plugin = None
+        self.plugin = self.mesh = None
         self._eval_model = None
         self._order = (None, None)  # (epoch, its permutation of the training rows)
 
     def rendezvous_address(self) -> tuple[str, int]:
-        import socket
-
-        import ray
-
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            return ray.util.get_node_ip_address(), sock.getsockname()[1]
+        return rendezvous_address()
 
     def setup(self, master_address: str = "127.0.0.1", master_port: int = 29507) -> dict:
         """Join the group, build the plugin and the model, tokenise the rows; the data's counts."""
         from transformers import AutoConfig, AutoTokenizer
 
-        from coati.plugins import make_plugin
+        from coati.plugins import TrainerMesh, make_plugin
 
         config = self.config
         torch.manual_seed(config.seed)  # the same on every rank: a fresh head starts identical
@@ -95,9 +93,10 @@ class StageTrainer:
                 from coati.plugins.colossal import launch_colossalai
 
                 launch_colossalai()
+        self.mesh = TrainerMesh.build(config.tensor_parallel_size, config.pipeline_parallel_size)
         self.plugin = make_plugin(config.plugin_name, config.tensor_parallel_size, config.pipeline_parallel_size,
                                   config.zero_stage, config.precision, world_size=config.num_trainers,
-                                  model_config=AutoConfig.from_pretrained(self.model_path))
+                                  model_config=AutoConfig.from_pretrained(self.model_path), mesh=self.mesh)
         self.plugin.setup(self.task.load_model(self.model_path), config.lr)
         return {"train_rows": len(self.train), "eval_rows": len(self.held_out), "skipped_too_long": skipped,
                 "skipped_too_long_eval": skipped_eval, "steps": self.total_steps}
@@ -122,12 +121,12 @@ class StageTrainer:
 
     def step(self, step: int) -> dict:
         """One optimizer step on this rank's share of step ``step``'s batch. Collective."""
-        config, plugin = self.config, self.plugin
+        config, plugin, mesh = self.config, self.plugin, self.mesh
         start = time.perf_counter()
         items = self.batch_items(step)
-        share = len(items) // plugin.dp_size
-        mine = items[plugin.dp_rank * share : (plugin.dp_rank + 1) * share]
-        normaliser = self.task.weight(items) / plugin.dp_size
+        share = len(items) // mesh.dp_size
+        mine = items[mesh.dp_rank * share : (mesh.dp_rank + 1) * share]
+        normaliser = self.task.weight(items) / mesh.dp_size
         micro_batches = []
         for first in range(0, len(mine), config.micro_batch_size):
             batch = self.task.collate(mine[first : first + config.micro_batch_size])
@@ -136,22 +135,8 @@ class StageTrainer:
         stats = plugin.forward_backward(micro_batches, self.task.loss_fn)
         grad_norm = plugin.optimizer_step(config.max_grad_norm)
         totals = {name: sum(float(s[name]) for s in stats) for name in stats[0]}
-        return {**self._mean_over_data_parallel(totals), "grad_norm": grad_norm,
-                "step_time_s": time.perf_counter() - start}
-
-    def _mean_over_data_parallel(self, totals: dict[str, float]) -> dict[str, float]:
-        """Each rank's statistics are its share of the global value times dp (normaliser global / dp), and
-        model-parallel peers hold equal values: the mean over all ranks is the global value."""
-        if self.plugin.world_size == 1:
-            return totals
-        import torch.distributed as dist
-
-        from coati.plugins.dist import device_type
-
-        names = sorted(totals)
-        values = torch.tensor([totals[n] for n in names], dtype=torch.float64, device=device_type())
-        dist.all_reduce(values)
-        return {n: float(v) / self.plugin.world_size for n, v in zip(names, values.cpu())}
+        # each rank's statistics are its share of the global value times dp (normaliser global / dp)
+        return {**all_reduce_stats(totals, mesh), "grad_norm": grad_norm, "step_time_s": time.perf_counter() - start}
 
     def evaluate(self) -> dict | None:
         """Held-out metrics on rank 0 (None elsewhere, and when there are no held-out rows). Collective."""
@@ -178,6 +163,8 @@ class StageTrainer:
     def shutdown(self) -> None:
         if self.plugin is not None:
             self.plugin.close()
+        if self.mesh is not None:
+            self.mesh.close()
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
@@ -205,43 +192,28 @@ class _Group:
             self.ranks = [StageTrainer(config, train_path, eval_path, model_path)]
             self.info = self.ranks[0].setup()
             return
-        import ray
-
-        if not ray.is_initialized():
-            kwargs = dict(include_dashboard=False, logging_level="ERROR", log_to_driver=True)
-            if os.environ.get("RAY_ADDRESS"):
-                ray.init(address=os.environ["RAY_ADDRESS"], **kwargs)
-            else:
-                ray.init(num_cpus=max(config.num_trainers, os.cpu_count() or 1), **kwargs)
-        threads = max(1, (os.cpu_count() or 1) // config.num_trainers)
-        # a GPU per rank when the cluster has one for each (the plugins then train there over nccl); else the CPU
-        gpus = {"num_gpus": 1} if ray.cluster_resources().get("GPU", 0) >= config.num_trainers else {}
-        actor = ray.remote(StageTrainer).options(num_cpus=1, **gpus)
-        self.ranks = [actor.remote(config, train_path, eval_path, model_path, rank, threads, True)
-                      for rank in range(config.num_trainers)]
+        n = config.num_trainers
+        init_ray_for(n)  # a local cluster, or the one RAY_ADDRESS names
+        self.group = start_trainer_group(StageTrainer, n, dict(config=config, train_path=train_path, eval_path=eval_path,
+                                                               model_path=model_path, actor=True),
+                                         even_threads(n), one_unit_each(n))
+        self.ranks = self.group.actors
         try:
-            address, port = ray.get(self.ranks[0].rendezvous_address.remote())
-            self.info = ray.get([r.setup.remote(address, port) for r in self.ranks])[0]
+            self.info = join_trainer_group(self.group)[0]
         except BaseException:
-            for handle in self.ranks:
-                ray.kill(handle)
+            self.group.kill()
             raise
 
     def call(self, method: str, *args):
         """Every rank's result of ``method(*args)`` (collective calls reach all ranks together)."""
         if not self.ray:
             return [getattr(self.ranks[0], method)(*args)]
-        import ray
-
-        return ray.get([getattr(r, method).remote(*args) for r in self.ranks])
+        return self.group.call(method, *args)
 
     def close(self) -> None:
         self.call("shutdown")
         if self.ray:
-            import ray
-
-            for handle in self.ranks:
-                ray.kill(handle)
+            self.group.kill()
 
 
 def run_stage(config: StageConfig, train_path: str, eval_path: str | None, model_path: str, log=print) -> StageResult:

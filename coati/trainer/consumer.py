@@ -40,14 +40,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 import time
 
 import ray
 import torch
 
+from coati.cluster.trainer_group import rendezvous_address
 from coati.cluster.weight_sync import make_publisher, pack_named_tensors
 from coati.config.tree import RLConfig
+from coati.plugins.dist import all_reduce_stats
+from coati.plugins.mesh import TrainerMesh
 from coati.rollout.episode_metrics import episode_metrics
 from coati.rollout.group import RolloutGroup, collate, split_micro_batches
 from coati.rollout.rollout_log import rollout_log_due, rollout_records
@@ -75,6 +77,7 @@ class Consumer:
         self.num_threads = num_threads or os.cpu_count() or 1
         torch.set_num_threads(self.num_threads)
         self.plugin = None
+        self.mesh = None  # the trainer group's TrainerMesh, shared by every role's plugin
         self.roles: dict[str, TrainedModel] = {}  # the policy first, then e.g. a critic (roles.py)
         self.step_count = 0
         self.version = 0
@@ -92,13 +95,8 @@ class Consumer:
 
     def rendezvous_address(self) -> tuple[str, int]:
         """(address, port) for the trainer group's rendezvous, hosted by this actor (rank 0) on its own node:
-        the address is the one this node has in the Ray cluster, the port --master_port or a free one."""
-        address = ray.util.get_node_ip_address()
-        if self.config.run.master_port:
-            return address, self.config.run.master_port
-        with socket.socket() as sock:  # a free port; released now, bound again at once by rank 0's store
-            sock.bind(("", 0))
-            return address, sock.getsockname()[1]
+        the port is --master_port or a free one."""
+        return rendezvous_address(self.config.run.master_port)
 
     def setup(self, master_address: str | None = None, master_port: int | None = None) -> None:
         """Join the trainer group (every rank at once), build the plugin and the policy, then the algorithm."""
@@ -113,8 +111,10 @@ class Consumer:
             from coati.plugins.dist import init_trainer_group
 
             init_trainer_group(self.rank, p.num_trainers, master_address or "127.0.0.1", master_port or 29506)
+        self.mesh = TrainerMesh.build(p.tensor_parallel_size, p.pipeline_parallel_size)
         model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=p.model_placement("policy").dtype)
-        self.roles[ACTOR] = TrainedModel.build(ACTOR, p, model, config.algo.learning_rate, self.loss_fn, model_config)
+        self.roles[ACTOR] = TrainedModel.build(ACTOR, p, model, config.algo.learning_rate, self.loss_fn, model_config,
+                                               mesh=self.mesh)
         self.plugin = self.roles[ACTOR].plugin  # the policy's: it sets the data-parallel shares and is published
         if self.plugin.is_weight_sender:
             self.publisher = make_publisher(config, self.weight_store)
@@ -134,7 +134,7 @@ class Consumer:
 
     def add_role(self, name: str, model: torch.nn.Module, learning_rate: float, loss_fn) -> TrainedModel:
         """Train ``model`` beside the policy, on the same ranks and layout (collective: every rank adds it)."""
-        self.roles[name] = TrainedModel.build(name, self.config.parallel, model, learning_rate, loss_fn)
+        self.roles[name] = TrainedModel.build(name, self.config.parallel, model, learning_rate, loss_fn, mesh=self.mesh)
         return self.roles[name]
 
     def loss_fn(self, logits: torch.Tensor, micro_batch: dict) -> tuple[torch.Tensor, dict]:
@@ -300,27 +300,8 @@ class Consumer:
         return metrics
 
     def _reduce_stats(self, totals: dict[str, float]) -> dict[str, float]:
-        """Statistics of the whole step: each rank's normalised statistics are its share of the global value
-        times dp (normalisers are global / dp), so the global value is their mean; counts are summed."""
-        if self.plugin.world_size == 1 or not totals:
-            return totals
-        import torch.distributed as dist
-
-        from coati.plugins.dist import device_type
-
-        names = sorted(name for name in totals if name not in self.max_stats)
-        values = torch.tensor([totals[name] for name in names], dtype=torch.float64, device=device_type())
-        dist.all_reduce(values)  # model-parallel peers hold equal values: divide them out
-        values = values.cpu() / self.plugin.model_parallel_size
-        dp = self.plugin.dp_size
-        out = {name: float(value) if name in self.summed_stats else float(value) / dp
-               for name, value in zip(names, values)}
-        maxima = sorted(name for name in totals if name in self.max_stats)
-        if maxima:
-            peak = torch.tensor([totals[name] for name in maxima], dtype=torch.float64, device=device_type())
-            dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-            out.update({name: float(value) for name, value in zip(maxima, peak.cpu())})
-        return out
+        """Statistics of the whole step (normalised ones averaged over dp, counts summed, maxima the largest)."""
+        return all_reduce_stats(totals, self.mesh, self.summed_stats, self.max_stats)
 
     def publish_weights(self) -> None:
         """Collective: every rank takes part in gathering the full weights; the sender puts them in the store."""
@@ -392,6 +373,8 @@ class Consumer:
             self.publisher = None
         for role in self.roles.values():
             role.close()
+        if self.mesh is not None:
+            self.mesh.close()
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():

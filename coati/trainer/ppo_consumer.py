@@ -29,6 +29,7 @@ import torch
 from coati.algorithm.advantage import get_adv_estimator, kl_penalised_rewards
 from coati.algorithm.kl_control import KLController
 from coati.algorithm.loss import kl_k1, normaliser_from_counts, value_loss
+from coati.plugins.dist import all_reduce_stats
 from coati.rollout.group import RolloutGroup, collate, split_micro_batches
 from coati.trainer.grpo_consumer import GRPOConsumer, load_reference
 
@@ -137,17 +138,9 @@ class PPOConsumer(GRPOConsumer):
         return batches
 
     def _step_sums(self, sums: dict[str, float]) -> dict[str, float]:
-        """The sums over every data-parallel rank's share (model-parallel peers would hold the same: none here,
-        PPO trains without -tp/-pp). float64 keeps the whitening exact enough to match one process."""
-        if self.plugin.world_size == 1:
-            return sums
-        import torch.distributed as dist
-
-        from coati.plugins.dist import device_type
-
-        values = torch.tensor([sums[name] for name in _SUMS], dtype=torch.float64, device=device_type())
-        dist.all_reduce(values)
-        return dict(zip(_SUMS, values.cpu().tolist()))
+        """The sums over every data-parallel rank's share. float64 keeps the whitening exact enough to match
+        one process."""
+        return all_reduce_stats(sums, self.mesh, summed=_SUMS)
 
     @staticmethod
     def _batch_metrics(sums: dict[str, float], beta: float) -> dict[str, float]:

@@ -4,7 +4,8 @@ and, for PPO, the ``critic``.
 The trainer group (consumer.py) owns what is shared: drawing groups, data-parallel shares, publishing weights,
 checkpoints. A ``TrainedModel`` owns one model's plugin, its loss and its optimizer steps, so adding a model
 to the group (a critic beside the policy, as verl's workers separate them) is one more role, not another
-trainer. Every role uses the group's layout (-t/-zero/--plugin), built from the same process group, and
+trainer. Every role uses the group's layout (-t/-zero/--plugin) on the group's one TrainerMesh (one set of
+sub-groups; coati.plugins.mesh), and
 checkpoints its state under ``trainer_state/<role>/``.
 """
 
@@ -17,6 +18,7 @@ import torch
 
 from coati.plugins import make_plugin
 from coati.plugins.base import LossFn, TrainerPlugin
+from coati.plugins.mesh import TrainerMesh
 from coati.plugins.state import MANIFEST
 
 ACTOR = "actor"
@@ -30,11 +32,13 @@ class TrainedModel:
 
     @classmethod
     def build(cls, name: str, parallel, model: torch.nn.Module, learning_rate: float, loss_fn: LossFn,
-              model_config=None) -> "TrainedModel":
-        """Lay ``model`` out as the group's ``parallel`` config says (collective: every rank builds it)."""
+              model_config=None, mesh: TrainerMesh | None = None) -> "TrainedModel":
+        """Lay ``model`` out as the group's ``parallel`` config says, on the group's ``mesh`` (collective: every
+        rank builds it)."""
         plugin = make_plugin(parallel.plugin_name, parallel.tensor_parallel_size, parallel.pipeline_parallel_size,
                              parallel.zero_stage, parallel.precision, world_size=parallel.num_trainers,
-                             model_config=model_config if model_config is not None else getattr(model, "config", None))
+                             model_config=model_config if model_config is not None else getattr(model, "config", None),
+                             mesh=mesh)
         plugin.setup(model, learning_rate)
         return cls(name, plugin, loss_fn)
 

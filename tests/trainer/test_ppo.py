@@ -197,3 +197,25 @@ def test_ppo_resume_is_exact(local_ray, tiny_model_dir, reward_model_dir, tmp_pa
     for name in ("loss", "value_loss", "kl_coef", "explained_variance"):
         assert row[name] == pytest.approx(ref_row[name], abs=1e-7), name
     assert max_diff(policy, reference[1]) == 0.0 and max_diff(critic, reference[2]) == 0.0
+
+
+@pytest.mark.e2e
+def test_policy_and_critic_share_one_trainer_mesh(local_ray, tiny_model_dir, reward_model_dir):
+    """PPO builds the trainer mesh once per group: both roles' plugins get it, and FSDP2 shards both models over
+    the same data-parallel process group (not one set of sub-groups per role)."""
+    critic_name = CRITIC
+
+    def role_meshes(consumer) -> dict:  # runs inside each rank (a local function: Ray pickles it by value)
+        actor, critic = (consumer.roles[name].plugin for name in ("actor", critic_name))
+        actor_param, critic_param = next(actor.module.parameters()), next(critic.module.parameters())
+        return {"one_mesh": actor.mesh is consumer.mesh and critic.mesh is consumer.mesh,
+                "one_group": actor_param.device_mesh.get_group() is critic_param.device_mesh.get_group(),
+                "coords": (consumer.mesh.rank, consumer.mesh.dp_rank, consumer.mesh.dp_size)}
+
+    group = Group(ppo_config(tiny_model_dir, reward_model_dir, ["-t", "2", "-zero", "2"], tbs=2), rollouts())
+    try:
+        found = ray.get([rank.__ray_call__.remote(role_meshes) for rank in group.ranks], timeout=120)
+    finally:
+        group.close()
+    assert [f["coords"] for f in found] == [(0, 0, 2), (1, 1, 2)]
+    assert all(f["one_mesh"] and f["one_group"] for f in found), found

@@ -1,0 +1,83 @@
+"""Starting a trainer group: ``world_size`` Ray actors of one class that join one torch.distributed group.
+
+Every trainer group (the RL run's consumers, an SFT/RM stage's trainers) starts the same way:
+
+1. ``start_trainer_group``: one actor per rank, with that rank's Ray options (a placement-group bundle, or a
+   plain CPU/GPU request) and its torch thread budget, created as ``actor_class(**kwargs, rank=, num_threads=)``;
+2. ``join_trainer_group``: rank 0 names the rendezvous (its node's address in the Ray cluster and a port,
+   ``rendezvous_address``), then every rank's ``setup(address, port)`` runs at once (they join together).
+
+The actor class is the caller's (this module knows no trainer): it takes ``rank`` and ``num_threads`` keywords
+and has ``rendezvous_address()`` and ``setup(master_address, master_port)``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+
+def rendezvous_address(port: int | None = None) -> tuple[str, int]:
+    """(address, port) for a trainer group's rendezvous, run on rank 0 (which hosts the store): the address its
+    node has in the Ray cluster, ``port`` when given, else a free one."""
+    import ray
+
+    address = ray.util.get_node_ip_address()
+    if port:
+        return address, port
+    with socket.socket() as sock:  # a free port; released now, bound again at once by rank 0's store
+        sock.bind(("", 0))
+        return address, sock.getsockname()[1]
+
+
+def even_threads(world_size: int, cores: int | None = None) -> list[int]:
+    """Each rank's torch threads when the group has this machine's ``cores`` to itself."""
+    return [max(1, (cores or os.cpu_count() or 1) // world_size)] * world_size
+
+
+def one_unit_each(world_size: int) -> Callable[[int], dict]:
+    """Ray options per rank without a placement group: a GPU each when the cluster has one per rank (the plugins
+    then train there over nccl), else a CPU slot."""
+    import ray
+
+    gpus = {"num_gpus": 1} if ray.cluster_resources().get("GPU", 0) >= world_size else {}
+    return lambda rank: {"num_cpus": 1, **gpus}
+
+
+@dataclass
+class TrainerGroup:
+    actors: list  # Ray actor handles, by rank
+
+    def call(self, method: str, *args) -> list:
+        """Every rank's result of ``method(*args)`` (collective calls reach all ranks together)."""
+        import ray
+
+        return ray.get([getattr(actor, method).remote(*args) for actor in self.actors])
+
+    def kill(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor)
+
+
+def start_trainer_group(actor_class, world_size: int, kwargs: dict, threads: Sequence[int],
+                        options: Callable[[int], dict]) -> TrainerGroup:
+    """One ``actor_class`` actor per rank: ``options(rank)`` are its Ray options, ``threads[rank]`` its torch
+    threads. Nothing is joined yet (``join_trainer_group``)."""
+    import ray
+
+    remote = ray.remote(actor_class)
+    return TrainerGroup([remote.options(**options(rank)).remote(**kwargs, rank=rank, num_threads=threads[rank])
+                         for rank in range(world_size)])
+
+
+def join_trainer_group(group: TrainerGroup, gather: Callable | None = None) -> list:
+    """Rank 0 names the rendezvous, then every rank's ``setup`` runs at once; each rank's result, collected by
+    ``gather`` (``ray.get`` unless given, e.g. a supervisor's that names a dead rank)."""
+    import ray
+
+    address, port = ray.get(group.actors[0].rendezvous_address.remote())
+    return (gather or ray.get)([actor.setup.remote(address, port) for actor in group.actors])
