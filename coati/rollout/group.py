@@ -1,8 +1,12 @@
-"""What producers hand to trainers: groups of G completions of one prompt, and their collation to tensors."""
+"""What producers hand to trainers: groups of G completions of one prompt, and their collation to tensors.
+
+A group carries what the producer observed (tokens, behaviour logprobs, rewards); advantages are the
+trainer's business (coati.algorithm), computed from the rewards at training time.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -13,7 +17,6 @@ class RolloutGroup:
     responses: list[list[int]]  # G token-id lists
     logprobs: list[list[float]]  # behaviour-policy logprobs, one per response token
     rewards: list[float]
-    advantages: list[float]
     correct: list[bool]
     format_ok: list[bool]
     finish_reasons: list[str]  # "stop" | "length"
@@ -27,6 +30,13 @@ class RolloutGroup:
     scores: list[float] = field(default_factory=list)  # the reward model's score per response (-a PPO); else empty
     reward_parts: list[dict] = field(default_factory=list)  # each weighted reward's score per response; else empty
 
+    @classmethod
+    def from_dict(cls, row: dict) -> "RolloutGroup":
+        """A group from its ``asdict`` form; keys this build does not know are ignored, so files written by
+        builds whose groups carried more (e.g. producer-side ``advantages``) still load."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in row.items() if key in known})
+
 
 def collate(groups: list[RolloutGroup], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded prompt+response rows and per-position tensors aligned with next-token logprobs.
@@ -34,13 +44,12 @@ def collate(groups: list[RolloutGroup], pad_id: int) -> dict[str, torch.Tensor]:
     ``action_mask[b, t]`` is 1 when token ``t + 1`` of row ``b`` is a response token, so it lines up with
     ``logits[:, :-1]``; ``old_logprobs`` sits at the same positions.
     """
-    rows, spans, logprobs, advantages = [], [], [], []
+    rows, spans, logprobs = [], [], []
     for group in groups:
-        for response, logp, advantage in zip(group.responses, group.logprobs, group.advantages):
+        for response, logp in zip(group.responses, group.logprobs):
             rows.append(group.prompt_ids + response)
             spans.append((len(group.prompt_ids), len(response)))
             logprobs.append(logp)
-            advantages.append(advantage)
     width = max(len(r) for r in rows)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -56,7 +65,6 @@ def collate(groups: list[RolloutGroup], pad_id: int) -> dict[str, torch.Tensor]:
         "attention_mask": attention_mask,
         "action_mask": action_mask,
         "old_logprobs": old_logprobs,
-        "advantages": torch.tensor(advantages, dtype=torch.float32),
     }
 
 

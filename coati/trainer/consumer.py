@@ -165,9 +165,8 @@ class Consumer:
 
     def rollout_tensors(self, kept: list[RolloutGroup]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Hook for the rollout logs: (shaped rewards, advantages, sample loss mask), [len(kept), G], as the
-        loss used them; here the producers' rewards and advantages, every sample in the loss."""
-        rewards = torch.tensor([g.rewards for g in kept], dtype=torch.float32)
-        return rewards, torch.tensor([g.advantages for g in kept], dtype=torch.float32), torch.ones_like(rewards)
+        loss used them (the algorithm computes advantages; producers ship rewards only)."""
+        raise NotImplementedError
 
     def set_total_groups(self, total: int | None) -> None:
         """Groups the trainer group will draw in all (None: unbounded); ``step()`` returns None after the last."""

@@ -104,7 +104,7 @@ def test_sample_loss_mask_truncation_and_topk():
 
 def group(rewards, lengths, finish, correct=None):
     return RolloutGroup(prompt_ids=[1, 2], responses=[[5] * n for n in lengths], logprobs=[[0.0] * n for n in lengths],
-                        rewards=rewards, advantages=[0.0] * len(rewards),
+                        rewards=rewards,
                         correct=correct or [r == 1.0 for r in rewards], format_ok=[True] * len(rewards),
                         finish_reasons=finish, policy_version=0)
 

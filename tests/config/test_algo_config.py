@@ -192,7 +192,7 @@ def test_a_newly_registered_estimator_is_usable_by_name_alone():
     try:
         algo = config_for("--grpo-config", '{"advantage": "leave_one_out"}').algo
         group = RolloutGroup(prompt_ids=[1], responses=[[5]] * 4, logprobs=[[0.0]] * 4, rewards=[1.0, 0.0, 0.0, 1.0],
-                             advantages=[0.0] * 4, correct=[True, False, False, True], format_ok=[True] * 4,
+                             correct=[True, False, False, True], format_ok=[True] * 4,
                              finish_reasons=["stop"] * 4, policy_version=0)
         _, adv, _ = shaped_group_tensors([group], algo.groups, 8)
         # r - mean of the other three: 1 - 1/3, 0 - 2/3
