@@ -53,7 +53,7 @@ def test_group_mean_advantages_for_pg():
     # group_norm on the same: std = sqrt(2) -> +-1/sqrt(2)
     assert close(compute_advantages(torch.tensor([[2.0, 0.0]]), "group_norm"), [[1 / math.sqrt(2), -1 / math.sqrt(2)]])
     with pytest.raises(ValueError):
-        compute_advantages(torch.zeros(1, 2), "rloo")
+        compute_advantages(torch.zeros(1, 2), "no_such_estimator")
     with pytest.raises(ValueError):
         group_mean_advantages(torch.zeros(4))
 
@@ -144,7 +144,7 @@ def test_all_truncated_group_has_no_sample_in_the_loss():
 # --- the estimator registry and the token-level RLHF pieces ---
 
 def test_registry_dispatches_by_name_and_rejects_duplicates():
-    assert adv_estimator_names("group") == ("group_norm", "group_mean")
+    assert adv_estimator_names("group") == ("group_norm", "group_mean", "rloo")
     assert adv_estimator_names("token_values") == ("gae",)
     assert get_adv_estimator("group_norm").fn is group_advantages
     with pytest.raises(ValueError, match="already registered"):

@@ -111,7 +111,7 @@ def run_cli(argv, capsys):
     (["--grpo-config", '{"topk_samples": 2.5}'], "key 'topk_samples' must be int or null"),
     (["--grpo-config", '{"loss_variation": "batch_level"}'], "loss_variation must be one of token_level, sample_level"),
     (["--grpo-config", '{"objective": "dpo"}'], "objective must be one of ppo_clip, reinforce"),
-    (["--grpo-config", '{"advantage": "rloo"}'], "advantage must be one of group_norm, group_mean"),
+    (["--grpo-config", '{"advantage": "no_such_estimator"}'], "advantage must be one of group_norm, group_mean"),
     (["--grpo-config", '{"max_draw_multiple": 0}'], "max_draw_multiple must be at least 1"),
     (["-a", "DAPO", "--grpo-config", '{"cache_length": 0}'], "cache_length must lie in [1, -mnt=8]"),
     (["-a", "DAPO", "--grpo-config", '{"cache_length": 9}'], "cache_length must lie in [1, -mnt=8]"),
