@@ -38,7 +38,7 @@ def train(label: str, episodes: int, save_every: int, out_dir: str, demo) -> dic
     import ray
 
     from coati.config.cli import build_parser, config_from_args
-    from coati.config.rl import check_inputs
+    from coati.launcher.preflight import check_inputs
     from coati.launcher.rl import run
 
     staleness, _, correction = label.partition(":")

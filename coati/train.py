@@ -14,15 +14,18 @@ import sys
 def main(argv: list[str] | None = None, prog: str = "rl_example.py", **defaults) -> int:
     """``defaults``: fields' defaults this command changes (``coati ppo``), below --config and the flags."""
     from coati.config.cli import build_parser, config_from_args
-    from coati.config.rl import ConfigError
+    from coati.config.errors import ConfigError
     from coati.launcher.preflight import check_engine, check_inputs
     from coati.utils.dataclass_cli import ConfigFileError
 
     try:
-        args = build_parser(prog, **defaults).parse_args(argv)
+        parser = build_parser(prog, **defaults)
+        add_dry_run_flags(parser)
+        args = parser.parse_args(argv)
     except ConfigFileError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    dry_run, dry_run_cluster = args.__dict__.pop("dry_run"), args.__dict__.pop("dry_run_cluster")
     demo = None
     try:
         if args.model is None:
@@ -34,6 +37,8 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", **defaults)
                 from coati.demo.math_demo import ensure_demo_assets as ensure_assets
             demo = ensure_assets()
         config = config_from_args(args, demo)
+        if dry_run or dry_run_cluster:
+            return print_plan(config, dry_run_cluster)
         check_inputs(config)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -54,6 +59,32 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", **defaults)
     for key in result.eval_after:
         before, after = result.eval_before[key], result.eval_after[key]
         print(f"held-out accuracy {key}: {before:.3f} -> {after:.3f} ({100 * (after - before):+.1f} points)")
+    return 0
+
+
+def add_dry_run_flags(parser) -> None:
+    group = parser.add_argument_group("plan")
+    group.add_argument("--dry-run", action="store_true",
+                       help="print where every actor would go, its threads and its memory estimate, and whether it "
+                            "fits, then exit without starting any actor")
+    group.add_argument("--dry-run-cluster", metavar="NODESxGPUSxGB[xCPUS]",
+                       help="--dry-run on a described cluster instead of the running one or this machine, e.g. "
+                            "4x8x80 (4 nodes x 8 GPUs of 80 GB) or 1x0x24x2 (one CPU node, 24 GB RAM, 2 cores)")
+
+
+def print_plan(config, cluster: str | None) -> int:
+    """``--dry-run``: the plan's lines; 1 with the one error line when it cannot fit, 2 for bad input."""
+    from coati.launcher.plan import PlanError, dry_run
+
+    try:
+        lines, error = dry_run(config, cluster)
+    except PlanError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     return 0
 
 

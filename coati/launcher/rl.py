@@ -20,7 +20,7 @@ from coati.cluster.connect import init_ray, node_label, reserve, where
 from coati.cluster.schedule import node_cores, node_thread_budgets, thread_budgets
 from coati.cluster.supervision import PRODUCER_OPTIONS, Supervisor
 from coati.cluster.weight_sync import WeightStore
-from coati.config.rl import RLConfig
+from coati.config.tree import RLConfig
 from coati.launcher.eval_schedule import EvalSchedule
 from coati.rollout.producer import Producer
 from coati.trainer.checkpointing import check_resume, restore_run, save_checkpoint, trim_metrics

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from coati.config.rl import ConfigError
+from coati.config.errors import ConfigError
 from coati.rlhf.config import RMConfig, SFTConfig, StageConfig, validate
 from coati.utils.dataclass_cli import ConfigFileError, parse
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from coati.config.rl import PLUGIN_FAMILIES, ConfigError, TrainerLayout
+from coati.config.errors import ConfigError, require
+
+from coati.config.layout import PLUGIN_FAMILIES, TrainerLayout
 from coati.utils.dataclass_cli import option
 
 # Defaults that differ between the embedded demo (no --model) and a user's model (TRL/OpenRLHF-like values).
@@ -88,10 +90,6 @@ class RMConfig(StageConfig):
         return 2 * self.micro_batch_size
 
 
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ConfigError(message)
-
 
 def validate(config: StageConfig) -> None:
     """Cheap checks of the options themselves."""
@@ -101,28 +99,28 @@ def validate(config: StageConfig) -> None:
                         ("-tmbs/--micro-batch-size", config.micro_batch_size), ("-t/--num-trainers", config.num_trainers),
                         ("-ml/--max-length", config.max_length), ("-tp", config.tensor_parallel_size),
                         ("-pp", config.pipeline_parallel_size)):
-        _require(value >= 1, f"{flag} must be at least 1, got {value}")
-    _require(config.lr > 0, f"-lr/--learning-rate must be > 0, got {config.lr}")
-    _require(config.max_grad_norm >= 0, f"--max-grad-norm must be >= 0 (0: off), got {config.max_grad_norm}")
-    _require(0 <= config.eval_fraction < 1, f"--eval-fraction must lie in [0, 1), got {config.eval_fraction}")
-    _require(config.eval_interval >= 0, f"-ei/--eval-interval must be >= 0, got {config.eval_interval}")
+        require(value >= 1, f"{flag} must be at least 1, got {value}")
+    require(config.lr > 0, f"-lr/--learning-rate must be > 0, got {config.lr}")
+    require(config.max_grad_norm >= 0, f"--max-grad-norm must be >= 0 (0: off), got {config.max_grad_norm}")
+    require(0 <= config.eval_fraction < 1, f"--eval-fraction must lie in [0, 1), got {config.eval_fraction}")
+    require(config.eval_interval >= 0, f"-ei/--eval-interval must be >= 0, got {config.eval_interval}")
     model_parallel = config.tensor_parallel_size * config.pipeline_parallel_size
-    _require(config.num_trainers % model_parallel == 0,
+    require(config.num_trainers % model_parallel == 0,
              f"-t ({config.num_trainers}) must be a multiple of tp*pp ({model_parallel}): change -t, -tp or -pp")
-    _require(config.zero_stage in (0, 1, 2, 3), f"-zero/--zero-stage must be 0, 1, 2 or 3, got {config.zero_stage}")
+    require(config.zero_stage in (0, 1, 2, 3), f"-zero/--zero-stage must be 0, 1, 2 or 3, got {config.zero_stage}")
     dp = config.dp_size
-    _require(config.batch_size % dp == 0,
+    require(config.batch_size % dp == 0,
              f"-tbs ({config.batch_size}) must be a multiple of the {dp} data-parallel trainers: each trains an equal share")
     share = config.batch_size // dp
-    _require(share >= config.micro_batch_size,
+    require(share >= config.micro_batch_size,
              f"-tbs / data-parallel trainers ({share}) must be >= -tmbs ({config.micro_batch_size})")
     pp = config.pipeline_parallel_size
-    _require(pp == 1 or -(-share // config.micro_batch_size) >= pp,
+    require(pp == 1 or -(-share // config.micro_batch_size) >= pp,
              f"-pp {pp} needs at least {pp} micro-batches per step on each trainer: -tbs / data-parallel trainers "
              f"/ -tmbs = {-(-share // config.micro_batch_size)}; lower -tmbs")
     if config.stage == "rm":
         # the scalar head is not in the pipeline stage builders or ColossalAI's causal-LM shard policies
-        _require(config.pipeline_parallel_size == 1 and config.tensor_parallel_size == 1,
+        require(config.pipeline_parallel_size == 1 and config.tensor_parallel_size == 1,
                  "the reward model trains with data parallelism and FSDP2/ZeRO (-t, -zero); the -tp/-pp stage and "
                  "shard policies only know the LM head, not its scalar head: drop -tp/-pp")
     layout = ParallelLayout(tp_size=config.tensor_parallel_size, pp_size=config.pipeline_parallel_size,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from coati.config.rl import ConfigError
+from coati.config.errors import ConfigError, require
 from coati.utils.dataclass_cli import option
 from rewards import REWARD_TYPES
 
@@ -35,6 +35,8 @@ class EvalConfig:
     num_prompts: int = option(0, "evaluate the first N prompts only (0: all)", "-n")
     micro_batch_size: int = option(32, "prompts per generate call and rows per reward-model forward", "-imbs")
     seed: int = option(42, "sampling seed of the sampled mode")
+    model_dtype: str = option("auto", "dtype of the policy and the reward model: auto = fp32 on the CPU, bf16 on a "
+                                      "GPU", choices=("auto", "fp32", "bf16", "fp16"))
     output: str | None = option(None, "JSON summary path; the samples go to <its name>.samples.jsonl (default: "
                                       "<checkpoint's parent>/evals/<checkpoint>_<eval file>.json)", "-o")
 
@@ -50,10 +52,6 @@ class Inputs:
     examples: list  # coati.dataset.rows.Example; gt_answer/test_cases None when the row has no answer
     output: str
 
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ConfigError(message)
 
 
 def _model_problem(path: str) -> str | None:
@@ -92,15 +90,15 @@ def check_inputs(config: EvalConfig, log=print) -> Inputs:
     for flag, value in (("-mpt/--max-prompt-tokens", config.max_prompt_tokens),
                         ("-imbs/--micro-batch-size", config.micro_batch_size),
                         ("-mnt/--max-new-tokens", 1 if config.max_new_tokens is None else config.max_new_tokens)):
-        _require(value >= 1, f"{flag} must be at least 1, got {value}")
-    _require(config.num_prompts >= 0, f"-n/--num-prompts must be >= 0 (0: all), got {config.num_prompts}")
+        require(value >= 1, f"{flag} must be at least 1, got {value}")
+    require(config.num_prompts >= 0, f"-n/--num-prompts must be >= 0 (0: all), got {config.num_prompts}")
     embedded = config.model is None
-    _require(embedded or config.dataset is not None, "-d/--dataset is required with -m/--model (a file of prompts)")
+    require(embedded or config.dataset is not None, "-d/--dataset is required with -m/--model (a file of prompts)")
     problem = None if embedded else _model_problem(config.model)
-    _require(problem is None, problem)
+    require(problem is None, problem)
     if config.reward_model is not None:
         problem = reward_model_problem(config.reward_model)
-        _require(problem is None, problem)
+        require(problem is None, problem)
     model, dataset = config.model, config.dataset
     if embedded or dataset is None:
         from coati.demo.math_demo import ensure_demo_assets

@@ -22,9 +22,7 @@ import statistics
 import sys
 from dataclasses import dataclass
 
-import torch
-
-from coati.config.rl import ConfigError
+from coati.config.errors import ConfigError, require
 from coati.config.sampling import SamplingParams
 from coati.dataset.rlhf_rows import has_answer
 from coati.rlhf.eval_config import (
@@ -75,21 +73,17 @@ def _max_new_tokens(config: EvalConfig, model_dir: str, longest_prompt: int) -> 
         positions = json.load(handle).get("max_position_embeddings")
     if positions:  # the demo model has 1024 positions: 1024 new tokens after a prompt would run past them
         wanted = min(wanted, positions - longest_prompt)
-    _require(wanted >= 1, f"the longest prompt ({longest_prompt} tokens) fills the model's {positions} positions: "
+    require(wanted >= 1, f"the longest prompt ({longest_prompt} tokens) fills the model's {positions} positions: "
                           "lower -mpt")
     return wanted
 
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ConfigError(message)
 
 
 def prepare(config: EvalConfig, inputs: Inputs, tokenizer) -> Plan:
     """Tokenised prompts and the generation length; still no model loaded."""
     system_prompt = _system_prompt(config, tokenizer)
     batch, skipped = tokenise_prompts(tokenizer, inputs.examples, system_prompt, config.max_prompt_tokens)
-    _require(bool(batch), f"{inputs.dataset}: all {len(inputs.examples)} prompts are longer than -mpt "
+    require(bool(batch), f"{inputs.dataset}: all {len(inputs.examples)} prompts are longer than -mpt "
                           f"{config.max_prompt_tokens} tokens")
     longest = max(len(ids) for _, _, ids in batch)
     return Plan(config, inputs, tokenizer, system_prompt, batch, skipped,
@@ -147,15 +141,19 @@ def run(plan: Plan) -> dict:
     mode, write the summary and the samples; the summary."""
     from transformers import AutoModelForCausalLM
 
+    from coati.utils.device import model_placement
+
     config, inputs = plan.config, plan.inputs
     reward_model = None
     with _no_load_bars():
         if config.reward_model:
+            rm_placement = model_placement("reward_model", dtype=config.model_dtype)
             try:
-                reward_model = load_reward_model(config.reward_model)
+                reward_model = load_reward_model(config.reward_model, rm_placement.dtype, rm_placement.device)
             except ValueError as err:
                 raise ConfigError(str(err)) from None
-        policy = AutoModelForCausalLM.from_pretrained(inputs.model, dtype=torch.float32)
+        placement = model_placement("evaluate", dtype=config.model_dtype)
+        policy = AutoModelForCausalLM.from_pretrained(inputs.model, dtype=placement.dtype).to(placement.device)
     backend = TransformersBackend(policy, plan.tokenizer, config.micro_batch_size)
     scorer = RewardScorer(config.reward_type) if any(has_answer(e) for e, _, _ in plan.batch) else None
     modes, records = {}, []

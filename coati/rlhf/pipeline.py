@@ -42,7 +42,7 @@ DUMMY = {
     "ppo": {"num_generations": 4, "inference_batch_size": 32, "inference_microbatch_size": 32,
             "train_batch_size": 16, "train_minibatch_size": 16, "train_microbatch_size": 64, "num_episodes": 1,
             "max_new_tokens": 16, "ppo_epochs": 2, "learning_rate": 1e-4, "critic_learning_rate": 3e-4,
-            "kl_coef": 0.3, "reward_type": "boxed"},
+            "kl_reward_coef": 0.3, "reward_type": "boxed"},
 }
 
 
@@ -112,26 +112,31 @@ def stage_config(plan: Plan, stage: str):
     """The checked options of a supervised stage, with the links to the previous stage filled in."""
     from coati.rlhf.config import RMConfig, SFTConfig, validate
 
+    from coati.utils.dataclass_cli import ConfigFileError, check_values, construct, defaults, key_index, unknown_key_hint
+
     cls = SFTConfig if stage == "sft" else RMConfig
     values = dict(plan.sections[stage])
-    unknown = sorted(set(values) - set(cls.__dataclass_fields__))
+    unknown = sorted(set(values) - set(key_index(cls)))
     if unknown:
-        raise PipelineError(f"section {stage!r} has unknown option {unknown[0]!r} (see `coati {stage} --help`)")
+        raise PipelineError(f"section {stage!r} has unknown option {unknown[0]!r}{unknown_key_hint(cls, unknown[0])} "
+                            f"(see `coati {stage} --help`)")
+    try:
+        values = check_values(cls, values, f"section {stage!r}")
+    except ConfigFileError as err:
+        raise PipelineError(str(err)) from None
     if stage == "sft":
         values.setdefault("model", plan.model)
     elif "sft" in plan.stages:
         values.setdefault("model", plan.output("sft"))
     values.setdefault("save_dir", os.path.join(plan.save_dir, plan.project))
     values.setdefault("project", stage)
-    config = cls(**values)
+    config = construct(cls, {**defaults(cls), **values})
     validate(config)
     return config
 
 
-def ppo_argv(plan: Plan) -> list[str]:
-    """`coati ppo` flags for the PPO section: its options as --long-flags, the links filled in."""
-    from coati.config.cli import build_parser
-
+def ppo_values(plan: Plan) -> dict:
+    """The PPO section's options (`coati ppo`'s keys) with the links to the earlier stages filled in."""
     values = dict(plan.sections["ppo"])
     if "sft" in plan.stages:
         values.setdefault("model", plan.output("sft"))
@@ -144,43 +149,30 @@ def ppo_argv(plan: Plan) -> list[str]:
     values.setdefault("system_prompt", supervised.get("system_prompt", ""))
     values.setdefault("save_dir", os.path.join(plan.save_dir, plan.project))
     values.setdefault("project", "ppo")
-    known = build_parser("coati ppo")._option_string_actions
-    argv = ["-a", "PPO"]
-    for key, value in values.items():
-        flag = next((f for f in ("--" + key.replace("_", "-"), f"--{key}") if f in known), None)
-        if flag is None or (isinstance(value, bool) and "--no-" + flag[2:] not in known):
-            raise PipelineError(f"section 'ppo' has option {key!r}, which `coati ppo` does not take "
-                                "(see `coati ppo --help`)")
-        if isinstance(value, bool):
-            argv.append(flag if value else "--no-" + flag[2:])
-        elif isinstance(value, (dict, list)):
-            argv += [flag, json.dumps(value)]
-        elif value is not None:
-            argv += [flag, str(value)]
-    return argv
+    return values
 
 
 def ppo_config(plan: Plan, check_files: bool):
-    import contextlib
-    import io
-
-    from coati.config.cli import build_parser, config_from_args
-    from coati.config.rl import ConfigError
+    """The checked RLConfig of the PPO section: `coati ppo` with these options (``-a PPO`` below them)."""
+    from coati.config.cli import RLOptions, config_from_dict
+    from coati.config.errors import ConfigError
     from coati.launcher.preflight import check_inputs
+    from coati.utils.dataclass_cli import ConfigFileError, key_index, unknown_key_hint
 
-    argv, stderr = ppo_argv(plan), io.StringIO()
-    try:
-        with contextlib.redirect_stderr(stderr):  # argparse's usage block: one line is enough
-            args = build_parser("coati ppo").parse_args(argv)
-    except SystemExit:
-        reason = stderr.getvalue().strip().splitlines()[-1].split("error: ", 1)[-1]
-        raise PipelineError(f"section 'ppo': {reason}") from None
-    if args.model is None:
+    values = ppo_values(plan)
+    known = key_index(RLOptions)
+    for key in values:
+        if key not in known:
+            raise PipelineError(f"section 'ppo' has option {key!r}, which `coati ppo` does not take"
+                                f"{unknown_key_hint(RLOptions, key)} (see `coati ppo --help`)")
+    if values.get("model") is None:
         raise PipelineError("section 'ppo' needs model: (the policy to train) when the pipeline has no sft stage")
     try:
-        config = config_from_args(args)
+        config = config_from_dict(values, defaults={"algo": "PPO"}, source="section 'ppo'")
         if check_files:  # the models an earlier stage writes are not there before it ran
             check_inputs(config)
+    except ConfigFileError as err:
+        raise PipelineError(str(err)) from None
     except ConfigError as err:
         raise PipelineError(f"section 'ppo': {err}") from None
     return config
@@ -274,7 +266,7 @@ def report(result: PipelineResult) -> list[str]:
 
 
 def main(argv: list[str] | None = None, prog: str = "coati rlhf") -> int:
-    from coati.config.rl import ConfigError
+    from coati.config.errors import ConfigError
     from coati.utils.dataclass_cli import ConfigFileError
 
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from coati.config.rl import ConfigError
+from coati.config.errors import ConfigError
 from coati.rlhf.config import StageConfig
 from coati.rlhf.tasks import TASKS
 

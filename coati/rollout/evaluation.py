@@ -66,3 +66,22 @@ def score_outputs(outputs: list[list[Completion]], examples, scorer: RewardScore
         mean_reward=sum(r["reward"] for r in records) / count,
         records=records,
     )
+
+
+def evaluate_episodes(backend, env_class, batch, params: SamplingParams, budget) -> EvalResult:
+    """With ``--env``: one episode per (example, prompt text, prompt ids) of ``batch``, graded by the environment.
+    accuracy: episodes with a reward > 0; format_rate: episodes the environment or EOS ended (not a budget)."""
+    from coati.rollout.env import make_env
+    from coati.rollout.episode import episode_groups
+
+    if params.n != 1:
+        params = SamplingParams(**{**params.__dict__, "n": 1})
+    groups = episode_groups(backend, lambda: make_env(env_class), batch, params, budget)
+    records = [{"prompt": text, "gt_answer": example.gt_answer, "response": group.texts[0],
+                "reward": group.rewards[0], "correct": group.correct[0], "format_ok": group.format_ok[0],
+                "finish_reason": group.finish_reasons[0], "turns": group.turns[0]}
+               for (example, text, _), group in zip(batch, groups)]
+    count = max(len(records), 1)
+    return EvalResult(accuracy=sum(r["correct"] for r in records) / count,
+                      format_rate=sum(r["format_ok"] for r in records) / count,
+                      mean_reward=sum(r["reward"] for r in records) / count, records=records)

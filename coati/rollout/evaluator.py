@@ -44,10 +44,12 @@ import ray
 import torch
 
 from coati.cluster.weight_sync import unpack_named_tensors
-from coati.config.rl import RLConfig
+from coati.config.tree import RLConfig
 from coati.config.sampling import SamplingParams
 from coati.dataset.loader import load_examples
-from coati.rollout.evaluation import evaluate
+from coati.rollout.env import load_env
+from coati.rollout.episode import episode_budget, episode_system_prompt
+from coati.rollout.evaluation import evaluate, evaluate_episodes
 from coati.rollout.generation import tokenise_prompts
 from coati.rollout.reward_model import reward_model_scorer
 from coati.utils.quiet import quiet_actor
@@ -67,17 +69,19 @@ class Evaluator:
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         torch.manual_seed(config.run.seed + 2000)  # its own stream for sampled evals
         # The seed offset keeps vLLM's sampling streams apart from every producer's.
-        self.backend = make_backend(config, config.parallel.num_inferencers)
+        self.backend = make_backend(config, config.parallel.num_inferencers, role="evaluator")
         self.scorer = RewardScorer(**config.data.scorer_options())
         self.reward_model = reward_model_scorer(config.algo.ppo.reward_model, self.backend.tokenizer,
-                                                config.batch.inference_microbatch_size)
+                                                config.batch.inference_microbatch_size,
+                                                config.parallel.model_placement("reward_model"))
         self.loaded = None  # (step, version) of the weights in the backend; None: the initial model
+        self.env_class = load_env(config.episodes.env) if config.episodes.env else None
         self.tasks = {task: self._tokenise(path) for task, path in config.data.eval_paths.items()}
 
     def _tokenise(self, path: str):
         data = self.config.data
-        return tokenise_prompts(self.backend.tokenizer, load_examples(path, data.rows), data.system_prompt,
-                                data.max_prompt_tokens)
+        return tokenise_prompts(self.backend.tokenizer, load_examples(path, data.rows),
+                                episode_system_prompt(self.env_class, self.config), data.max_prompt_tokens)
 
     def evaluate(self, step: int, version: int, refs: list | None, task: str, mode: str,
                  params: SamplingParams) -> dict:
@@ -90,8 +94,11 @@ class Evaluator:
             self.backend.load_weights(unpack_named_tensors(ray.get(refs[0])))
             self.loaded = (step, version)
         examples, skipped = self.tasks[task]
-        result = evaluate(self.backend, [ids for _, _, ids in examples], [e for e, _, _ in examples],
-                          self.scorer, params, prompt_texts=[text for _, text, _ in examples],
-                          reward_model=self.reward_model)
+        if self.env_class is not None:
+            result = evaluate_episodes(self.backend, self.env_class, examples, params, episode_budget(self.config))
+        else:
+            result = evaluate(self.backend, [ids for _, _, ids in examples], [e for e, _, _ in examples],
+                              self.scorer, params, prompt_texts=[text for _, text, _ in examples],
+                              reward_model=self.reward_model)
         return {**result.summary(), "count": len(examples), "skipped_too_long": skipped, "version": version,
                 "records": result.records}

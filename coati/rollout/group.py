@@ -29,6 +29,18 @@ class RolloutGroup:
     score_s: float = 0.0  # its share of the seconds spent scoring its round (groups are scored together)
     scores: list[float] = field(default_factory=list)  # the reward model's score per response (-a PPO); else empty
     reward_parts: list[dict] = field(default_factory=list)  # each weighted reward's score per response; else empty
+    # Multi-turn episodes (coati.rollout.episode): per response, 1 where the model wrote the token and 0 where the
+    # environment did (tool output); empty = every response token is the model's (single-turn).
+    loss_masks: list[list[int]] = field(default_factory=list)
+    turns: list[list[dict]] = field(default_factory=list)  # per response, one record per model turn; else empty
+
+    def loss_mask(self, index: int) -> list[int]:
+        """Response ``index``'s per-token loss mask (all ones for a single-turn group)."""
+        return self.loss_masks[index] if self.loss_masks else [1] * len(self.responses[index])
+
+    def model_token_counts(self) -> list[int]:
+        """Tokens the model wrote in each response (what length penalties count; tool output excluded)."""
+        return [sum(self.loss_mask(i)) for i in range(len(self.responses))]
 
     @classmethod
     def from_dict(cls, row: dict) -> "RolloutGroup":
@@ -41,24 +53,26 @@ class RolloutGroup:
 def collate(groups: list[RolloutGroup], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded prompt+response rows and per-position tensors aligned with next-token logprobs.
 
-    ``action_mask[b, t]`` is 1 when token ``t + 1`` of row ``b`` is a response token, so it lines up with
+    ``action_mask[b, t]`` is 1 when token ``t + 1`` of row ``b`` is a response token the model wrote (the
+    group's loss mask: an environment's tokens inside a multi-turn response are 0), so it lines up with
     ``logits[:, :-1]``; ``old_logprobs`` sits at the same positions.
     """
-    rows, spans, logprobs = [], [], []
+    rows, spans, logprobs, masks = [], [], [], []
     for group in groups:
-        for response, logp in zip(group.responses, group.logprobs):
+        for index, (response, logp) in enumerate(zip(group.responses, group.logprobs)):
             rows.append(group.prompt_ids + response)
             spans.append((len(group.prompt_ids), len(response)))
             logprobs.append(logp)
+            masks.append(group.loss_mask(index))
     width = max(len(r) for r in rows)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
     action_mask = torch.zeros((len(rows), width - 1), dtype=torch.float32)
     old_logprobs = torch.zeros((len(rows), width - 1), dtype=torch.float32)
-    for b, (row, (prompt_len, response_len), logp) in enumerate(zip(rows, spans, logprobs)):
+    for b, (row, (prompt_len, response_len), logp, mask) in enumerate(zip(rows, spans, logprobs, masks)):
         input_ids[b, : len(row)] = torch.tensor(row)
         attention_mask[b, : len(row)] = 1
-        action_mask[b, prompt_len - 1 : prompt_len - 1 + response_len] = 1.0
+        action_mask[b, prompt_len - 1 : prompt_len - 1 + response_len] = torch.tensor(mask, dtype=torch.float32)
         old_logprobs[b, prompt_len - 1 : prompt_len - 1 + response_len] = torch.tensor(logp, dtype=torch.float32)
     return {
         "input_ids": input_ids,

@@ -58,10 +58,13 @@ class TransformersBackend:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
 
     @classmethod
-    def from_pretrained(cls, model_path: str, microbatch_size: int = 64, dtype: torch.dtype = torch.float32):
+    def from_pretrained(cls, model_path: str, microbatch_size: int = 64, placement=None):
+        """``placement``: a ``coati.utils.device.ModelPlacement`` (where the caller's role puts the model; the
+        CPU in float32 when not given)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+        dtype, device = (torch.float32, "cpu") if placement is None else (placement.dtype, placement.device)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
         return cls(model, AutoTokenizer.from_pretrained(model_path), microbatch_size)
 
     @torch.no_grad()
@@ -84,9 +87,10 @@ class TransformersBackend:
         sampling = {} if params.greedy else dict(
             temperature=params.temperature, top_k=params.top_k if params.top_k > 0 else None, top_p=params.top_p
         )
+        device = self.model.device
         out = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
             do_sample=not params.greedy,
             max_new_tokens=params.max_new_tokens,
             output_logits=True,
@@ -95,9 +99,10 @@ class TransformersBackend:
             eos_token_id=self.eos_id,
             **sampling,
         )
-        new_tokens = out.sequences[:, width:]
+        new_tokens = out.sequences[:, width:].cpu()
         logits = torch.stack(out.logits, dim=1).float() / params.logprob_temperature
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.to(logits.device).unsqueeze(-1))
+        logprobs = logprobs.squeeze(-1).cpu()
         results = []
         for row in range(len(prompts)):
             tokens = new_tokens[row].tolist()

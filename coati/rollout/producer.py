@@ -11,10 +11,12 @@ import ray
 import torch
 
 from coati.cluster.weight_sync import make_receiver
-from coati.config.rl import RLConfig
+from coati.config.tree import RLConfig
 from coati.config.sampling import SamplingParams
 from coati.dataset.loader import load_examples
-from coati.rollout.evaluation import evaluate
+from coati.rollout.evaluation import evaluate, evaluate_episodes
+from coati.rollout.env import load_env, make_env
+from coati.rollout.episode import episode_budget, episode_groups, episode_system_prompt
 from coati.rollout.generation import prompt_shard, rollout_groups, tokenise_prompts
 from coati.rollout.group import RolloutGroup
 from coati.rollout.inference_backend import TransformersBackend
@@ -23,9 +25,13 @@ from coati.utils.quiet import quiet_actor
 from rewards.scorer import RewardScorer
 
 
-def make_backend(config: RLConfig, rank: int = 0):
+def make_backend(config: RLConfig, rank: int = 0, role: str = "producer"):
+    """The inference engine of a producer (or of the evaluator, ``role="evaluator"``) on the device and in the
+    dtype the device rule gives this actor."""
+    placement = config.parallel.model_placement(role)
     if config.parallel.backend == "transformers":
-        return TransformersBackend.from_pretrained(config.model.path, config.batch.inference_microbatch_size)
+        return TransformersBackend.from_pretrained(config.model.path, config.batch.inference_microbatch_size,
+                                                   placement)
     if config.parallel.backend == "vllm":
         from coati.rollout.vllm_backend import VLLMBackend, VLLMEngineOptions
 
@@ -34,7 +40,7 @@ def make_backend(config: RLConfig, rank: int = 0):
         return VLLMBackend(config.model.path, VLLMEngineOptions(
             tensor_parallel_size=p.producer_tensor_parallel_size, kv_cache_gb=p.vllm_kv_cache_gb,
             gpu_memory_utilization=p.vllm_gpu_memory_utilization, seed=config.run.seed + 1000 + rank,
-            max_model_len=config.data.max_prompt_tokens + longest))
+            max_model_len=config.data.max_prompt_tokens + longest, dtype=placement.vllm_dtype))
     raise ValueError(f"backend {config.parallel.backend!r} is not available")
 
 
@@ -57,8 +63,10 @@ class Producer:
         # -a PPO: the reward model scores here, beside the engine: a forward pass per response costs less than
         # generating it, and the scores travel with the groups (no extra actor, no second transfer of samples).
         self.reward_model = reward_model_scorer(config.algo.ppo.reward_model, self.tokenizer,
-                                                config.batch.inference_microbatch_size)
+                                                config.batch.inference_microbatch_size,
+                                                config.parallel.model_placement("reward_model"))
         self.version = 0
+        self.env_class = load_env(config.episodes.env) if config.episodes.env else None
         examples = load_examples(config.data.train_path, config.data.rows)
         start, end = prompt_shard(len(examples), config.parallel.num_inferencers, config.batch.inference_batch_size,
                                   config.algo.learner_chunk_size, rank)
@@ -66,7 +74,7 @@ class Producer:
         self.rounds_per_episode = len(self.examples) // config.batch.inference_batch_size
 
     def _tokenise(self, examples):
-        return tokenise_prompts(self.tokenizer, examples, self.config.data.system_prompt,
+        return tokenise_prompts(self.tokenizer, examples, episode_system_prompt(self.env_class, self.config),
                                 self.config.data.max_prompt_tokens)
 
     def info(self) -> dict:
@@ -132,6 +140,9 @@ class Producer:
         return max(0, num_rounds - start_round)
 
     def _rollout(self, batch, params=None) -> list[RolloutGroup]:
+        if self.env_class is not None:
+            return episode_groups(self.backend, lambda: make_env(self.env_class), batch,
+                                  params or self.config.sampling, episode_budget(self.config), self.version)
         return rollout_groups(self.backend, self.scorer, batch, params or self.config.sampling, self.version,
                               reward_model=self.reward_model)
 
@@ -140,8 +151,11 @@ class Producer:
         if latest_weights:
             self._sync_weights(0)
         examples, skipped = self._tokenise(load_examples(path, self.config.data.rows))
-        result = evaluate(self.backend, [ids for _, _, ids in examples], [e for e, _, _ in examples],
-                          self.scorer, params, prompt_texts=[text for _, text, _ in examples],
-                          reward_model=self.reward_model)
+        if self.env_class is not None:
+            result = evaluate_episodes(self.backend, self.env_class, examples, params, episode_budget(self.config))
+        else:
+            result = evaluate(self.backend, [ids for _, _, ids in examples], [e for e, _, _ in examples],
+                              self.scorer, params, prompt_texts=[text for _, text, _ in examples],
+                              reward_model=self.reward_model)
         return {**result.summary(), "count": len(examples), "skipped_too_long": skipped, "version": self.version,
                 "records": result.records}

@@ -132,11 +132,17 @@ def reward_model_scores(model, tokenizer_or_pad_id, prompt_ids_list: list[list[i
     return scores
 
 
-def reward_model_scorer(path: str | None, tokenizer, micro_batch_size: int = 16):
+def reward_model_scorer(path: str | None, tokenizer, micro_batch_size: int = 16, placement=None):
     """``reward_model_scores`` bound to the reward model at ``path`` (loaded now) and ``tokenizer``: the callable
-    (prompt ids list, response ids list) -> scores that rollouts and evaluations take; None without a path."""
+    (prompt ids list, response ids list) -> scores that rollouts and evaluations take; None without a path.
+    ``placement``: the device rule's ``ModelPlacement`` for the reward model (default: this process's)."""
     if path is None:
         return None
     from functools import partial
 
-    return partial(reward_model_scores, load_reward_model(path), tokenizer, micro_batch_size=micro_batch_size)
+    if placement is None:
+        from coati.utils.device import model_placement
+
+        placement = model_placement("reward_model")
+    model = load_reward_model(path, placement.dtype, placement.device)
+    return partial(reward_model_scores, model, tokenizer, micro_batch_size=micro_batch_size)

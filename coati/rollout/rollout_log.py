@@ -39,5 +39,14 @@ def rollout_records(step: int, drawn: list[RolloutGroup], kept: list[RolloutGrou
                 "advantage": None if row is None else float(advantages[row, sample]),
                 "in_loss": row is not None and bool(in_loss[row, sample]),
                 **({"reward_parts": group.reward_parts[sample]} if group.reward_parts else {}),
+                **_episode_fields(group, sample),
             })
     return records
+
+
+def _episode_fields(group: RolloutGroup, sample: int) -> dict:
+    """A multi-turn episode's turns (what the model wrote, the environment's answer, tool call and outcome,
+    weights version) and how many response tokens the model wrote; nothing for a single-turn group."""
+    if not group.turns:
+        return {}
+    return {"turns": group.turns[sample], "model_tokens": sum(group.loss_mask(sample))}

@@ -47,10 +47,12 @@ import ray
 import torch
 
 from coati.cluster.weight_sync import make_publisher, pack_named_tensors
-from coati.config.rl import RLConfig
+from coati.config.tree import RLConfig
+from coati.rollout.episode_metrics import episode_metrics
 from coati.rollout.group import RolloutGroup, collate, split_micro_batches
 from coati.rollout.rollout_log import rollout_log_due, rollout_records
 from coati.trainer.roles import ACTOR, TrainedModel, grad_norm_name
+from coati.utils.device import device_memory_metrics
 from coati.utils.quiet import quiet_actor
 
 
@@ -111,7 +113,7 @@ class Consumer:
             from coati.plugins.dist import init_trainer_group
 
             init_trainer_group(self.rank, p.num_trainers, master_address or "127.0.0.1", master_port or 29506)
-        model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=p.model_placement("policy").dtype)
         self.roles[ACTOR] = TrainedModel.build(ACTOR, p, model, config.algo.learning_rate, self.loss_fn, model_config)
         self.plugin = self.roles[ACTOR].plugin  # the policy's: it sets the data-parallel shares and is published
         if self.plugin.is_weight_sender:
@@ -287,6 +289,7 @@ class Consumer:
         if self.config.schedule.publish_due(self.drawn_since_sync):
             self.publish_weights()
         metrics.update(step_time_s=time.perf_counter() - start, buffer_wait_s=wait, publish_s=self.publish_s)
+        metrics.update(device_memory_metrics())
         self.publish_s = 0.0
         if groups and self.rank == 0 and rollout_log_due(self.config, self.step_count):
             metrics["rollouts"] = rollout_records(self.step_count, drawn, groups, *self.rollout_tensors(groups))
@@ -408,4 +411,5 @@ def rollout_metrics(groups: list[RolloutGroup], current_version: int) -> dict:
         # producer seconds that made these groups (generation and scoring run beside training in async mode)
         "generate_s": sum(g.generate_s for g in groups),
         "score_s": sum(g.score_s for g in groups),
+        **episode_metrics(groups),  # multi-turn episodes only
     }

@@ -32,7 +32,7 @@ def group_tensors(groups: list[RolloutGroup]) -> GroupTensors:
     """The [groups, G] tensors the algorithm's stages read (coati.algorithm.pipeline)."""
     return GroupTensors(
         rewards=torch.tensor([g.rewards for g in groups], dtype=torch.float32),
-        lengths=torch.tensor([[len(r) for r in g.responses] for g in groups], dtype=torch.float32),
+        lengths=torch.tensor([g.model_token_counts() for g in groups], dtype=torch.float32),  # tool output excluded
         truncated=torch.tensor([[reason == "length" for reason in g.finish_reasons] for g in groups]),
         correct=torch.tensor([g.correct for g in groups], dtype=torch.float32))
 
@@ -42,9 +42,23 @@ def shaped_group_tensors(groups: list[RolloutGroup], groups_config, max_new_toke
     return GroupStages.from_config(groups_config).run(group_tensors(groups), groups_config, max_new_tokens)
 
 
+def load_reference(config) -> torch.nn.Module:
+    """The frozen initial policy of the KL term, on the device and in the dtype the device rule gives it."""
+    from transformers import AutoModelForCausalLM
+
+    placement = config.parallel.model_placement("reference")
+    model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=placement.dtype).to(placement.device)
+    return model.eval().requires_grad_(False)
+
+
 class GRPOConsumer(Consumer):
     summed_stats = ("skipped_samples",)
     max_stats = MAX_STATS
+
+    def length_limit(self) -> int:
+        """L_max of the soft overlong punishment: the model's tokens per response (per episode with --env)."""
+        episodes = self.config.episodes
+        return self.config.sampling.max_new_tokens if episodes.env is None else episodes.max_episode_tokens
 
     def setup_algorithm(self) -> None:
         self.loss_config = self.config.algo.loss
@@ -53,18 +67,17 @@ class GRPOConsumer(Consumer):
         self._prox: list[torch.Tensor] = []  # first-epoch logprobs per micro-batch, for later ppo epochs
         self._prox_epoch, self._prox_at = 0, 0
         self.reference = None
-        if self.loss_config.kl_coeff > 0:
-            from transformers import AutoModelForCausalLM
-
-            self.reference = AutoModelForCausalLM.from_pretrained(self.config.model.path, dtype=torch.float32).eval()
-            self.reference.requires_grad_(False)
+        if self.loss_config.kl_loss_coef > 0:
+            self.reference = load_reference(self.config)
 
     @torch.no_grad()
     def _reference_logprobs(self, batch: dict) -> torch.Tensor:
         chunks = []
+        device = next(self.reference.parameters()).device
         for micro in split_micro_batches(batch, self.config.batch.train_microbatch_size):
-            logits = self.reference(input_ids=micro["input_ids"], attention_mask=micro["attention_mask"]).logits
-            chunks.append(token_logprobs(logits, micro["input_ids"], self.temperature))
+            input_ids = micro["input_ids"].to(device)
+            logits = self.reference(input_ids=input_ids, attention_mask=micro["attention_mask"].to(device)).logits
+            chunks.append(token_logprobs(logits, input_ids, self.temperature).to(micro["input_ids"].device))
         return torch.cat(chunks)
 
     def select_groups(self, groups):
@@ -81,7 +94,7 @@ class GRPOConsumer(Consumer):
 
     def build_batches(self, share, kept, padding):
         size = self.config.batch.train_minibatch_size
-        mnt = self.config.sampling.max_new_tokens
+        mnt = self.length_limit()
         rewards, advantages, sample_mask = shaped_group_tensors(share, self.groups_config, mnt)
         if padding:  # placeholders that only keep the ranks' collective calls in step
             sample_mask[len(share) - padding :] = 0
@@ -89,7 +102,7 @@ class GRPOConsumer(Consumer):
         # every valid token / sample of the step. Each rank divides by it / dp, since gradients are averaged.
         all_rewards, _, all_mask = (rewards, advantages, sample_mask) if self.plugin.dp_size == 1 else \
             shaped_group_tensors(kept, self.groups_config, mnt)
-        lengths = torch.tensor([[len(r) for r in g.responses] for g in kept], dtype=torch.float32)
+        lengths = torch.tensor([g.model_token_counts() for g in kept], dtype=torch.float32)
         normaliser = normaliser_from_counts((lengths * all_mask).reshape(-1), self.loss_config.loss_variation)
         normaliser /= self.plugin.dp_size
         batches = []
@@ -110,7 +123,7 @@ class GRPOConsumer(Consumer):
         return batches
 
     def rollout_tensors(self, kept):
-        return shaped_group_tensors(kept, self.groups_config, self.config.sampling.max_new_tokens)
+        return shaped_group_tensors(kept, self.groups_config, self.length_limit())
 
     def step(self):
         self._step_stats = {}

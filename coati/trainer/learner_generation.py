@@ -25,7 +25,7 @@ import torch
 
 from coati.cluster.schedule import LEARNER
 from coati.cluster.weight_sync import load_named_tensors
-from coati.config.rl import RLConfig
+from coati.config.tree import RLConfig
 from coati.dataset.loader import load_examples
 from coati.rollout.generation import prompt_shard, rollout_groups, tokenise_prompts
 from coati.rollout.group import RolloutGroup
@@ -39,8 +39,9 @@ class LearnerGenerator:
         self.chunk = config.algo.learner_chunk_size
         if self.chunk < 1:
             raise ValueError("LearnerGenerator needs learner_chunk_size >= 1")
-        self.backend = backend or TransformersBackend.from_pretrained(config.model.path,
-                                                                      config.batch.inference_microbatch_size)
+        self.backend = backend or TransformersBackend.from_pretrained(
+            config.model.path, config.batch.inference_microbatch_size,
+            config.parallel.model_placement("learner_generation"))
         self.scorer = RewardScorer(**config.data.scorer_options())
         # The learner's shard comes after every producer's; its shuffle stream index likewise.
         self.stream = config.parallel.num_inferencers

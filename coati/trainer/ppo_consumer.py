@@ -30,7 +30,7 @@ from coati.algorithm.advantage import get_adv_estimator, kl_penalised_rewards
 from coati.algorithm.kl_control import KLController
 from coati.algorithm.loss import kl_k1, normaliser_from_counts, value_loss
 from coati.rollout.group import RolloutGroup, collate, split_micro_batches
-from coati.trainer.grpo_consumer import GRPOConsumer
+from coati.trainer.grpo_consumer import GRPOConsumer, load_reference
 
 CRITIC = "critic"
 # Sums over the step's response tokens / responses, all-reduced once over the ranks (see _step_sums).
@@ -38,7 +38,7 @@ _SUMS = ("tokens", "adv", "adv_sq", "ret", "ret_sq", "err", "err_sq", "kl", "res
          "score", "values")
 
 
-def load_critic(path: str) -> torch.nn.Module:
+def load_critic(path: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """A token-classification model with one label at ``path``: an LM body and a scalar value at every position.
 
     From a reward model (``...ForSequenceClassification``) the score head carries over exactly (both are a
@@ -53,7 +53,7 @@ def load_critic(path: str) -> torch.nn.Module:
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # "score.weight newly initialized" when starting from a causal LM: expected
     try:
-        model = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32)
+        model = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=dtype)
     finally:
         hf_logging.set_verbosity(verbosity)
     model.config.architectures = [type(model).__name__]
@@ -76,18 +76,16 @@ def group_scores(groups: list[RolloutGroup], verifiable_weight: float) -> torch.
 
 class PPOConsumer(GRPOConsumer):
     def setup_algorithm(self) -> None:
-        from transformers import AutoModelForCausalLM
-
         super().setup_algorithm()
         config, ppo = self.config, self.config.algo.ppo
         self.ppo = ppo
         self.estimator = get_adv_estimator(config.algo.groups.advantage).fn
-        self.kl_ctl = KLController(ppo.kl_coef, ppo.kl_target, ppo.kl_horizon)
+        self.kl_ctl = KLController(ppo.kl_reward_coef, ppo.kl_target, ppo.kl_horizon)
         if self.reference is None:  # the KL lives in the reward, not in the loss (GRPO loads it for the loss's beta)
-            self.reference = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=torch.float32).eval()
-            self.reference.requires_grad_(False)
+            self.reference = load_reference(config)
         torch.manual_seed(config.run.seed)  # a fresh value head starts identical on every rank
-        critic = load_critic(ppo.critic_model or ppo.reward_model or config.model.path)
+        critic = load_critic(ppo.critic_model or ppo.reward_model or config.model.path,
+                             config.parallel.model_placement("critic").dtype)
         torch.manual_seed(config.run.seed + self.rank)
         self.add_role(CRITIC, critic, ppo.critic_learning_rate or config.algo.learning_rate, self.critic_loss)
 
@@ -100,7 +98,7 @@ class PPOConsumer(GRPOConsumer):
     def build_batches(self, share, kept, padding):
         size = self.config.batch.train_minibatch_size
         ppo, beta = self.ppo, self.kl_ctl.value
-        lengths = torch.tensor([len(r) for g in kept for r in g.responses], dtype=torch.float32)
+        lengths = torch.tensor([n for g in kept for n in g.model_token_counts()], dtype=torch.float32)
         normaliser = normaliser_from_counts(lengths, "token_level") / self.plugin.dp_size
         first_padded = len(share) - padding
         batches, sums = [], dict.fromkeys(_SUMS, 0.0)

@@ -5,16 +5,20 @@ name, short aliases, default and help (the field and its metadata).
 every dataclass nested in it (a field whose type is a dataclass), into ``--field-name`` (plus its aliases) with
 the field's type. Flag names are flat, so they must be unique across the tree: a clash raises ``OptionClash``
 when the tree's options are first listed. ``--config FILE.yaml`` is read before the flags: precedence is field
-default < YAML < flags. YAML keys are the long flag names (``learning_rate`` or ``learning-rate``); an unknown
-key or a value of the wrong type is one ``ConfigFileError`` line. ``construct(cls, values)`` builds the tree
-back from the parsed values.
+default < YAML < flags. YAML keys are the long flag names (``learning_rate`` or ``learning-rate``, and a long
+alias's name); an unknown key (with a "did you mean" for a near miss) or a value of the wrong type is one
+``ConfigFileError`` line. ``check_values`` does the same for any mapping (a YAML file, a section of a pipeline
+file, a dict built in code), and ``construct(cls, values)`` builds the tree back from the values.
+``setting(default, doc)`` declares a documented field that is not a flag (a key of a JSON/YAML option).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import functools
+import json
 import os
 import types
 import typing
@@ -30,7 +34,8 @@ class OptionClash(TypeError):
 
 
 def option(default: Any, help: str, *aliases: str, choices: tuple | None = None, metavar: str | None = None,
-           flag: str | None = None, kind: type | None = None, resolved: bool = False, repeat: bool = False):
+           flag: str | None = None, kind: type | None = None, resolved: bool = False, repeat: bool = False,
+           keys: tuple[str, ...] = (), json_text: bool = False, **extra):
     """A config field that is also a flag: ``--name`` (from the field name) and ``aliases`` such as ``-lr``.
 
     ``flag``: the long flag when it is not the field's name (ColossalChat's ``--master_address``, ``--model``
@@ -38,11 +43,24 @@ def option(default: Any, help: str, *aliases: str, choices: tuple | None = None,
     ``resolved``: the flag defaults to None, meaning "not given", and the program resolves the value (a default
     that depends on the situation, or a precedence between sources); the field's own default serves configs built
     in code. ``default`` may be ``dataclasses.MISSING`` for a field the program always fills in. ``repeat``: the
-    flag may be given several times (a YAML list); the field holds a tuple of ``kind`` values.
+    flag may be given several times (a YAML list); the field holds a tuple of ``kind`` values. ``keys``: further
+    names the field takes as a YAML/mapping key (an older name). ``json_text``: the flag is JSON text, so a
+    mapping may give the object itself. ``extra``: more metadata for the program (e.g. which algorithms use it).
     """
     return dataclasses.field(default=default, metadata={"help": help, "aliases": aliases, "choices": choices,
                                                         "metavar": metavar, "flag": flag, "kind": kind,
-                                                        "resolved": resolved, "repeat": repeat})
+                                                        "resolved": resolved, "repeat": repeat, "keys": keys,
+                                                        "json_text": json_text, **extra})
+
+
+def setting(default: Any, doc: str, **extra):
+    """A documented field that is not a flag: a key of a JSON/YAML option (e.g. --grpo-config), typed by its
+    annotation."""
+    return dataclasses.field(default=default, metadata={"doc": doc, **extra})
+
+
+def doc_of(f: dataclasses.Field) -> str:
+    return f.metadata.get("help") or f.metadata.get("doc") or ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,11 +84,31 @@ class Option:
 
     @property
     def flags(self) -> tuple[str, ...]:
-        return (*self.field.metadata["aliases"], self.long)
+        """Short aliases, the long flag, then long aliases (older names): usage shows the first."""
+        aliases = self.field.metadata["aliases"]
+        return (*[a for a in aliases if not a.startswith("--")], self.long, *[a for a in aliases if a.startswith("--")])
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return field_keys(self.field)
 
     @property
     def where(self) -> str:
         return f"{self.owner.__name__}.{self.field.name}"
+
+    @property
+    def shown_default(self):
+        """The default --help shows: the field's own for a resolved option (None there means "not given")."""
+        meta = self.field.metadata
+        return self.field.default if meta["resolved"] or meta.get("repeat") else self.parser_default
+
+    @property
+    def help_text(self) -> str:
+        """The help with one "(default: ...)": added unless the help already says what the default is."""
+        text = self.field.metadata["help"]
+        if "default" in text.lower() or self.shown_default is dataclasses.MISSING:
+            return text
+        return f"{text} (default: {self.shown_default})"
 
     @property
     def parser_default(self):
@@ -78,7 +116,7 @@ class Option:
         return None if self.field.metadata["resolved"] or self.field.metadata.get("repeat") else self.field.default
 
 
-def _base_type(annotation) -> tuple[type, bool]:
+def base_type(annotation) -> tuple[type, bool]:
     """(the scalar type, whether None is allowed) of ``int``, ``str | None``, ``Optional[float]``..."""
     args = typing.get_args(annotation)
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
@@ -98,11 +136,22 @@ def flag_name(name: str) -> str:
 
 
 def _long(f: dataclasses.Field) -> str:
-    return f.metadata["flag"] or flag_name(f.name)
+    return f.metadata.get("flag") or flag_name(f.name)
 
 
 def _dest(f: dataclasses.Field) -> str:
     return _long(f).lstrip("-").replace("-", "_")
+
+
+def field_dest(f: dataclasses.Field) -> str:
+    """Where a field's flag puts its value (the argparse dest), and its YAML key."""
+    return _dest(f)
+
+
+def field_keys(f: dataclasses.Field) -> tuple[str, ...]:
+    """Every name a field takes as a YAML/mapping key: its dest, its long aliases', older names (``keys``)."""
+    long_aliases = [a[2:].replace("-", "_") for a in f.metadata.get("aliases", ()) if a.startswith("--")]
+    return tuple(dict.fromkeys((_dest(f), *long_aliases, *f.metadata.get("keys", ()))))
 
 
 def _walk(cls, path: tuple[str, ...]):
@@ -110,7 +159,7 @@ def _walk(cls, path: tuple[str, ...]):
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
         if is_option(f):
-            kind, optional = _base_type(hint)
+            kind, optional = base_type(hint)
             if f.metadata["kind"] is not None:
                 kind = f.metadata["kind"]
             yield Option(f, path, cls, kind, optional or f.metadata["resolved"])
@@ -124,7 +173,7 @@ def options(cls) -> tuple[Option, ...]:
     found = tuple(_walk(cls, ()))
     taken = {"--config": "--config", "config": "--config", "-h": "--help", "--help": "--help", "help": "--help"}
     for opt in found:
-        names = [*opt.flags, opt.dest]
+        names = [*opt.flags, *opt.keys]
         if opt.kind is bool:
             names += ["--no-" + name[2:] for name in opt.flags if name.startswith("--")]
         for name in dict.fromkeys(names):
@@ -136,8 +185,7 @@ def options(cls) -> tuple[Option, ...]:
 
 
 def build_parser(cls, prog: str, description: str) -> argparse.ArgumentParser:
-    parser = _ConfigFileParser(cls, prog=prog, description=description,
-                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = _ConfigFileParser(cls, prog=prog, description=description)
     parser.add_argument("--config", default=None, metavar="FILE.yaml",
                         help="YAML file of options (keys: the long flag names, e.g. learning_rate: 1e-4); "
                              "flags given on the command line win over it")
@@ -146,7 +194,7 @@ def build_parser(cls, prog: str, description: str) -> argparse.ArgumentParser:
         if opt.path not in groups:  # a nested dataclass's flags are listed under its place in the tree
             groups[opt.path] = parser.add_argument_group(".".join(opt.path))
         meta = opt.field.metadata
-        common = dict(dest=opt.dest, default=opt.parser_default, help=meta["help"])
+        common = dict(dest=opt.dest, default=opt.parser_default, help=opt.help_text.replace("%", "%%"))
         if opt.kind is bool:
             groups[opt.path].add_argument(*opt.flags, action=argparse.BooleanOptionalAction, **common)
         elif meta.get("repeat"):
@@ -182,20 +230,92 @@ class _ConfigFileParser(argparse.ArgumentParser):
                 action.default = default
 
 
-def _coerce(value, kind: type, optional: bool, where: str):
+def _is_kind(value, kind) -> bool:
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def _number(value, kind):
+    """YAML 1.1 reads 1e-3 as a string: a string that is a number of ``kind`` is taken as that number."""
+    if kind in (float, int) and isinstance(value, str):
+        try:
+            return kind(value)
+        except ValueError:
+            return value
+    return value
+
+
+def kind_name(kind) -> str:
+    if typing.get_origin(kind) is tuple:
+        return f"a list of {typing.get_args(kind)[0].__name__}"
+    return kind.__name__
+
+
+def check_value(value, kind, optional: bool, where: str, choices: tuple | None = None, strings: bool = True):
+    """``value`` as ``kind`` (a float may be given as an int, and with ``strings`` a number as a numeric string,
+    as YAML 1.1 reads 1e-3; a ``tuple[X, ...]`` as a list of X), or one ConfigFileError line:
+    ``<where> must be <kind>[ or null], got <value>``."""
     if value is None and optional:
         return None
-    if kind is float and isinstance(value, str):  # YAML 1.1 reads 1e-3 as a string
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    ok = (isinstance(value, bool) if kind is bool else
-          isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else
-          isinstance(value, int) and not isinstance(value, bool) if kind is int else isinstance(value, kind))
+    if typing.get_origin(kind) is tuple:
+        item = typing.get_args(kind)[0]
+        ok = isinstance(value, (list, tuple)) and all(_is_kind(v, item) for v in value)
+        value = tuple(item(v) for v in value) if ok else value
+    else:
+        value = _number(value, kind) if strings else value
+        ok = _is_kind(value, kind)
     if not ok:
-        raise ConfigFileError(f"{where} must be {kind.__name__}{' or null' if optional else ''}, got {value!r}")
+        raise ConfigFileError(f"{where} must be {kind_name(kind)}{' or null' if optional else ''}, got {value!r}")
+    if choices and value not in choices:
+        raise ConfigFileError(f"{where} must be one of {', '.join(map(str, choices))}, got {value!r}")
     return float(value) if kind is float else value
+
+
+def did_you_mean(word: str, names, hints: dict[str, str] | None = None) -> str:
+    """`` (did you mean 'x'?)`` for a near miss of ``word`` among ``names`` (or a ``hints`` entry), else ''."""
+    if hints and word in hints:
+        return f" (did you mean {hints[word]!r}?)"
+    close = difflib.get_close_matches(word, list(names), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def key_index(cls) -> dict[str, Option]:
+    """Every YAML/mapping key of ``cls``'s options (dests, long aliases' names, older names) -> its option."""
+    return {key: opt for opt in options(cls) for key in opt.keys}
+
+
+def unknown_key_hint(cls, key: str) -> str:
+    """"did you mean" for a key of ``cls``: a near miss of a key, or a short flag's name (``lr`` -> learning_rate)."""
+    shorts = {alias.lstrip("-"): opt.dest for opt in options(cls) for alias in opt.field.metadata["aliases"]
+              if not alias.startswith("--")}
+    return did_you_mean(key, key_index(cls), shorts)
+
+
+def check_values(cls, raw: dict, source: str) -> dict:
+    """A mapping of option keys (``-`` or ``_``, any key name of the option) -> values by dest, each checked as
+    its flag would be; a bad key or value is one ConfigFileError line starting with ``source``."""
+    index = key_index(cls)
+    values = {}
+    for key, value in raw.items():
+        name = str(key).replace("-", "_")
+        if name not in index:
+            dests = ", ".join(opt.dest for opt in options(cls))
+            raise ConfigFileError(f"{source} has unknown key {key!r}; valid keys: {dests}"
+                                  + unknown_key_hint(cls, name))
+        opt, where = index[name], f"{source} key {key!r}"
+        if opt.field.metadata.get("repeat"):  # a list, or one value
+            values[opt.dest] = [check_value(item, opt.kind, False, f"{where} item")
+                                for item in (value if isinstance(value, list) else [value])]
+            continue
+        if opt.field.metadata["json_text"] and isinstance(value, (dict, list)):
+            value = json.dumps(value)
+        values[opt.dest] = check_value(value, opt.kind, opt.optional, where, opt.field.metadata["choices"])
+    return values
 
 
 def read_config_file(cls, path: str) -> dict:
@@ -213,25 +333,12 @@ def read_config_file(cls, path: str) -> dict:
         return {}
     if not isinstance(raw, dict):
         raise ConfigFileError(f"--config {path} must be a mapping of option: value, e.g. learning_rate: 1e-4")
-    known = {opt.dest: opt for opt in options(cls)}
-    values = {}
-    for key, value in raw.items():
-        name = str(key).replace("-", "_")
-        if name not in known:
-            raise ConfigFileError(f"--config {path} has unknown key {key!r}; valid keys: {', '.join(known)}")
-        opt = known[name]
-        if opt.field.metadata.get("repeat"):  # a list, or one value
-            value = [_coerce(item, opt.kind, False, f"--config {path} key {key!r} item")
-                     for item in (value if isinstance(value, list) else [value])]
-            values[name] = value
-            continue
-        value = _coerce(value, opt.kind, opt.optional, f"--config {path} key {key!r}")
-        choices = opt.field.metadata["choices"]
-        if choices and value is not None and value not in choices:
-            raise ConfigFileError(f"--config {path} key {key!r} must be one of {', '.join(map(str, choices))}, "
-                                  f"got {value!r}")
-        values[name] = value
-    return values
+    return check_values(cls, raw, f"--config {path}")
+
+
+def defaults(cls) -> dict:
+    """Every option's value when no flag, file or mapping gives it (by dest)."""
+    return {opt.dest: opt.parser_default for opt in options(cls)}
 
 
 def construct(cls, values: dict, **given):

@@ -25,7 +25,7 @@ from coati.algorithm.advantage import (
     sample_loss_mask,
     topk_sample_mask,
 )
-from coati.config.rl import GroupConfig
+from coati.config.algo import GroupConfig
 from coati.rollout.group import RolloutGroup
 from coati.trainer.grpo_consumer import shaped_group_tensors
 

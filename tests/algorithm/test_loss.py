@@ -116,7 +116,7 @@ def test_kl_k3_by_hand_and_in_the_loss():
     kl = kl_k3(logp, ref)
     assert torch.allclose(kl, torch.tensor([[math.exp(-1), math.e - 2]]), atol=1e-6)
     assert kl_k3(ref, ref).abs().max() == 0  # zero at the reference
-    config = PolicyLossConfig(kl_coeff=0.1, loss_variation="token_level")
+    config = PolicyLossConfig(kl_loss_coef=0.1, loss_variation="token_level")
     mask = torch.ones(1, 2)
     adv = torch.tensor([0.0])  # surrogate is zero: only the KL term remains
     loss, stats = policy_loss(logp, logp, adv, mask, config, 2.0, ref_logprobs=ref)

@@ -9,7 +9,7 @@ import pytest
 
 from coati.cluster.connect import DEFAULT_RAY_PORT, cluster_address, parse_address
 from coati.config.cli import build_parser, config_from_args
-from coati.config.rl import ConfigError
+from coati.config.errors import ConfigError
 from tests.ray_nodes import clean_env, free_port
 from tests.run_helpers import timed_cli
 

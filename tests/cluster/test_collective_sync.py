@@ -202,7 +202,8 @@ def test_timeouts_name_the_producer_and_the_version(ray_cluster):
 
 def test_flags_reach_the_config_with_one_default_and_bad_values_are_one_line(demo_assets):
     from coati.config.cli import build_parser, config_from_args
-    from coati.config.rl import ConfigError, ParallelConfig
+    from coati.config.errors import ConfigError
+    from coati.config.layout import ParallelConfig
 
     def config(*argv):
         return config_from_args(build_parser().parse_args(list(argv)), demo_assets)

@@ -6,7 +6,8 @@ import pytest
 
 import rl_example
 from coati.config.cli import build_parser, config_from_args
-from coati.config.rl import GRPO_CONFIG_KEYS, ConfigError, parse_grpo_config
+from coati.config.errors import ConfigError
+from coati.config.grpo_config import grpo_keys, parse_grpo_config
 
 
 def config_for(*argv):
@@ -17,19 +18,19 @@ def test_grpo_preset():
     algo = config_for("-a", "GRPO").algo
     assert (algo.loss.clip_eps_low, algo.loss.clip_eps_high) == (0.2, 0.2)
     assert algo.loss.loss_variation == "sample_level" and algo.loss.objective == "ppo_clip"
-    assert algo.loss.kl_coeff == 0.0 and algo.loss.skip_threshold is None
+    assert algo.loss.kl_loss_coef == 0.0 and algo.loss.skip_threshold is None
     g = algo.groups
     assert g.filter_range is None and not g.dynamic_batching and not g.soft_over_length_punishment
     assert not g.filter_truncated_response and g.topk_samples is None and g.advantage == "group_norm"
     assert algo.ppo_epochs == 1
-    assert config_for("-a", "GRPO", "-kl", "0.04").algo.loss.kl_coeff == 0.04  # beta = --kl-coeff
+    assert config_for("-a", "GRPO", "-kl", "0.04").algo.loss.kl_loss_coef == 0.04  # the loss's KL = -kl
 
 
 def test_dapo_preset():
     algo = config_for("-a", "DAPO").algo
     assert algo.groups.filter_range == (0.01, 0.99) and algo.groups.dynamic_batching
     assert (algo.loss.clip_eps_low, algo.loss.clip_eps_high) == (0.2, 0.28)
-    assert algo.loss.skip_threshold == 20.0 and algo.loss.kl_coeff == 0.0
+    assert algo.loss.skip_threshold == 20.0 and algo.loss.kl_loss_coef == 0.0
     assert algo.loss.loss_variation == "token_level"
     assert algo.groups.soft_over_length_punishment and algo.groups.filter_truncated_response
     assert algo.groups.cache_length == 2  # min(1024, 8 // 4) with the demo's -mnt 8
@@ -61,25 +62,25 @@ def test_grpo_config_from_json_and_yaml_files(tmp_path):
     path = tmp_path / "algo.json"
     path.write_text(json.dumps({"beta": 0.02, "topk_samples": 3}))
     algo = config_for("-a", "PG", "--grpo-config", str(path)).algo
-    assert algo.loss.kl_coeff == 0.02 and algo.groups.topk_samples == 3
+    assert algo.loss.kl_loss_coef == 0.02 and algo.groups.topk_samples == 3
     path = tmp_path / "algo.yaml"
     path.write_text("filter_range: [0.2, 0.8]\nppo_epochs: 2\nsoft_over_length_punishment: true\ncache_length: 4\n"
                     "beta: 1e-3\n")  # YAML 1.1 reads 1e-3 as a string; it is taken as the number
     algo = config_for("-a", "GRPO", "--grpo-config", str(path)).algo
     assert algo.groups.filter_range == (0.2, 0.8) and algo.ppo_epochs == 2 and algo.groups.cache_length == 4
-    assert algo.loss.kl_coeff == 0.001
+    assert algo.loss.kl_loss_coef == 0.001
 
 
 def test_dedicated_flags_win_over_grpo_config():
     algo = config_for("-a", "DAPO", "--grpo-config", '{"ppo_epochs": 3, "topk_samples": 2, "beta": 0.5}',
                       "--ppo-epochs", "2", "--topk-samples", "4", "-kl", "0.01").algo
-    assert algo.ppo_epochs == 2 and algo.groups.topk_samples == 4 and algo.loss.kl_coeff == 0.01
-    assert config_for("-a", "DAPO", "-kl", "0.1").algo.loss.kl_coeff == 0.1  # an explicit -kl beats DAPO's beta 0
+    assert algo.ppo_epochs == 2 and algo.groups.topk_samples == 4 and algo.loss.kl_loss_coef == 0.01
+    assert config_for("-a", "DAPO", "-kl", "0.1").algo.loss.kl_loss_coef == 0.1  # an explicit -kl beats DAPO's beta 0
 
 
 def test_every_key_is_documented_in_help():
     text = build_parser().format_help().replace("\n", " ").replace("  ", " ")
-    for key in GRPO_CONFIG_KEYS:
+    for key in grpo_keys():
         assert key in text, key
 
 
@@ -115,8 +116,8 @@ def run_cli(argv, capsys):
     (["--grpo-config", '{"max_draw_multiple": 0}'], "max_draw_multiple must be at least 1"),
     (["-a", "DAPO", "--grpo-config", '{"cache_length": 0}'], "cache_length must lie in [1, -mnt=8]"),
     (["-a", "DAPO", "--grpo-config", '{"cache_length": 9}'], "cache_length must lie in [1, -mnt=8]"),
-    (["-kl", "-0.1"], "-kl/--kl-coeff (--grpo-config beta) must be >= 0"),
-    (["--grpo-config", '{"beta": -1}'], "-kl/--kl-coeff (--grpo-config beta) must be >= 0"),
+    (["-kl", "-0.1"], "-kl/--kl-loss-coef (--grpo-config kl_loss_coef) must be >= 0"),
+    (["--grpo-config", '{"beta": -1}'], "-kl/--kl-loss-coef (--grpo-config kl_loss_coef) must be >= 0"),
     (["--grpo-config", "missing.yaml"], "--grpo-config file not found: missing.yaml"),
     (["--learner-chunk-size", "16"], "num_inferencer*ibs + --learner-chunk-size (64 + 16 = 80) must be a multiple "
                                      "of data-parallel trainers*tbs (32)"),
@@ -147,7 +148,8 @@ def test_malformed_config_files(tmp_path, capsys):
 
 def test_parse_grpo_config_empty_and_types():
     assert parse_grpo_config(None) == {} and parse_grpo_config("") == {}
-    assert parse_grpo_config('{"beta": 0, "skip_threshold": 5}') == {"beta": 0, "skip_threshold": 5}
+    # an older name (beta) is taken as its key
+    assert parse_grpo_config('{"beta": 0, "skip_threshold": 5}') == {"kl_loss_coef": 0, "skip_threshold": 5}
     with pytest.raises(ConfigError, match="must be bool"):
         parse_grpo_config('{"filter_truncated_response": 1}')  # 1 is not a bool
 
@@ -155,7 +157,7 @@ def test_parse_grpo_config_empty_and_types():
 def test_every_registered_name_is_reachable_from_the_cli(capsys):
     from coati.algorithm.advantage import adv_estimator_names
     from coati.algorithm.loss import POLICY_LOSSES
-    from coati.config.rl import ALGO_PRESETS
+    from coati.config.algo import ALGO_PRESETS
 
     help_text = build_parser().format_help().replace("\n", " ")
     for name in ALGO_PRESETS:
@@ -207,8 +209,8 @@ def test_ppo_preset_and_its_options_reach_the_config():
     algo = config_for("-a", "PPO", "--reward-model", "rm", "-g", "1", "-tmbs", "32", "--lam", "0.9", "--kl-coef", "0.2",
                       "--kl-target", "6", "--critic-learning-rate", "1e-5").algo
     assert algo.uses_critic and algo.groups.advantage == "gae" and algo.loss.loss_variation == "token_level"
-    assert algo.loss.kl_coeff == 0.0  # the KL is in the reward
-    assert (algo.ppo.reward_model, algo.ppo.lam, algo.ppo.kl_coef, algo.ppo.kl_target) == ("rm", 0.9, 0.2, 6.0)
+    assert algo.loss.kl_loss_coef == 0.0  # the KL is in the reward
+    assert (algo.ppo.reward_model, algo.ppo.lam, algo.ppo.kl_reward_coef, algo.ppo.kl_target) == ("rm", 0.9, 0.2, 6.0)
     assert algo.ppo.critic_learning_rate == 1e-5 and algo.ppo.value_loss == "clipped"
     assert not config_for("-a", "GRPO").algo.uses_critic
 
@@ -218,7 +220,8 @@ def test_ppo_preset_and_its_options_reach_the_config():
     (["-a", "PPO", "-g", "1", "-tmbs", "32"], "needs a score"),
     (["-a", "GRPO", "-g", "1", "-tmbs", "32"], "-g/--num-generations must be at least 2"),
     (["-a", "PPO", "--reward-model", "rm", "-t", "2", "-tp", "2"], "critic's value head; use data parallelism"),
-    (["-a", "PPO", "--reward-model", "rm", "-kl", "0.1"], "-kl/--kl-coeff (the loss's KL term of GRPO) must stay 0"),
+    (["-a", "PPO", "--reward-model", "rm", "-kl", "0.1"], "-a PPO does not use -kl/--kl-loss-coef 0.1 (an option of "
+                                                          "-a GRPO/DAPO/PG)"),
     (["-a", "PPO", "--reward-model", "rm", "--grpo-config", '{"filter_range": [0.1, 0.9]}'],
      "trains on every group: drop filter_range"),
     (["-a", "PPO", "--reward-model", "rm", "--lam", "1.5"], "--lam in [0, 1]"),

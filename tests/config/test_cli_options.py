@@ -37,7 +37,9 @@ def test_every_option_of_the_tree_is_in_help_with_its_aliases_and_default(monkey
     for opt in options(RLOptions):
         line = next(entry for entry in entries if entry.startswith((opt.flags[0] + " ", opt.flags[0] + ",")))
         assert all(f"{flag} " in line or f"{flag}," in line for flag in opt.flags), (opt.where, line)
-        assert f"{opt.field.metadata['help']} (default: {opt.parser_default})" in line, (opt.where, line)
+        text = opt.field.metadata["help"]  # one default: the help's own words, else "(default: X)" added
+        assert (text if "default" in text.lower() else f"{text} (default: {opt.shown_default})") in line, line
+        assert line.lower().count("default") == text.lower().count("default") + ("default" not in text.lower())
     every_flag = {flag for action in parser._actions for flag in action.option_strings}
     assert set(COLOSSALCHAT_FLAGS) <= every_flag, set(COLOSSALCHAT_FLAGS) - every_flag
 
@@ -89,7 +91,7 @@ def test_ppo_options_reach_the_algo_config(tmp_path):
                         "--kl-coef", "0.02", "--kl-target", "6", "--kl-horizon", "500", "--score-clip", "5",
                         "--no-whiten-advantages", "--verifiable-reward-weight", "0.5")
     assert config.algo.ppo == PPOConfig(reward_model=str(reward_model), critic_learning_rate=1e-5, gamma=0.99,
-                                        lam=0.9, value_clip=0.3, value_loss="mse", kl_coef=0.02, kl_target=6.0,
+                                        lam=0.9, value_clip=0.3, value_loss="mse", kl_reward_coef=0.02, kl_target=6.0,
                                         kl_horizon=500, score_clip=5.0, whiten_advantages=False,
                                         verifiable_reward_weight=0.5)
     assert config.algo.name == "PPO" and config.algo.uses_critic
@@ -106,7 +108,7 @@ def test_coati_ppo_is_train_with_ppo_as_the_default_algorithm(tmp_path, capsys):
     path = tmp_path / "ppo.yaml"
     path.write_text("verifiable_reward_weight: 1.0\nkl-coef: 0.1\n")
     config = config_for("--config", str(path), parser=ppo)
-    assert config.algo.name == "PPO" and config.algo.ppo.kl_coef == 0.1
+    assert config.algo.name == "PPO" and config.algo.ppo.kl_reward_coef == 0.1
     assert config.algo.ppo.verifiable_reward_weight == 1.0
     path.write_text("algo: GRPO\n")  # the file beats the command's default, as it beats a field's
     assert config_for("--config", str(path), parser=ppo).algo.name == "GRPO"

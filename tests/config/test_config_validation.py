@@ -8,7 +8,8 @@ import sys
 import pytest
 
 import rl_example
-from coati.config.rl import ConfigError, parse_eval_datasets
+from coati.config.data import parse_eval_datasets
+from coati.config.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

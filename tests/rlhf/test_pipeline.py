@@ -8,7 +8,7 @@ import json
 import pytest
 
 from coati.rlhf import pipeline
-from coati.rlhf.pipeline import Plan, PipelineError, ppo_argv, read_plan, stage_config
+from coati.rlhf.pipeline import Plan, PipelineError, ppo_config, ppo_values, read_plan, stage_config
 
 
 def write(tmp_path, text: str) -> str:
@@ -24,17 +24,17 @@ def test_links_between_stages_are_filled_in(tmp_path):
     assert stage_config(plan, "sft").model == "base"
     rm = stage_config(plan, "rm")
     assert rm.model == plan.output("sft") and rm.run_dir == str(tmp_path / "p" / "rm")
-    argv = ppo_argv(plan)
-    flags = dict(zip(argv[::2], argv[1::2]))
-    assert flags["-a"] == "PPO" and flags["--model"] == plan.output("sft")
-    assert flags["--reward-model"] == plan.output("rm") and flags["--kl-coef"] == "0.1"
-    assert flags["--system-prompt"] == "Be brief."  # PPO prompts as SFT saw them
+    config = ppo_config(plan, check_files=False)  # the section's options, built without flags
+    assert config.algo.name == "PPO" and config.model.path == plan.output("sft")
+    assert config.algo.ppo.reward_model == plan.output("rm") and config.algo.ppo.kl_reward_coef == 0.1
+    assert config.data.system_prompt == "Be brief."  # PPO prompts as SFT saw them
+    assert ppo_values(plan)["kl_coef"] == 0.1  # the section's own spelling, an older name of kl_reward_coef
 
 
 def test_a_section_may_name_its_inputs(tmp_path):
     plan = Plan(stages=("ppo",), sections={"sft": {}, "rm": {}, "ppo": {"model": "m", "reward_model": "r"}})
-    flags = dict(zip(ppo_argv(plan)[::2], ppo_argv(plan)[1::2]))
-    assert flags["--model"] == "m" and flags["--reward-model"] == "r"
+    values = ppo_values(plan)
+    assert values["model"] == "m" and values["reward_model"] == "r"
 
 
 @pytest.mark.parametrize("text, message", [
@@ -46,8 +46,8 @@ def test_a_section_may_name_its_inputs(tmp_path):
     ("stages: [ppo]\nppo: {dataset: a.jsonl}\n", "needs model:"),
     ("stages: [ppo]\nppo: {model: m, dataset: a.jsonl}\n", "needs a score: pass --reward-model"),
     ("stages: [ppo]\nppo: {model: m, dataset: a.jsonl, reward_model: r, lam: 2}\n", "--lam in [0, 1]"),
-    ("stages: [ppo]\nppo: {model: m, dataset: a.jsonl, reward_model: r, lamda: 1}\n", "option 'lamda', which `coati ppo` does not take"),
-    ("stages: [ppo]\nppo: {model: m, dataset: a.jsonl, reward_model: r, lam: x}\n", "section 'ppo': argument --lam: invalid float value"),
+    ("stages: [ppo]\nppo: {model: m, dataset: a.jsonl, reward_model: r, lamda: 1}\n", "option 'lamda', which `coati ppo` does not take (did you mean 'lam'?)"),
+    ("stages: [ppo]\nppo: {model: m, dataset: a.jsonl, reward_model: r, lam: x}\n", "section 'ppo' key 'lam' must be float, got 'x'"),
     ("a: [\n", "not valid YAML"),
 ])
 def test_bad_pipeline_files_give_one_line_before_any_training(tmp_path, capsys, monkeypatch, text, message):

@@ -20,7 +20,8 @@ from coati.cluster.buffer import RolloutBuffer
 from coati.cluster.weight_sync import WeightStore
 from coati.config.cli import build_parser, config_from_args
 from coati.config.ppo import PPOConfig
-from coati.config.rl import build_algo_config, validate
+from coati.config.grpo_config import build_algo_config
+from coati.config.validate import validate
 from coati.trainer.ppo_consumer import CRITIC, PPOConsumer
 from tests.plugins.equivalence import grpo_groups
 

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 
 import coati.trainer.checkpointing as checkpointing
 from coati.config.cli import build_parser, config_from_args
-from coati.config.rl import ConfigError
+from coati.config.errors import ConfigError
 from coati.launcher.preflight import check_inputs
 from coati.launcher.rl import run
 from coati.utils.checkpoint import COMPLETE_MARKER, list_checkpoints, resolve_resume

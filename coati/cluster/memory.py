@@ -1,0 +1,138 @@
+"""Memory each actor of a run needs, from the model's shape and the flags (pure arithmetic, bytes).
+
+Trainer rank (no activation checkpointing; Adam):
+- parameters P/mp per rank (mp = tp x pp), in the trainer precision; mixed precision adds fp32 master weights;
+- gradients as the parameters; Adam's two fp32 states (8 bytes per parameter);
+- sharding over dp: torch FSDP2 (-zero >= 1) shards parameters, gradients and states, and holds the full
+  parameters of this rank's layers from forward to backward (-zero 1/2) or one layer's at a time (-zero 3);
+  ColossalAI LowLevelZero / Hybrid: stage 1 shards states and master weights, stage 2 also gradients;
+- activations kept for backward, per token per layer 8H + (4 kv_dim + 4I)/tp elements (the tensors a Qwen2/Llama
+  block saves: norms, q/k/v, attention output, gate/up/act/product), for micro-batch x sequence tokens (pp:
+  the first stage holds pp micro-batches); the logits at 3 x tokens x V/tp fp32 (logits, log-softmax, gradient);
+- the reference model (KL > 0) whole on every rank; the process's own runtime (CPU: Python, torch, Ray).
+Inferencer: weights / ptp, the KV cache (vLLM: its budget; transformers: the generate cache and kept logits),
+the received weight version (a CPU copy: object store or collective staging), the runtime. The sending trainer
+rank also holds the published version twice over (``publish_bytes``).
+
+The runtime constants were measured on this project's CPU machine (docs/results.md, "Memory plan").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GiB = 2**30
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+CPU_RUNTIME = 0.6 * GiB  # a Ray actor with torch and transformers imported, before any model
+VLLM_CPU_RUNTIME = 2.0 * GiB  # the same with vLLM's engine built in-process (graphs off), fitted to the 0.5B run
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    tied: bool = True
+    qkv_bias: bool = True
+
+    @classmethod
+    def from_config(cls, config: dict) -> ModelShape:
+        """From an HF ``config.json`` (dict) of a Llama-family model (Qwen2, Llama, Mistral)."""
+        heads = config["num_attention_heads"]
+        return cls(vocab=config["vocab_size"], hidden=config["hidden_size"], layers=config["num_hidden_layers"],
+                   heads=heads, kv_heads=config.get("num_key_value_heads") or heads,
+                   intermediate=config["intermediate_size"], tied=bool(config.get("tie_word_embeddings", False)),
+                   qkv_bias=config.get("model_type") == "qwen2" or bool(config.get("attention_bias", False)))
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * (self.hidden // self.heads)
+
+    @property
+    def layer_params(self) -> int:
+        h, kv = self.hidden, self.kv_dim
+        bias = (h + 2 * kv) if self.qkv_bias else 0
+        return 2 * h * h + 2 * h * kv + bias + 3 * h * self.intermediate + 2 * h
+
+    @property
+    def params(self) -> int:
+        embedding = self.vocab * self.hidden * (1 if self.tied else 2)
+        return embedding + self.layers * self.layer_params + self.hidden
+
+
+@dataclass(frozen=True)
+class TrainerLayout:
+    plugin: str = "torch"  # torch | colossalai
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    zero: int = 0
+    precision: str = "fp32"
+
+
+def trainer_states(shape: ModelShape, layout: TrainerLayout) -> dict[str, float]:
+    """Bytes per rank of parameters (incl. fp32 masters and gathered full parameters), gradients, Adam."""
+    local = shape.params / (layout.tp * layout.pp)
+    b = DTYPE_BYTES[layout.precision]
+    mixed = layout.precision != "fp32"
+    dp, zero = layout.dp, layout.zero
+    if layout.plugin == "torch" and zero >= 1:  # FSDP2: everything sharded; full parameters while computing
+        gathered = local if zero < 3 else 2 * shape.layer_params / layout.tp  # this layer's and the prefetched one
+        return {"weights": b * local / dp + b * gathered, "gradients": b * local / dp, "optimizer": 8 * local / dp}
+    master = 4 * local / (dp if zero >= 1 else 1) if mixed else 0.0
+    grads = 4 * local if mixed else b * local  # ColossalAI's mixed precision keeps fp32 gradients for the masters
+    return {"weights": b * local + master, "gradients": grads / (dp if zero >= 2 else 1),
+            "optimizer": 8 * local / (dp if zero >= 1 else 1)}
+
+
+def activation_bytes(shape: ModelShape, layout: TrainerLayout, micro_batch: int, seq_len: int) -> dict[str, float]:
+    """Saved activations and logits of one micro-batch (its tokens: samples x sequence length) on a rank."""
+    b = DTYPE_BYTES[layout.precision]
+    tokens = micro_batch * seq_len
+    per_layer = 8 * shape.hidden + (4 * shape.kv_dim + 4 * shape.intermediate) / layout.tp
+    layers = shape.layers / layout.pp * layout.pp  # the first stage holds pp micro-batches of its layers
+    return {"activations": b * tokens * per_layer * layers, "logits": 3 * 4 * tokens * shape.vocab / layout.tp}
+
+
+def trainer_memory(shape: ModelShape, layout: TrainerLayout, micro_batch: int, seq_len: int,
+                   reference_bytes: int = 0, on_cpu: bool = True) -> dict[str, float]:
+    """Every component of a trainer rank's peak, in bytes (``reference_bytes``: per parameter of the KL
+    reference model, 0 without one); ``total`` is their sum."""
+    out = {**trainer_states(shape, layout), **activation_bytes(shape, layout, micro_batch, seq_len)}
+    out["reference"] = reference_bytes * shape.params
+    out["runtime"] = CPU_RUNTIME if on_cpu else 0.0
+    out["total"] = sum(out.values())
+    return out
+
+
+def publish_bytes(shape: ModelShape, weight_sync: str, bucket_mb: float, dtype_bytes: int = 4) -> float:
+    """Host memory the sending trainer rank adds by publishing, at its peak: the gathered full weights and one
+    more full copy (collective: the broadcast buckets it keeps to re-send a version to a restarted producer;
+    object store: the packed copy it puts). Measured: 2.0x the fp32 weights over the other rank's peak
+    (docs/results.md); ``bucket_mb`` does not change the total."""
+    return 2 * dtype_bytes * shape.params
+
+
+def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int) -> int:
+    return 2 * shape.layers * shape.kv_dim * dtype_bytes
+
+
+def inferencer_memory(shape: ModelShape, backend: str, dtype: str, ptp: int = 1, kv_cache_bytes: float = 0.0,
+                      sequences: int = 1, seq_len: int = 0, new_tokens: int = 0, on_cpu: bool = True) -> dict[str, float]:
+    """An inferencer's components in bytes: vLLM's KV cache is its budget (``kv_cache_bytes``); transformers'
+    is the generate cache of ``sequences`` x ``seq_len`` plus the logits it keeps (fp32, ``new_tokens`` each).
+    The received weight version is host memory (fp32, as the trainer sends it)."""
+    b = DTYPE_BYTES[dtype]
+    out = {"weights": b * shape.params / ptp}
+    if backend == "vllm":
+        out["kv_cache"] = kv_cache_bytes
+    else:
+        out["kv_cache"] = kv_bytes_per_token(shape, b) * sequences * seq_len
+        out["logits"] = 4.0 * sequences * new_tokens * shape.vocab
+    out["received_weights"] = 4 * shape.params if on_cpu else 0.0
+    out["runtime"] = (VLLM_CPU_RUNTIME if backend == "vllm" else CPU_RUNTIME) if on_cpu else 0.0
+    out["total"] = sum(out.values())
+    return out

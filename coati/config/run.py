@@ -1,0 +1,53 @@
+"""Where the run's outputs go, how often it saves and evaluates, and which Ray cluster it runs on."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from coati.utils.dataclass_cli import option
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    project: str = option("demo", "run name: outputs go to <save-dir>/<project>/ (metrics.jsonl always); also the "
+                                  "wandb project, logged offline unless WANDB_MODE=online, when wandb is installed",
+                          "-p")
+    num_episodes: int = option(1, "passes over the training set; default: 3 for the demo, else 1", "-e",
+                               resolved=True)
+    seed: int = option(42, "seed for sampling, data order and initialisation")
+    save_dir: str = option("runs", "run outputs: <save-dir>/<project>/{metrics.jsonl,step_N/,eval/}", "-sd")
+    save_interval: int = option(0, "also save a checkpoint (HF model + trainer state, resumable) every N steps "
+                                   "(0: only at the end)", "-si")
+    eval_interval: int = option(
+        0, "also evaluate every N trained steps (a separate evaluator actor, on a snapshot of the trainer's weights "
+           "after exactly that step, while training goes on); step 0 and the end are always evaluated. Every -ed "
+           "task is decoded greedy (T=0) and sampled (T=1), one completion per prompt", "-ei")
+    eval_save_dir: str | None = option(
+        None, "evaluation outputs go to <esd>/<project>/ (default: <save-dir>/<project>/eval): "
+              "<task>_<mode>_step<N>.jsonl (prompt, response, extracted answer, reward) and summary.json", "-esd")
+    rollout_save_dir: str | None = option(
+        None, "log training rollouts to <rsd>/<project>/rollouts_step<N>.jsonl, one line per sample (prompt, "
+              "response, reward, the advantage trained with, policy version, step, correct/format flags); a new "
+              "file starts at the first logged step after the current one reaches 64 MiB", "-rsd")
+    rollout_save_interval: int = option(1, "-rsd: log the rollouts of every N-th trained step")
+    ray_dir: str | None = option(
+        None, "Ray's temp directory: the local cluster's, or, when joining, the --temp-dir that this machine's node "
+              "of the cluster was started with (`ray start --temp-dir`)", flag="--ray_dir")
+    master_address: str | None = option(
+        None, "join the running Ray cluster whose head is there (`ray start --head`, port 6379 unless given; "
+              "launch/README.md); RAY_ADDRESS, when set, wins. Default: a local cluster of this run only",
+        flag="--master_address", metavar="HOST[:PORT]")
+    master_port: int | None = option(
+        None, "port of the trainers' torch.distributed rendezvous, hosted by trainer rank 0 on its own node "
+              "(default: a free port there)", flag="--master_port")
+    progress_bar: bool = option(True, "a progress bar while training (--no-progress: none; metrics still go to "
+                                      "stdout at the end)", flag="--progress")
+    resume: str | None = option(
+        None, "continue a run from a step_N checkpoint (or the newest complete one under <save-dir>/<project>): "
+              "trainer state, counters, pending rollouts and data position; the layout (-t/-tp/-pp/-zero) may "
+              "differ", metavar="PATH|latest")
+
+    @property
+    def run_dir(self) -> str:
+        return os.path.join(self.save_dir, self.project)

@@ -1,0 +1,50 @@
+"""One typed configuration tree for a run (RLConfig): its parts are the files beside this one; the start-up
+checks are validate.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from coati.config.algo import AlgoConfig
+from coati.config.batch import BatchConfig
+from coati.config.data import DataConfig, ModelConfig
+from coati.config.env import EnvConfig
+from coati.config.layout import ParallelConfig
+from coati.config.run import RunConfig
+from coati.config.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    model: ModelConfig
+    data: DataConfig
+    sampling: SamplingParams
+    parallel: ParallelConfig = ParallelConfig()
+    batch: BatchConfig = BatchConfig()
+    algo: AlgoConfig = AlgoConfig()
+    run: RunConfig = RunConfig()
+    episodes: EnvConfig = EnvConfig()  # multi-turn episodes with an environment (--env); off by default
+    # Sampling used for held-out evaluation: (name, params) pairs, all scored with the training reward.
+    eval_sampling: tuple[tuple[str, SamplingParams], ...] = field(default=())
+
+    @property
+    def steps_per_sync(self) -> int:
+        """Trainer steps between two weight syncs: one round (every inferencer's and the learner's groups)."""
+        return self.groups_per_sync // (self.parallel.dp_size * self.batch.train_batch_size)
+
+    @property
+    def groups_per_sync(self) -> int:
+        """Groups the trainer group draws between two weight syncs: one round of every producer, plus the
+        learner's ``learner_chunk_size`` groups.
+
+        Equal to steps_per_sync * dp * tbs without filtering; dynamic batching syncs on this count, not on steps.
+        """
+        return self.parallel.num_inferencers * self.batch.inference_batch_size + self.algo.learner_chunk_size
+
+    @property
+    def schedule(self):
+        """The rollout protocol (coati.cluster.schedule): which version a round needs, when to publish."""
+        from coati.cluster.schedule import RolloutSchedule
+
+        return RolloutSchedule.for_run(self.parallel.num_inferencers, self.batch.inference_batch_size,
+                                       self.algo.learner_chunk_size, self.parallel.max_staleness)

@@ -1,0 +1,67 @@
+"""The memory arithmetic of --dry-run (coati/cluster/memory.py) against numbers computed by hand."""
+
+import pytest
+
+from coati.cluster.memory import (
+    GiB,
+    ModelShape,
+    TrainerLayout,
+    activation_bytes,
+    inferencer_memory,
+    kv_bytes_per_token,
+    publish_bytes,
+    trainer_states,
+)
+
+QWEN05 = {"model_type": "qwen2", "vocab_size": 151936, "hidden_size": 896, "num_hidden_layers": 24,
+          "num_attention_heads": 14, "num_key_value_heads": 2, "intermediate_size": 4864, "tie_word_embeddings": True}
+QWEN7 = {"model_type": "qwen2", "vocab_size": 152064, "hidden_size": 3584, "num_hidden_layers": 28,
+         "num_attention_heads": 28, "num_key_value_heads": 4, "intermediate_size": 18944, "tie_word_embeddings": False}
+
+
+def test_parameter_counts_are_the_published_ones():
+    assert ModelShape.from_config(QWEN05).params == 494_032_768  # Qwen2.5-0.5B
+    assert ModelShape.from_config(QWEN7).params == 7_615_616_512  # Qwen2.5-7B
+    llama = dict(QWEN05, model_type="llama")  # no q/k/v bias: 24 x (896 + 2 x 128) fewer
+    assert ModelShape.from_config(llama).params == 494_032_768 - 24 * 1152
+
+
+def test_trainer_states_by_layout():
+    shape = ModelShape.from_config(QWEN05)
+    P = shape.params
+    assert trainer_states(shape, TrainerLayout()) == {"weights": 4 * P, "gradients": 4 * P, "optimizer": 8 * P}
+    # FSDP2 over 2 ranks: shards, plus the full parameters held from forward to backward (-zero 2)
+    assert trainer_states(shape, TrainerLayout(dp=2, zero=2)) == {"weights": 2 * P + 4 * P, "gradients": 2 * P,
+                                                                  "optimizer": 4 * P}
+    # -zero 3 reshards after forward: one layer (and the prefetched one) at a time
+    z3 = trainer_states(shape, TrainerLayout(dp=2, zero=3))
+    assert z3["weights"] == 2 * P + 8 * shape.layer_params
+    # ColossalAI HybridParallel TP 4 x PP 2 x DP 2, ZeRO-1, bf16: bf16 weights + fp32 masters / dp, fp32 grads,
+    # Adam / dp, all over mp = 8
+    seven = ModelShape.from_config(QWEN7)
+    local = seven.params / 8
+    hybrid = trainer_states(seven, TrainerLayout("colossalai", tp=4, pp=2, dp=2, zero=1, precision="bf16"))
+    assert hybrid == {"weights": 2 * local + 2 * local, "gradients": 4 * local, "optimizer": 4 * local}
+    assert hybrid["weights"] / GiB == pytest.approx(3.546, abs=1e-3)
+    zero2 = trainer_states(seven, TrainerLayout("colossalai", tp=4, pp=2, dp=2, zero=2, precision="bf16"))
+    assert zero2["gradients"] == 2 * local
+
+
+def test_activations_and_logits_of_a_micro_batch():
+    shape = ModelShape.from_config(QWEN05)
+    out = activation_bytes(shape, TrainerLayout(), micro_batch=4, seq_len=104)
+    per_token_layer = 8 * 896 + 4 * 128 + 4 * 4864  # 27136 elements
+    assert out["activations"] == 4 * 416 * per_token_layer * 24 == 1_083_703_296
+    assert out["logits"] == 3 * 4 * 416 * 151936 == 758_464_512
+
+
+def test_inferencer_and_publish():
+    shape = ModelShape.from_config(QWEN05)
+    P = shape.params
+    vllm = inferencer_memory(shape, "vllm", "fp32", kv_cache_bytes=0.5 * GiB, on_cpu=False)
+    assert vllm == {"weights": 4 * P, "kv_cache": 0.5 * GiB, "received_weights": 0.0, "runtime": 0.0,
+                    "total": 4 * P + 0.5 * GiB}
+    assert kv_bytes_per_token(shape, 2) == 2 * 24 * 128 * 2
+    hf = inferencer_memory(shape, "transformers", "bf16", sequences=8, seq_len=100, new_tokens=32, on_cpu=False)
+    assert hf["kv_cache"] == 12288 * 800 and hf["logits"] == 4 * 8 * 32 * 151936
+    assert publish_bytes(shape, "object-store", 128) == publish_bytes(shape, "collective", 512) == 8 * P
