@@ -19,7 +19,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-
 from coati.rollout.group import RolloutGroup
 
 
