@@ -41,7 +41,7 @@ def test_rollout_log_shows_turns():
 def test_overlong_punishment_counts_model_tokens_only():
     class Groups:
         soft_over_length_punishment, cache_length, advantage = True, 2, "group_norm"
-        filter_truncated_response, topk_samples = False, None
+        filter_truncated_response, topk_samples, filter_range = False, None, None
 
     long_tools = _group(loss_masks=[[1, 0, 0, 0, 0, 1], [1, 1, 1, 1]], rewards=(0.0, 0.0))
     shaped, _, _ = shaped_group_tensors([long_tools], Groups, max_new_tokens=4)
