@@ -204,6 +204,7 @@ def demo_step_share(steps: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from coati.algorithm.advantage import group_advantages
     from coati.algorithm.loss import PolicyLossConfig, batch_normaliser, policy_loss
     from coati.config.sampling import SamplingParams
     from coati.dataset.jsonl import load_jsonl
@@ -256,6 +257,7 @@ def demo_step_share(steps: int) -> dict:
         before_s = time.process_time() - start
         start = time.process_time()
         tensors = collate(groups, tokenizer.pad_token_id)
+        tensors["advantages"] = group_advantages(torch.tensor([g.rewards for g in groups])).reshape(-1)
         tensors["normaliser"] = torch.full((tensors["input_ids"].shape[0],),
                                            batch_normaliser(tensors["action_mask"], loss_config.loss_variation))
         plugin.forward_backward(split_micro_batches(tensors, 256), loss_fn)

@@ -84,6 +84,18 @@ def group_mean_advantages(rewards: torch.Tensor) -> torch.Tensor:
     return rewards - rewards.mean(dim=1, keepdim=True)
 
 
+@register_adv_est("rloo")
+def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """RLOO (Ahmadian et al. 2024): each sample's baseline is the mean reward of the other G - 1 samples of its
+    group, A_i = r_i - (sum_j r_j - r_i) / (G - 1) = G / (G - 1) * (r_i - group mean); not scaled by a std."""
+    _check_groups(rewards)
+    count = rewards.shape[1]
+    if count < 2:
+        raise ValueError(f"rloo needs at least 2 samples per group (a leave-one-out baseline), got G={count}")
+    rewards = rewards.float()
+    return rewards - (rewards.sum(dim=1, keepdim=True) - rewards) / (count - 1)
+
+
 def compute_advantages(rewards: torch.Tensor, kind: str) -> torch.Tensor:
     """[groups, G] advantages of the group estimator ``kind``."""
     estimator = get_adv_estimator(kind)

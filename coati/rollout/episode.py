@@ -19,9 +19,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
-
-from coati.algorithm.advantage import group_advantages
 from coati.rollout.group import RolloutGroup
 
 
@@ -165,7 +162,7 @@ def episode_groups(backend, env_factory: Callable[[], object], batch, sampling, 
         versions = [t["version"] for e in mine for t in e.turns]
         groups.append(RolloutGroup(
             prompt_ids=list(ids), responses=[e.ids for e in mine], logprobs=[e.logprobs for e in mine],
-            rewards=rewards, advantages=group_advantages(torch.tensor([rewards]))[0].tolist(),
+            rewards=rewards,
             correct=[r > 0 for r in rewards], format_ok=[e.finish_reason == "stop" for e in mine],
             finish_reasons=[e.finish_reason for e in mine],
             policy_version=min(versions) if versions else (version() if callable(version) else version),

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import time
 
-import torch
-
-from coati.algorithm.advantage import group_advantages
 from coati.dataset.jsonl import build_prompt
 from coati.rollout.group import RolloutGroup
 
@@ -78,13 +75,11 @@ def rollout_groups(backend, scorer, batch, sampling, version: int, learner: bool
     groups = []
     for (example, text, ids), completions, results, rm_scores in zip(batch, outputs, scored, model_scores):
         texts = [c.text for c in completions]
-        rewards = torch.tensor([[r.reward for r in results]])
         groups.append(RolloutGroup(
             prompt_ids=ids,
             responses=[c.token_ids for c in completions],
             logprobs=[c.logprobs for c in completions],
-            rewards=[r.reward for r in results],  # as scored (the tensor is float32: 0.1 -> 0.10000000149)
-            advantages=group_advantages(rewards)[0].tolist(),
+            rewards=[r.reward for r in results],
             correct=[r.correct for r in results],
             format_ok=[r.format_ok for r in results],
             finish_reasons=[c.finish_reason for c in completions],

@@ -1,8 +1,12 @@
-"""What producers hand to trainers: groups of G completions of one prompt, and their collation to tensors."""
+"""What producers hand to trainers: groups of G completions of one prompt, and their collation to tensors.
+
+A group carries what the producer observed (tokens, behaviour logprobs, rewards); advantages are the
+trainer's business (coati.algorithm), computed from the rewards at training time.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -13,7 +17,6 @@ class RolloutGroup:
     responses: list[list[int]]  # G token-id lists
     logprobs: list[list[float]]  # behaviour-policy logprobs, one per response token
     rewards: list[float]
-    advantages: list[float]
     correct: list[bool]
     format_ok: list[bool]
     finish_reasons: list[str]  # "stop" | "length"
@@ -39,6 +42,13 @@ class RolloutGroup:
         """Tokens the model wrote in each response (what length penalties count; tool output excluded)."""
         return [sum(self.loss_mask(i)) for i in range(len(self.responses))]
 
+    @classmethod
+    def from_dict(cls, row: dict) -> "RolloutGroup":
+        """A group from its ``asdict`` form; keys this build does not know are ignored, so files written by
+        builds whose groups carried more (e.g. producer-side ``advantages``) still load."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in row.items() if key in known})
+
 
 def collate(groups: list[RolloutGroup], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded prompt+response rows and per-position tensors aligned with next-token logprobs.
@@ -47,13 +57,12 @@ def collate(groups: list[RolloutGroup], pad_id: int) -> dict[str, torch.Tensor]:
     group's loss mask: an environment's tokens inside a multi-turn response are 0), so it lines up with
     ``logits[:, :-1]``; ``old_logprobs`` sits at the same positions.
     """
-    rows, spans, logprobs, advantages, masks = [], [], [], [], []
+    rows, spans, logprobs, masks = [], [], [], []
     for group in groups:
-        for index, (response, logp, advantage) in enumerate(zip(group.responses, group.logprobs, group.advantages)):
+        for index, (response, logp) in enumerate(zip(group.responses, group.logprobs)):
             rows.append(group.prompt_ids + response)
             spans.append((len(group.prompt_ids), len(response)))
             logprobs.append(logp)
-            advantages.append(advantage)
             masks.append(group.loss_mask(index))
     width = max(len(r) for r in rows)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -70,7 +79,6 @@ def collate(groups: list[RolloutGroup], pad_id: int) -> dict[str, torch.Tensor]:
         "attention_mask": attention_mask,
         "action_mask": action_mask,
         "old_logprobs": old_logprobs,
-        "advantages": torch.tensor(advantages, dtype=torch.float32),
     }
 
 

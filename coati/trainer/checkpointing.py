@@ -136,7 +136,7 @@ def read_run_state(path: str) -> dict:
 def pending_rollouts(path: str) -> list[tuple[int | None, int | None, RolloutGroup]]:
     """The checkpoint's undrawn groups with their rounds and slots, in draw order."""
     with open(os.path.join(path, PENDING)) as handle:
-        return [(row["round"], row["slot"], RolloutGroup(**row["group"])) for row in json.load(handle)]
+        return [(row["round"], row["slot"], RolloutGroup.from_dict(row["group"])) for row in json.load(handle)]
 
 
 def pending_groups(path: str) -> list[RolloutGroup]:

@@ -50,19 +50,12 @@ from coati.cluster.weight_sync import make_publisher, pack_named_tensors
 from coati.config.tree import RLConfig
 from coati.plugins.dist import all_reduce_stats
 from coati.plugins.mesh import TrainerMesh
-from coati.rollout.episode_metrics import episode_metrics
 from coati.rollout.group import RolloutGroup, collate, split_micro_batches
 from coati.rollout.rollout_log import rollout_log_due, rollout_records
 from coati.trainer.roles import ACTOR, TrainedModel, grad_norm_name
+from coati.trainer.step_data import rollout_metrics, share_bounds
 from coati.utils.device import device_memory_metrics
 from coati.utils.quiet import quiet_actor
-
-
-def share_bounds(count: int, parts: int, index: int) -> tuple[int, int]:
-    """[start, end) of part ``index`` when ``count`` items are split into ``parts`` contiguous, balanced parts."""
-    base, extra = divmod(count, parts)
-    start = index * base + min(index, extra)
-    return start, start + base + (index < extra)
 
 
 class Consumer:
@@ -167,9 +160,8 @@ class Consumer:
 
     def rollout_tensors(self, kept: list[RolloutGroup]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Hook for the rollout logs: (shaped rewards, advantages, sample loss mask), [len(kept), G], as the
-        loss used them; here the producers' rewards and advantages, every sample in the loss."""
-        rewards = torch.tensor([g.rewards for g in kept], dtype=torch.float32)
-        return rewards, torch.tensor([g.advantages for g in kept], dtype=torch.float32), torch.ones_like(rewards)
+        loss used them (the algorithm computes advantages; producers ship rewards only)."""
+        raise NotImplementedError
 
     def set_total_groups(self, total: int | None) -> None:
         """Groups the trainer group will draw in all (None: unbounded); ``step()`` returns None after the last."""
@@ -379,21 +371,3 @@ class Consumer:
 
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
-
-
-def rollout_metrics(groups: list[RolloutGroup], current_version: int) -> dict:
-    rewards = [r for g in groups for r in g.rewards]
-    lengths = [len(r) for g in groups for r in g.responses]
-    n = max(len(rewards), 1)
-    return {
-        "reward": sum(rewards) / n,
-        "accuracy": sum(c for g in groups for c in g.correct) / n,
-        "format_rate": sum(f for g in groups for f in g.format_ok) / n,
-        "response_length": sum(lengths) / n,
-        "truncation_rate": sum(f == "length" for g in groups for f in g.finish_reasons) / n,
-        "policy_lag": current_version - min((g.policy_version for g in groups), default=current_version),
-        # producer seconds that made these groups (generation and scoring run beside training in async mode)
-        "generate_s": sum(g.generate_s for g in groups),
-        "score_s": sum(g.score_s for g in groups),
-        **episode_metrics(groups),  # multi-turn episodes only
-    }

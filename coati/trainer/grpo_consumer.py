@@ -22,22 +22,24 @@ from __future__ import annotations
 
 import torch
 
-from coati.algorithm.advantage import compute_advantages, group_accuracy_in_range, overlong_penalty, sample_loss_mask
 from coati.algorithm.loss import MAX_STATS, aggregate, normaliser_from_counts, policy_loss, token_entropy
+from coati.algorithm.pipeline import GroupStages, GroupTensors
 from coati.rollout.group import RolloutGroup, collate, split_micro_batches, token_logprobs
 from coati.trainer.consumer import Consumer
 
 
+def group_tensors(groups: list[RolloutGroup]) -> GroupTensors:
+    """The [groups, G] tensors the algorithm's stages read (coati.algorithm.pipeline)."""
+    return GroupTensors(
+        rewards=torch.tensor([g.rewards for g in groups], dtype=torch.float32),
+        lengths=torch.tensor([g.model_token_counts() for g in groups], dtype=torch.float32),  # tool output excluded
+        truncated=torch.tensor([[reason == "length" for reason in g.finish_reasons] for g in groups]),
+        correct=torch.tensor([g.correct for g in groups], dtype=torch.float32))
+
+
 def shaped_group_tensors(groups: list[RolloutGroup], groups_config, max_new_tokens: int):
     """(shaped rewards [n, G], advantages [n, G], sample loss mask [n, G]) for a list of groups (pure)."""
-    rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
-    if groups_config.soft_over_length_punishment:
-        lengths = torch.tensor([g.model_token_counts() for g in groups], dtype=torch.float32)
-        rewards = rewards + overlong_penalty(lengths, max_new_tokens, groups_config.cache_length)
-    advantages = compute_advantages(rewards, groups_config.advantage)
-    truncated = torch.tensor([[reason == "length" for reason in g.finish_reasons] for g in groups])
-    mask = sample_loss_mask(truncated, rewards, groups_config.filter_truncated_response, groups_config.topk_samples)
-    return rewards, advantages, mask
+    return GroupStages.from_config(groups_config).run(group_tensors(groups), groups_config, max_new_tokens)
 
 
 def load_reference(config) -> torch.nn.Module:
@@ -82,10 +84,10 @@ class GRPOConsumer(Consumer):
         filter_range = self.groups_config.filter_range
         if filter_range is None:
             return groups, {"groups_filtered": 0}
-        correct = torch.tensor([g.correct for g in groups], dtype=torch.float32)
-        keep = group_accuracy_in_range(correct, *filter_range).tolist()
+        data = group_tensors(groups)
+        keep = GroupStages.from_config(self.groups_config).keep_groups(data, self.groups_config).tolist()
         kept = [g for g, k in zip(groups, keep) if k]
-        accuracy = correct.mean(dim=1)
+        accuracy = data.correct.mean(dim=1)
         return kept, {"groups_filtered": len(groups) - len(kept),
                       "groups_filtered_high": int((accuracy > filter_range[1]).sum()),  # e.g. all correct
                       "groups_filtered_low": int((accuracy < filter_range[0]).sum())}  # e.g. all wrong

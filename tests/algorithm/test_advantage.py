@@ -53,7 +53,7 @@ def test_group_mean_advantages_for_pg():
     # group_norm on the same: std = sqrt(2) -> +-1/sqrt(2)
     assert close(compute_advantages(torch.tensor([[2.0, 0.0]]), "group_norm"), [[1 / math.sqrt(2), -1 / math.sqrt(2)]])
     with pytest.raises(ValueError):
-        compute_advantages(torch.zeros(1, 2), "rloo")
+        compute_advantages(torch.zeros(1, 2), "no_such_estimator")
     with pytest.raises(ValueError):
         group_mean_advantages(torch.zeros(4))
 
@@ -104,7 +104,7 @@ def test_sample_loss_mask_truncation_and_topk():
 
 def group(rewards, lengths, finish, correct=None):
     return RolloutGroup(prompt_ids=[1, 2], responses=[[5] * n for n in lengths], logprobs=[[0.0] * n for n in lengths],
-                        rewards=rewards, advantages=[0.0] * len(rewards),
+                        rewards=rewards,
                         correct=correct or [r == 1.0 for r in rewards], format_ok=[True] * len(rewards),
                         finish_reasons=finish, policy_version=0)
 
@@ -144,7 +144,7 @@ def test_all_truncated_group_has_no_sample_in_the_loss():
 # --- the estimator registry and the token-level RLHF pieces ---
 
 def test_registry_dispatches_by_name_and_rejects_duplicates():
-    assert adv_estimator_names("group") == ("group_norm", "group_mean")
+    assert adv_estimator_names("group") == ("group_norm", "group_mean", "rloo")
     assert adv_estimator_names("token_values") == ("gae",)
     assert get_adv_estimator("group_norm").fn is group_advantages
     with pytest.raises(ValueError, match="already registered"):

@@ -112,7 +112,7 @@ def run_cli(argv, capsys):
     (["--grpo-config", '{"topk_samples": 2.5}'], "key 'topk_samples' must be int or null"),
     (["--grpo-config", '{"loss_variation": "batch_level"}'], "loss_variation must be one of token_level, sample_level"),
     (["--grpo-config", '{"objective": "dpo"}'], "objective must be one of ppo_clip, reinforce"),
-    (["--grpo-config", '{"advantage": "rloo"}'], "advantage must be one of group_norm, group_mean"),
+    (["--grpo-config", '{"advantage": "no_such_estimator"}'], "advantage must be one of group_norm, group_mean"),
     (["--grpo-config", '{"max_draw_multiple": 0}'], "max_draw_multiple must be at least 1"),
     (["-a", "DAPO", "--grpo-config", '{"cache_length": 0}'], "cache_length must lie in [1, -mnt=8]"),
     (["-a", "DAPO", "--grpo-config", '{"cache_length": 9}'], "cache_length must lie in [1, -mnt=8]"),
@@ -194,7 +194,7 @@ def test_a_newly_registered_estimator_is_usable_by_name_alone():
     try:
         algo = config_for("--grpo-config", '{"advantage": "leave_one_out"}').algo
         group = RolloutGroup(prompt_ids=[1], responses=[[5]] * 4, logprobs=[[0.0]] * 4, rewards=[1.0, 0.0, 0.0, 1.0],
-                             advantages=[0.0] * 4, correct=[True, False, False, True], format_ok=[True] * 4,
+                             correct=[True, False, False, True], format_ok=[True] * 4,
                              finish_reasons=["stop"] * 4, policy_version=0)
         _, adv, _ = shaped_group_tensors([group], algo.groups, 8)
         # r - mean of the other three: 1 - 1/3, 0 - 2/3

@@ -47,16 +47,18 @@ def grpo_groups(vocab_size: int, pad_id: int, num_groups: int = 2, group_size: i
             # around the logprob of a uniform guess, so ratios land on both sides of the clip range
             logprobs.append((-math.log(vocab_size) + 0.4 * torch.randn(length, generator=gen)).tolist())
         rewards = torch.rand(group_size, generator=gen)
-        advantages = ((rewards - rewards.mean()) / (rewards.std() + 1e-6)).tolist()
         groups.append(RolloutGroup(prompt_ids=prompt, responses=responses, logprobs=logprobs,
-                                   rewards=rewards.tolist(), advantages=advantages, correct=[False] * group_size,
+                                   rewards=rewards.tolist(), correct=[False] * group_size,
                                    format_ok=[True] * group_size, finish_reasons=["stop"] * group_size,
                                    policy_version=0))
     return groups
 
 
 def grpo_batch(vocab_size: int, pad_id: int, **kwargs) -> dict[str, torch.Tensor]:
-    batch = collate(grpo_groups(vocab_size, pad_id, **kwargs), pad_id)
+    groups = grpo_groups(vocab_size, pad_id, **kwargs)
+    batch = collate(groups, pad_id)
+    rewards = torch.tensor([g.rewards for g in groups])
+    batch["advantages"] = ((rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-6)).reshape(-1)
     batch["action_mask"][-1] = 0.0  # one sample entirely masked out (e.g. a filtered truncated response)
     return batch
 

@@ -99,10 +99,10 @@ def test_trained_ids_equal_sampled_ids_every_turn(backend):
 
 def test_observation_tokens_masked_and_single_turn_unchanged():
     multi = RolloutGroup(prompt_ids=[5, 6], responses=[[1, 2, 3, 4, 9]], logprobs=[[-.1, -.2, 0., 0., -.5]],
-                         rewards=[1.0], advantages=[0.0], correct=[True], format_ok=[True], finish_reasons=["stop"],
+                         rewards=[1.0], correct=[True], format_ok=[True], finish_reasons=["stop"],
                          policy_version=0, loss_masks=[[1, 1, 0, 0, 1]])
     single = RolloutGroup(prompt_ids=[5, 6], responses=[[1, 2]], logprobs=[[-.1, -.2]], rewards=[1.0],
-                          advantages=[0.0], correct=[True], format_ok=[True], finish_reasons=["stop"], policy_version=0)
+                          correct=[True], format_ok=[True], finish_reasons=["stop"], policy_version=0)
     batch = collate([multi, single], pad_id=0)
     assert batch["action_mask"].tolist() == [[0, 1, 1, 0, 0, 1], [0, 1, 1, 0, 0, 0]]
     assert multi.model_token_counts() == [3] and single.model_token_counts() == [2]

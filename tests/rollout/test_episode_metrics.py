@@ -12,7 +12,7 @@ from coati.algorithm.advantage import overlong_penalty
 def _group(turns=None, loss_masks=None, responses=None, rewards=(1.0, 0.0)):
     responses = responses or [[1] * 6, [1] * 4]
     return RolloutGroup(prompt_ids=[3], responses=responses, logprobs=[[0.0] * len(r) for r in responses],
-                        rewards=list(rewards), advantages=[0.0, 0.0], correct=[r > 0 for r in rewards],
+                        rewards=list(rewards), correct=[r > 0 for r in rewards],
                         format_ok=[True, True], finish_reasons=["stop", "stop"], policy_version=2,
                         texts=["a", "b"], loss_masks=loss_masks or [], turns=turns or [])
 
@@ -41,7 +41,7 @@ def test_rollout_log_shows_turns():
 def test_overlong_punishment_counts_model_tokens_only():
     class Groups:
         soft_over_length_punishment, cache_length, advantage = True, 2, "group_norm"
-        filter_truncated_response, topk_samples = False, None
+        filter_truncated_response, topk_samples, filter_range = False, None, None
 
     long_tools = _group(loss_masks=[[1, 0, 0, 0, 0, 1], [1, 1, 1, 1]], rewards=(0.0, 0.0))
     shaped, _, _ = shaped_group_tensors([long_tools], Groups, max_new_tokens=4)

@@ -22,7 +22,7 @@ def test_behaviour_logprobs_match_trainer_recompute(tiny_model_dir):
     outputs = backend.generate(prompts, params)
     assert [len(group) for group in outputs] == [4, 4, 4]
     groups = [RolloutGroup(prompt_ids=p, responses=[c.token_ids for c in cs], logprobs=[c.logprobs for c in cs],
-                           rewards=[0.0] * 4, advantages=[0.0] * 4, correct=[False] * 4, format_ok=[False] * 4,
+                           rewards=[0.0] * 4, correct=[False] * 4, format_ok=[False] * 4,
                            finish_reasons=[c.finish_reason for c in cs], policy_version=0)
               for p, cs in zip(prompts, outputs)]
     batch = collate(groups, tokenizer.pad_token_id)

@@ -77,7 +77,7 @@ def prompt_ids(tokenizer) -> list[list[int]]:
 def trainer_logprobs(model, prompts, outputs, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(behaviour, recomputed) logprobs of every generated token, recomputed as the trainer does it."""
     groups = [RolloutGroup(prompt_ids=p, responses=[c.token_ids for c in cs], logprobs=[c.logprobs for c in cs],
-                           rewards=[0.0] * len(cs), advantages=[0.0] * len(cs), correct=[False] * len(cs),
+                           rewards=[0.0] * len(cs), correct=[False] * len(cs),
                            format_ok=[False] * len(cs), finish_reasons=[c.finish_reason for c in cs],
                            policy_version=0) for p, cs in zip(prompts, outputs)]
     batch = collate(groups, 0)

@@ -81,7 +81,7 @@ def make_group(correct: int, version: int, truncated: int = 0) -> RolloutGroup:
     responses = [[12, 4, 6, 50, 1] for _ in range(G)]
     reasons = ["length" if i < truncated else "stop" for i in range(G)]
     return RolloutGroup(prompt_ids=prompt, responses=responses, logprobs=[[-1.0] * 5 for _ in range(G)],
-                        rewards=[1.0 if i < correct else 0.1 for i in range(G)], advantages=[0.0] * G,
+                        rewards=[1.0 if i < correct else 0.1 for i in range(G)], 
                         correct=[i < correct for i in range(G)], format_ok=[True] * G, finish_reasons=reasons,
                         policy_version=version)
 
