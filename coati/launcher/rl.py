@@ -25,8 +25,7 @@ from coati.config.tree import RLConfig
 from coati.launcher.eval_schedule import EvalSchedule
 from coati.rollout.producer import Producer
 from coati.trainer.checkpointing import check_resume, restore_run, save_checkpoint, trim_metrics
-from coati.trainer.grpo_consumer import GRPOConsumer
-from coati.trainer.ppo_consumer import PPOConsumer
+from coati.trainer.consumer import Consumer
 from coati.utils.metrics import MetricsLogger
 from coati.utils.run_files import RolloutWriter
 
@@ -73,9 +72,7 @@ def _run(config: RLConfig, log, reservation, start: float) -> RunResult:
     store = ray.remote(WeightStore).options(name=names["weights"], **beside_driver).remote()
     buffer = ray.remote(RolloutBuffer).options(name=names["buffer"], **beside_driver).remote(
         schedule.buffer_capacity, schedule.slots())
-    # the advantage estimator decides: group rewards (GRPO, DAPO, PG) or a critic's per-token values (PPO)
-    consumer_class = PPOConsumer if config.algo.uses_critic else GRPOConsumer
-    consumers = start_trainer_group(consumer_class, p.num_trainers, dict(config=config, buffer=buffer, weight_store=store),
+    consumers = start_trainer_group(Consumer, p.num_trainers, dict(config=config, buffer=buffer, weight_store=store),
                                     trainer_threads, reservation.trainer_options).actors
     producers = [ray.remote(Producer).options(**reservation.inferencer_options(rank), **PRODUCER_OPTIONS).remote(
         config, rank, names["buffer"], names["weights"], producer_threads[rank]) for rank in range(p.num_inferencers)]
@@ -101,42 +98,18 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, evaluat
     from tqdm import tqdm
 
     join_trainer_group(TrainerGroup(consumers), supervisor.gather)
-    infos = ray.get([producer.info.remote() for producer in producers])
-    # --learner-chunk-size: the sending trainer's generator has its own shard, and as many rounds to fill.
-    learner_infos = [info for info in ray.get([consumer.learner_info.remote() for consumer in consumers]) if info]
-    for info in learner_infos:
-        if info["skipped_too_long"]:
-            log(f"learner: skipped {info['skipped_too_long']} prompts longer than -mpt tokens")
-    for rank, info in enumerate(infos):
-        if info["skipped_too_long"]:
-            log(f"inferencer {rank}: skipped {info['skipped_too_long']} prompts longer than -mpt tokens")
-    rounds = min(info["rounds_per_episode"] for info in infos + learner_infos) * config.run.num_episodes
-    if rounds == 0:
-        raise RuntimeError("no full inference batch of prompts fits -mpt; raise -mpt/--max-prompt-tokens or lower -ibs")
+    rounds = _rounds_to_run(config, consumers, producers, log)
     # Every trainer rank draws its share of all rounds; a step returns None once its share is used up.
     # Without filtering that is exactly rounds * steps_per_sync steps; with it (DAPO), fewer.
     max_steps = rounds * config.steps_per_sync
-    total_groups = rounds * config.groups_per_sync
-    ray.get([consumer.set_total_groups.remote(total_groups) for consumer in consumers])
-    ray.get([consumer.__ray_ready__.remote() for consumer in consumers])
+    ray.get([consumer.set_total_groups.remote(rounds * config.groups_per_sync) for consumer in consumers])
 
     resume = check_resume(config) if config.run.resume else None
     state = restore_run(resume, consumers, buffer) if resume else None
     if resume and trim_metrics(config.run.run_dir, state["step"]):
         log(f"metrics.jsonl: dropped the rows after step {state['step']}, which this resumed run redoes")
-    logger = MetricsLogger(config.run.run_dir, config.run.project, _jsonable(config), log, resume=bool(resume))
-    evals = EvalSchedule(config, producers[0], consumers, logger, log, num_threads=evaluator_threads,
-                         resume=bool(resume), actor_options=reservation.evaluator_options())
-    rollouts = None
-    if config.run.rollout_save_dir:
-        rollouts = RolloutWriter(os.path.join(config.run.rollout_save_dir, config.run.project), log=log,
-                                 resume=bool(resume))
-    if resume:
-        log(f"resuming from {resume}: step {state['step']}, weights v{state['policy_version']}, "
-            f"{state['pending_groups']} pending groups, producers from rounds {state['producer_rounds']}")
-        evals.restore_before(state["eval_before"])
-    else:
-        evals.submit(0)
+    logger, evals, rollouts = _open_outputs(config, log, producers, consumers, resume, state, evaluator_threads,
+                                            reservation)
     start_rounds = state["producer_rounds"] if resume else [0] * len(producers)
     supervisor.watch([producer.run.remote(rounds, begin) for producer, begin in zip(producers, start_rounds)])
     step, skipped = (state["step"], state["skipped"]) if resume else (0, 0)
@@ -189,6 +162,42 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, evaluat
     supervisor.kill_all()
     logger.close()
     return RunResult(total_steps, eval_before, eval_after, final_dir, logger.path, time.time() - start)
+
+
+def _open_outputs(config, log, producers, consumers, resume, state, evaluator_threads, reservation):
+    """The run's metrics log, evaluation schedule (its first evaluation submitted, or restored when resuming)
+    and rollout writer (-rsd)."""
+    logger = MetricsLogger(config.run.run_dir, config.run.project, _jsonable(config), log, resume=bool(resume))
+    evals = EvalSchedule(config, producers[0], consumers, logger, log, num_threads=evaluator_threads,
+                         resume=bool(resume), actor_options=reservation.evaluator_options())
+    rollouts = None
+    if config.run.rollout_save_dir:
+        rollouts = RolloutWriter(os.path.join(config.run.rollout_save_dir, config.run.project), log=log,
+                                 resume=bool(resume))
+    if resume:
+        log(f"resuming from {resume}: step {state['step']}, weights v{state['policy_version']}, "
+            f"{state['pending_groups']} pending groups, producers from rounds {state['producer_rounds']}")
+        evals.restore_before(state["eval_before"])
+    else:
+        evals.submit(0)
+    return logger, evals, rollouts
+
+
+def _rounds_to_run(config, consumers, producers, log) -> int:
+    """Rounds of the whole run: the shortest shard's rounds per episode (producers', and with
+    --learner-chunk-size the sending trainer generator's) times the episodes."""
+    infos = ray.get([producer.info.remote() for producer in producers])
+    learner_infos = [info for info in ray.get([consumer.learner_info.remote() for consumer in consumers]) if info]
+    for info in learner_infos:
+        if info["skipped_too_long"]:
+            log(f"learner: skipped {info['skipped_too_long']} prompts longer than -mpt tokens")
+    for rank, info in enumerate(infos):
+        if info["skipped_too_long"]:
+            log(f"inferencer {rank}: skipped {info['skipped_too_long']} prompts longer than -mpt tokens")
+    rounds = min(info["rounds_per_episode"] for info in infos + learner_infos) * config.run.num_episodes
+    if rounds == 0:
+        raise RuntimeError("no full inference batch of prompts fits -mpt; raise -mpt/--max-prompt-tokens or lower -ibs")
+    return rounds
 
 
 def _evaluator_threads(cores: dict[str, int], node: str, reservation, concurrent: bool) -> int:

@@ -66,7 +66,7 @@ def save_consumer(consumer, staging: str) -> dict:
     for role in consumer.roles.values():
         role.save_state(os.path.join(staging, TRAINER_STATE))
     counters = {name: getattr(consumer, name) for name in COUNTERS}
-    counters.update(consumer.algorithm_state())
+    counters.update(consumer.algorithm.state())
     os.makedirs(os.path.join(staging, CONSUMER_STATE), exist_ok=True)
     torch.save({"counters": counters, "world_size": consumer.plugin.world_size, "torch_rng": torch.get_rng_state(),
                 "python_rng": random.getstate()},
@@ -83,7 +83,7 @@ def load_consumer(consumer, path: str) -> dict:
     state = torch.load(own if os.path.isfile(own) else os.path.join(path, CONSUMER_STATE, "rank_0.pt"),
                        weights_only=False)
     counters = {name: value for name, value in state["counters"].items() if name in COUNTERS}
-    consumer.load_algorithm_state({name: value for name, value in state["counters"].items() if name not in COUNTERS})
+    consumer.algorithm.load_state({name: value for name, value in state["counters"].items() if name not in COUNTERS})
     if counters["version"] > 0:  # evaluation and late producers read the newest weights from the store
         consumer.version = counters["version"] - 1
         consumer.publish_weights()

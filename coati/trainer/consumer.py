@@ -32,8 +32,9 @@ groups of every round with the weights it has just published, puts them into the
 of the round, and refreshes its inference model from the tensors it gathers when publishing.
 
 ``set_total_groups`` tells the consumer how many groups the producers will make in all; ``step()`` returns
-None once they are all drawn and trained on. Algorithm specifics (selection, the loss, extra tensors) live
-in subclasses.
+None once they are all drawn and trained on. The algorithm's part of a step (selection, advantages, masks, the
+losses, extra roles such as PPO's critic) is the object its family names in ``STEP_ALGORITHMS``
+(step_algorithm.py); this class is the same for all of them.
 """
 
 from __future__ import annotations
@@ -47,23 +48,25 @@ import torch
 
 from coati.cluster.trainer_group import rendezvous_address
 from coati.cluster.weight_sync import make_publisher, pack_named_tensors
+from coati.config.algo import estimator_family
 from coati.config.tree import RLConfig
 from coati.plugins.dist import all_reduce_stats
 from coati.plugins.mesh import TrainerMesh
-from coati.rollout.group import RolloutGroup, collate, split_micro_batches
+from coati.rollout.group import RolloutGroup, split_micro_batches
 from coati.rollout.rollout_log import rollout_log_due, rollout_records
+from coati.trainer.critic_algorithm import CriticAlgorithm
+from coati.trainer.group_algorithm import GroupAlgorithm
 from coati.trainer.roles import ACTOR, TrainedModel, grad_norm_name
+from coati.trainer.step_algorithm import StepAlgorithm
 from coati.trainer.step_data import rollout_metrics, share_bounds
 from coati.utils.device import device_memory_metrics
 from coati.utils.quiet import quiet_actor
 
+# The advantage estimator's family (config.algo.estimator_family) -> what a step asks of the algorithm.
+STEP_ALGORITHMS: dict[str, type[StepAlgorithm]] = {"group": GroupAlgorithm, "critic": CriticAlgorithm}
+
 
 class Consumer:
-    # Statistics that are counts (summed over data-parallel ranks), and maxima (the largest over micro-batches,
-    # epochs and ranks); the others are normalised (summed over micro-batches, averaged over ranks and epochs).
-    summed_stats: tuple[str, ...] = ()
-    max_stats: tuple[str, ...] = ()
-
     def __init__(self, config: RLConfig, rank: int, buffer, weight_store, num_threads: int | None = None):
         quiet_actor()
         self.config, self.rank, self.buffer, self.weight_store = config, rank, buffer, weight_store
@@ -82,7 +85,7 @@ class Consumer:
         self.publisher = None  # the sender's end of the weight sync (weight_sync.make_publisher)
         self._published_version = 0  # the newest published version (tracked on every rank)
         self.learner = None  # LearnerGenerator on the weight sender when --learner-chunk-size > 0
-        self.epoch = 0  # the ppo epoch being trained (the loss keeps the first epoch's logprobs, see GRPOConsumer)
+        self.algorithm: StepAlgorithm | None = None
         self.publish_s = 0.0  # seconds spent publishing weights since the last step's metrics
         self._staleness: list[int] = []  # per trained group of the current step: versions behind the trainer
 
@@ -116,14 +119,11 @@ class Consumer:
 
             self.learner = LearnerGenerator(config)
         torch.manual_seed(config.run.seed + self.rank)
-        self.setup_algorithm()
+        self.algorithm = STEP_ALGORITHMS[estimator_family(config.algo.groups.advantage)](self)
 
     def learner_info(self) -> dict | None:
         """The learner-side generator's shard (prompts, rounds per episode) on the rank that owns it, else None."""
         return self.learner.info() if self.learner is not None else None
-
-    def setup_algorithm(self) -> None:
-        """Hook for subclasses (e.g. loading a reference model, adding a critic with ``add_role``)."""
 
     def add_role(self, name: str, model: torch.nn.Module, learning_rate: float, loss_fn) -> TrainedModel:
         """Train ``model`` beside the policy, on the same ranks and layout (collective: every rank adds it)."""
@@ -131,37 +131,7 @@ class Consumer:
         return self.roles[name]
 
     def loss_fn(self, logits: torch.Tensor, micro_batch: dict) -> tuple[torch.Tensor, dict]:
-        raise NotImplementedError
-
-    def algorithm_state(self) -> dict:
-        """Hook: the algorithm's own state a checkpoint must keep (plain values, equal on every rank)."""
-        return {}
-
-    def load_algorithm_state(self, state: dict) -> None:
-        """Hook: restore what ``algorithm_state`` returned."""
-
-    def select_groups(self, groups: list[RolloutGroup]) -> tuple[list[RolloutGroup], dict]:
-        """Hook: the groups worth training on (e.g. an accuracy filter) and counters to add up per step.
-
-        Must be deterministic: every rank of the group runs it on the same groups and must agree.
-        """
-        return groups, {}
-
-    def build_batches(self, share: list[RolloutGroup], kept: list[RolloutGroup],
-                      padding: int) -> list[dict[str, torch.Tensor]]:
-        """Hook: collated minibatches of ``tMbs`` groups of this rank's ``share`` with what the loss needs.
-
-        ``kept``: every group the whole trainer group trains on this step (for normalisers that cover the
-        step's batch); the last ``padding`` groups of ``share`` are placeholders that must not reach the loss.
-        Called once per step: everything computed here (e.g. reference logprobs) serves every ppo epoch.
-        """
-        size = self.config.batch.train_minibatch_size
-        return [collate(share[i : i + size], self.pad_id) for i in range(0, len(share), size)]
-
-    def rollout_tensors(self, kept: list[RolloutGroup]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Hook for the rollout logs: (shaped rewards, advantages, sample loss mask), [len(kept), G], as the
-        loss used them (the algorithm computes advantages; producers ship rewards only)."""
-        raise NotImplementedError
+        return self.algorithm.policy_loss(logits, micro_batch)
 
     def set_total_groups(self, total: int | None) -> None:
         """Groups the trainer group will draw in all (None: unbounded); ``step()`` returns None after the last."""
@@ -204,7 +174,7 @@ class Consumer:
                 self.learner.fill(self.buffer, self.version, self.version)
             groups = self._draw(count)
             drawn.extend(groups)
-            survivors, stats = self.select_groups(groups)
+            survivors, stats = self.algorithm.select_groups(groups)
             kept.extend(survivors)
             self._staleness += [schedule.staleness(self.version, g.policy_version) for g in survivors]
             for name, value in stats.items():
@@ -238,6 +208,7 @@ class Consumer:
         Collective: every rank of the trainer group calls it the same number of times.
         """
         start = time.perf_counter()
+        self.algorithm.begin_step()
         groups, drawn, info = self._pull()
         if groups is None:
             return None
@@ -251,31 +222,17 @@ class Consumer:
             metrics.update(skipped=reason)
         else:
             share, padding = self._share(groups)
-            batches = self.build_batches(share, groups, padding)
+            batches = self.algorithm.build_batches(share, groups, padding)
             epochs = self.config.algo.ppo_epochs
-            totals: dict[str, float] = {}
-            grad_norms: dict[str, list[float]] = {name: [] for name in self.roles}
             train_start = time.perf_counter()
-            for self.epoch in range(epochs):
-                stats: list[dict] = []
-                for batch in batches:
-                    micro_batches = split_micro_batches(batch, self._micro_batch_samples())
-                    for role in self.roles.values():  # each role's statistics have names of their own
-                        stats += role.accumulate(micro_batches)
-                for name, role in self.roles.items():
-                    grad_norms[name].append(role.optimizer_step(self.config.algo.max_grad_norm))
-                for name in dict.fromkeys(key for s in stats for key in s):
-                    values = [float(s[name]) for s in stats if name in s]
-                    if name in self.max_stats:
-                        totals[name] = max([totals.get(name, float("-inf"))] + values)
-                    else:
-                        totals[name] = totals.get(name, 0.0) + sum(values)
-            totals = self._reduce_stats(totals)
+            totals, grad_norms = self._train_epochs(batches, epochs)
+            totals, maxima = self._reduce_stats(totals), self.algorithm.max_stats
             # Per-epoch means (maxima as they are); grad norms are the first epoch's (later epochs see the same data).
-            metrics.update({name: value if name in self.max_stats else value / epochs for name, value in totals.items()})
+            metrics.update({name: value if name in maxima else value / epochs for name, value in totals.items()})
             metrics.update({grad_norm_name(name): norms[0] for name, norms in grad_norms.items()})
             metrics.update(optimizer_steps=epochs, train_s=time.perf_counter() - train_start)
-            metrics.update(staleness_mean=sum(self._staleness) / len(self._staleness), staleness_max=max(self._staleness))
+            metrics.update(staleness_mean=sum(self._staleness) / len(self._staleness),
+                           staleness_max=max(self._staleness))
             self.step_count += 1
         metrics.update(info)
         metrics.update(rollout_metrics(drawn, self.version))
@@ -285,15 +242,39 @@ class Consumer:
         metrics.update(device_memory_metrics())
         self.publish_s = 0.0
         if groups and self.rank == 0 and rollout_log_due(self.config, self.step_count):
-            metrics["rollouts"] = rollout_records(self.step_count, drawn, groups, *self.rollout_tensors(groups))
+            metrics["rollouts"] = rollout_records(self.step_count, drawn, groups,
+                                                 *self.algorithm.rollout_tensors(groups))
         if self.config.algo.learner_chunk_size > 0:
             metrics.update(learner_groups=sum(g.learner for g in drawn), learner_gen_s=learner_s)
         metrics["weight_version"] = self.version
+        self.algorithm.finish_step(metrics)
         return metrics
+
+    def _train_epochs(self, batches: list[dict], epochs: int) -> tuple[dict[str, float], dict[str, list[float]]]:
+        """Train every role for ``epochs`` optimizer steps on ``batches``; (this rank's summed statistics, each
+        role's gradient norm per epoch)."""
+        totals: dict[str, float] = {}
+        grad_norms: dict[str, list[float]] = {name: [] for name in self.roles}
+        for epoch in range(epochs):
+            self.algorithm.begin_epoch(epoch)
+            stats: list[dict] = []
+            for batch in batches:
+                micro_batches = split_micro_batches(batch, self._micro_batch_samples())
+                for role in self.roles.values():  # each role's statistics have names of their own
+                    stats += role.accumulate(micro_batches)
+            for name, role in self.roles.items():
+                grad_norms[name].append(role.optimizer_step(self.config.algo.max_grad_norm))
+            for name in dict.fromkeys(key for s in stats for key in s):
+                values = [float(s[name]) for s in stats if name in s]
+                if name in self.algorithm.max_stats:
+                    totals[name] = max([totals.get(name, float("-inf"))] + values)
+                else:
+                    totals[name] = totals.get(name, 0.0) + sum(values)
+        return totals, grad_norms
 
     def _reduce_stats(self, totals: dict[str, float]) -> dict[str, float]:
         """Statistics of the whole step (normalised ones averaged over dp, counts summed, maxima the largest)."""
-        return all_reduce_stats(totals, self.mesh, self.summed_stats, self.max_stats)
+        return all_reduce_stats(totals, self.mesh, self.algorithm.summed_stats, self.algorithm.max_stats)
 
     def publish_weights(self) -> None:
         """Collective: every rank takes part in gathering the full weights; the sender puts them in the store."""

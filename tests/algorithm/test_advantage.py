@@ -27,7 +27,7 @@ from coati.algorithm.advantage import (
 )
 from coati.config.algo import GroupConfig
 from coati.rollout.group import RolloutGroup
-from coati.trainer.grpo_consumer import shaped_group_tensors
+from coati.trainer.group_algorithm import shaped_group_tensors
 
 
 def close(tensor, expected, tol=1e-4):

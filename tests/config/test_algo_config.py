@@ -184,7 +184,7 @@ def test_a_newly_registered_estimator_is_usable_by_name_alone():
 
     from coati.algorithm.advantage import ADV_ESTIMATORS, register_adv_est
     from coati.rollout.group import RolloutGroup
-    from coati.trainer.grpo_consumer import shaped_group_tensors
+    from coati.trainer.group_algorithm import shaped_group_tensors
 
     @register_adv_est("leave_one_out")
     def leave_one_out(rewards):  # RLOO: r_i - mean of the others

@@ -5,7 +5,7 @@ import torch
 from coati.rollout.episode_metrics import episode_metrics
 from coati.rollout.group import RolloutGroup
 from coati.rollout.rollout_log import rollout_records
-from coati.trainer.grpo_consumer import shaped_group_tensors
+from coati.trainer.group_algorithm import shaped_group_tensors
 from coati.algorithm.advantage import overlong_penalty
 
 

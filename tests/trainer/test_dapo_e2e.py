@@ -1,7 +1,7 @@
 """DAPO / PG in the trainer: dynamic batching, the sync cadence that keeps it deadlock-free, skipped steps,
 ppo epochs; then end to end on a real local Ray cluster with the tiny demo model.
 
-The fast tests drive a real ``GRPOConsumer`` (tiny random model, single-process plugin) against a simulated
+The fast tests drive a real ``Consumer`` (tiny random model, single-process plugin) against a simulated
 producer side: round r of groups only exists once weights version r are published, exactly as the real
 producers wait for version r. A consumer that waited for an unpublished round would hang in a real run;
 here the simulated buffer raises instead.
@@ -15,10 +15,9 @@ import pytest
 import ray
 
 import coati.trainer.consumer as consumer_module
-import rl_example
 from coati.config.cli import build_parser, config_from_args
 from coati.rollout.group import RolloutGroup
-from coati.trainer.grpo_consumer import GRPOConsumer
+from coati.trainer.consumer import Consumer
 
 G = 4
 
@@ -81,7 +80,7 @@ def make_group(correct: int, version: int, truncated: int = 0) -> RolloutGroup:
     responses = [[12, 4, 6, 50, 1] for _ in range(G)]
     reasons = ["length" if i < truncated else "stop" for i in range(G)]
     return RolloutGroup(prompt_ids=prompt, responses=responses, logprobs=[[-1.0] * 5 for _ in range(G)],
-                        rewards=[1.0 if i < correct else 0.1 for i in range(G)], 
+                        rewards=[1.0 if i < correct else 0.1 for i in range(G)],
                         correct=[i < correct for i in range(G)], format_ok=[True] * G, finish_reasons=reasons,
                         policy_version=version)
 
@@ -96,7 +95,7 @@ def build(tiny_dir, monkeypatch, pattern, num_rounds, *flags, ibs=8, tbs=4, tmbs
     store = SimulatedStore()
     rounds = [[make_group(pattern[(r * ibs + i) % len(pattern)], r) for i in range(ibs)] for r in range(num_rounds)]
     buffer = SimulatedBuffer(rounds, store, config.schedule)
-    consumer = GRPOConsumer(config, 0, buffer, store, num_threads=1)
+    consumer = Consumer(config, 0, buffer, store, num_threads=1)
     consumer.setup()
     consumer.set_total_groups(num_rounds * config.groups_per_sync)
     return consumer, buffer, store
@@ -190,8 +189,9 @@ def test_ppo_epochs_reuse_reference_logprobs(tiny_dir, monkeypatch):
     consumer, buffer, store = build(tiny_dir, monkeypatch, [1, 2, 3], 1, "-a", "GRPO", "-kl", "0.1", "-lr", "1e-2",
                                     "--ppo-epochs", "3")
     calls = []
-    original = consumer._reference_logprobs
-    monkeypatch.setattr(consumer, "_reference_logprobs", lambda batch: calls.append(1) or original(batch))
+    objective = consumer.algorithm.objective
+    original = objective.reference_logprobs
+    monkeypatch.setattr(objective, "reference_logprobs", lambda batch: calls.append(1) or original(batch))
     rows = run_all(consumer)
     assert len(rows) == 2 and all(r["optimizer_steps"] == 3 for r in rows)
     assert len(calls) == 2 * 2  # once per minibatch (tbs 4 / tMbs 2) per step, not per epoch
@@ -342,7 +342,7 @@ def test_async_rounds_train_with_bounded_staleness(tiny_dir, monkeypatch, flags)
     trains on groups two versions old, with the decoupled correction; every group is drawn once, no deadlock."""
     consumer, buffer, store = build(tiny_dir, monkeypatch, [1, 2, 3, 0, 4], 5, *flags, "-lr", "1e-2", "-nb", "2",
                                     "--off-policy-correction", "decoupled")
-    assert consumer.loss_config.correction == "decoupled"
+    assert consumer.config.algo.loss.correction == "decoupled"
     rows = run_all(consumer)
     trained = [r for r in rows if "loss" in r]
     assert consumer.drawn_total == 5 * consumer.config.groups_per_sync and store.version == 5

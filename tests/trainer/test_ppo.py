@@ -19,10 +19,11 @@ import torch
 from coati.cluster.buffer import RolloutBuffer
 from coati.cluster.weight_sync import WeightStore
 from coati.config.cli import build_parser, config_from_args
-from coati.config.ppo import PPOConfig
 from coati.config.grpo_config import build_algo_config
+from coati.config.ppo import PPOConfig
 from coati.config.validate import validate
-from coati.trainer.ppo_consumer import CRITIC, PPOConsumer
+from coati.trainer.consumer import Consumer
+from coati.trainer.critic_algorithm import CRITIC
 from tests.plugins.equivalence import grpo_groups
 
 G = 2
@@ -65,7 +66,7 @@ class Group:
         self.store = ray.remote(WeightStore).options(num_cpus=0).remote()
         self.buffer = ray.remote(RolloutBuffer).options(num_cpus=0).remote(2 * NUM_GROUPS)
         ray.get(self.buffer.put.remote(groups))
-        actor = ray.remote(PPOConsumer).options(num_cpus=1)
+        actor = ray.remote(Consumer).options(num_cpus=1)
         self.ranks = [actor.remote(config, rank, self.buffer, self.store, 1)
                       for rank in range(config.parallel.num_trainers)]
         address, port = ray.get(self.ranks[0].rendezvous_address.remote())
@@ -126,7 +127,7 @@ def single(local_ray, tiny_model_dir, reward_model_dir):
 def test_ppo_trains_policy_and_critic(single, tiny_model_dir, reward_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from coati.trainer.ppo_consumer import load_critic
+    from coati.trainer.critic_algorithm import load_critic
 
     rows, policy, critic = single
     assert len(rows) == 2 and all(r["optimizer_steps"] == 2 for r in rows)
@@ -146,7 +147,7 @@ def test_critic_starts_from_the_reward_model_head(reward_model_dir):
     value is the reward model's score of the sequence."""
     from transformers import AutoModelForSequenceClassification
 
-    from coati.trainer.ppo_consumer import critic_values, load_critic
+    from coati.trainer.critic_algorithm import critic_values, load_critic
 
     ids = torch.tensor([[5, 9, 12, 30, 7]])
     rm = AutoModelForSequenceClassification.from_pretrained(reward_model_dir).eval()

@@ -16,7 +16,7 @@ import torch
 from coati.cluster.buffer import RolloutBuffer
 from coati.cluster.weight_sync import WeightStore, unpack_named_tensors
 from coati.config.cli import build_parser, config_from_args
-from coati.trainer.grpo_consumer import GRPOConsumer
+from coati.trainer.consumer import Consumer
 from tests.plugins.equivalence import grpo_groups
 
 G = 4
@@ -42,7 +42,7 @@ def train(model_dir: str, flags: list[str], groups: list, tbs: int, after_step=N
     buffer = ray.remote(RolloutBuffer).options(num_cpus=0).remote(2 * NUM_GROUPS)
     ray.get(buffer.put.remote(groups))
     world = config.parallel.num_trainers
-    actor = ray.remote(GRPOConsumer).options(num_cpus=1)
+    actor = ray.remote(Consumer).options(num_cpus=1)
     consumers = [actor.remote(config, rank, buffer, store, 1) for rank in range(world)]
     try:
         address, port = ray.get(consumers[0].rendezvous_address.remote())

@@ -1,4 +1,5 @@
-"""RLHF-PPO with a critic (``-a PPO``): the policy and a value model trained side by side on the same ranks.
+"""RLHF-PPO with a critic (``-a PPO``): the policy and a value model (the ``critic`` role) trained side by side on
+the same ranks.
 
 Per step, on the groups drawn (every group is trained on: no filter; G may be 1):
 1. ``build_batches``, once per rollout batch: the frozen reference (the initial, SFT policy) gives its token
@@ -10,7 +11,7 @@ Per step, on the groups drawn (every group is trained on: no filter; G may be 1)
    every response token of the step, on all data-parallel ranks together (one all-reduce of the sums), so
    any layout trains on exactly the advantages of one process.
 2. Every ppo epoch, each minibatch trains both roles: the policy with the clipped surrogate (loss.py
-   ``ppo_clip``, token-level; the loss of GRPOConsumer, with per-token advantages) and the critic with the
+   ``ppo_clip``, token-level; objective.py's policy loss, with per-token advantages) and the critic with the
    clipped value loss 0.5 * max((V - R)^2, (V_clip - R)^2) (loss.value_loss), each through its own plugin and
    optimizer.
 3. After the step the KL controller sees the step's mean KL per response (summed over its tokens, as TRL and
@@ -28,10 +29,12 @@ import torch
 
 from coati.algorithm.advantage import get_adv_estimator, kl_penalised_rewards
 from coati.algorithm.kl_control import KLController
-from coati.algorithm.loss import kl_k1, normaliser_from_counts, value_loss
+from coati.algorithm.loss import MAX_STATS, kl_k1, normaliser_from_counts, value_loss
 from coati.plugins.dist import all_reduce_stats
 from coati.rollout.group import RolloutGroup, collate, split_micro_batches
-from coati.trainer.grpo_consumer import GRPOConsumer, load_reference
+from coati.trainer.group_algorithm import filter_groups
+from coati.trainer.objective import PolicyObjective, load_reference
+from coati.trainer.step_algorithm import StepAlgorithm
 
 CRITIC = "critic"
 # Sums over the step's response tokens / responses, all-reduced once over the ranks (see _step_sums).
@@ -75,41 +78,46 @@ def group_scores(groups: list[RolloutGroup], verifiable_weight: float) -> torch.
     return torch.tensor(scores, dtype=torch.float32)
 
 
-class PPOConsumer(GRPOConsumer):
-    def setup_algorithm(self) -> None:
-        super().setup_algorithm()
-        config, ppo = self.config, self.config.algo.ppo
+class CriticAlgorithm(StepAlgorithm):
+    summed_stats = ("skipped_samples",)
+    max_stats = MAX_STATS
+
+    def __init__(self, trainer):
+        config, ppo = trainer.config, trainer.config.algo.ppo
+        super().__init__(trainer, PolicyObjective(config, load_reference(config)))  # the KL is in the reward
         self.ppo = ppo
         self.estimator = get_adv_estimator(config.algo.groups.advantage).fn
         self.kl_ctl = KLController(ppo.kl_reward_coef, ppo.kl_target, ppo.kl_horizon)
-        if self.reference is None:  # the KL lives in the reward, not in the loss (GRPO loads it for the loss's beta)
-            self.reference = load_reference(config)
         torch.manual_seed(config.run.seed)  # a fresh value head starts identical on every rank
         critic = load_critic(ppo.critic_model or ppo.reward_model or config.model.path,
                              config.parallel.model_placement("critic").dtype)
-        torch.manual_seed(config.run.seed + self.rank)
-        self.add_role(CRITIC, critic, ppo.critic_learning_rate or config.algo.learning_rate, self.critic_loss)
+        torch.manual_seed(config.run.seed + trainer.rank)
+        self.critic = trainer.add_role(CRITIC, critic, ppo.critic_learning_rate or config.algo.learning_rate,
+                                       self.critic_loss)
+
+    def select_groups(self, groups):
+        return filter_groups(groups, self.config.algo.groups)
 
     # --- the rollout batch: rewards, values, GAE ---
     @torch.no_grad()
     def _values(self, batch: dict) -> torch.Tensor:
         micro = split_micro_batches(batch, self.config.batch.train_microbatch_size)
-        return torch.cat(self.roles[CRITIC].plugin.forward_only(micro, lambda logits, _: critic_values(logits).cpu()))
+        return torch.cat(self.critic.plugin.forward_only(micro, lambda logits, _: critic_values(logits).cpu()))
 
     def build_batches(self, share, kept, padding):
         size = self.config.batch.train_minibatch_size
         ppo, beta = self.ppo, self.kl_ctl.value
         lengths = torch.tensor([n for g in kept for n in g.model_token_counts()], dtype=torch.float32)
-        normaliser = normaliser_from_counts(lengths, "token_level") / self.plugin.dp_size
+        normaliser = normaliser_from_counts(lengths, "token_level") / self.trainer.plugin.dp_size
         first_padded = len(share) - padding
         batches, sums = [], dict.fromkeys(_SUMS, 0.0)
         for start in range(0, len(share), size):
             groups = share[start : start + size]
-            batch = collate(groups, self.pad_id)
+            batch = collate(groups, self.trainer.pad_id)
             real = torch.tensor([start + i < first_padded for i, g in enumerate(groups) for _ in g.responses])
             mask = batch["action_mask"] * real.unsqueeze(1)  # placeholders only keep the collectives in step
             batch["action_mask"] = mask
-            batch["ref_logprobs"] = self._reference_logprobs(batch)
+            batch["ref_logprobs"] = self.objective.reference_logprobs(batch)
             values = self._values(batch) * mask
             raw = group_scores(groups, ppo.verifiable_reward_weight)
             scores = raw if ppo.score_clip is None else raw.clamp(-ppo.score_clip, ppo.score_clip)
@@ -134,13 +142,13 @@ class PPOConsumer(GRPOConsumer):
             for batch in batches:
                 batch["advantages"] = (batch["advantages"] - mean) * torch.rsqrt(torch.tensor(var + 1e-8)) \
                     * batch["action_mask"]
-        self._step_stats = self._batch_metrics(sums, beta)
+        self.step_stats = self._batch_metrics(sums, beta)
         return batches
 
     def _step_sums(self, sums: dict[str, float]) -> dict[str, float]:
         """The sums over every data-parallel rank's share. float64 keeps the whitening exact enough to match
         one process."""
-        return all_reduce_stats(sums, self.mesh, summed=_SUMS)
+        return all_reduce_stats(sums, self.trainer.mesh, summed=_SUMS)
 
     @staticmethod
     def _batch_metrics(sums: dict[str, float], beta: float) -> dict[str, float]:
@@ -166,15 +174,14 @@ class PPOConsumer(GRPOConsumer):
                                  float(micro_batch["normaliser"][0]), "token_level")
         return loss, stats
 
-    def step(self):
-        metrics = super().step()
-        if metrics is not None and "kl_seq" in metrics:
+    def finish_step(self, metrics: dict) -> None:
+        super().finish_step(metrics)
+        if "kl_seq" in metrics:
             self.kl_ctl.update(metrics["kl_seq"], int(metrics["samples_in_loss"]))
-        return metrics
 
-    def algorithm_state(self) -> dict:
+    def state(self) -> dict:
         return {"kl_coef": self.kl_ctl.value}
 
-    def load_algorithm_state(self, state: dict) -> None:
+    def load_state(self, state: dict) -> None:
         if "kl_coef" in state:
             self.kl_ctl.value = state["kl_coef"]

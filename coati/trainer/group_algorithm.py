@@ -1,0 +1,103 @@
+"""Group-relative algorithms (GRPO, DAPO, PG, RLOO, ...): advantages from each group's rewards, no critic.
+
+Per step, on the groups drawn from the buffer:
+1. ``select_groups``: with ``filter_range``, groups whose accuracy (mean of ``correct``) lies outside it are
+   dropped (DAPO's dynamic sampling; the consumer keeps drawing when dynamic batching is on).
+2. ``build_batches``: the stages of coati.algorithm.pipeline shape the rewards (soft overlong punishment),
+   compute advantages per group with the named estimator and mask samples (truncated responses, top-k per
+   group). Producers ship raw rewards only; raw rewards and accuracy stay in the groups, so rollout metrics
+   report them unshaped. The loss normaliser covers the whole step's batch; reference logprobs (KL in the loss)
+   are computed here, once per rollout batch, and reused by every ppo epoch.
+3. The policy loss of objective.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from coati.algorithm.loss import MAX_STATS, normaliser_from_counts
+from coati.algorithm.pipeline import GroupStages, GroupTensors
+from coati.rollout.group import RolloutGroup, collate
+from coati.trainer.objective import PolicyObjective, load_reference
+from coati.trainer.step_algorithm import StepAlgorithm
+
+
+def group_tensors(groups: list[RolloutGroup]) -> GroupTensors:
+    """The [groups, G] tensors the algorithm's stages read (coati.algorithm.pipeline)."""
+    return GroupTensors(
+        rewards=torch.tensor([g.rewards for g in groups], dtype=torch.float32),
+        lengths=torch.tensor([g.model_token_counts() for g in groups], dtype=torch.float32),  # tool output excluded
+        truncated=torch.tensor([[reason == "length" for reason in g.finish_reasons] for g in groups]),
+        correct=torch.tensor([g.correct for g in groups], dtype=torch.float32))
+
+
+def shaped_group_tensors(groups: list[RolloutGroup], groups_config, max_new_tokens: int):
+    """(shaped rewards [n, G], advantages [n, G], sample loss mask [n, G]) for a list of groups (pure)."""
+    return GroupStages.from_config(groups_config).run(group_tensors(groups), groups_config, max_new_tokens)
+
+
+def filter_groups(groups: list[RolloutGroup], groups_config) -> tuple[list[RolloutGroup], dict]:
+    """The groups every registered group filter keeps, and how many fell on either side of ``filter_range``."""
+    filter_range = groups_config.filter_range
+    if filter_range is None:
+        return groups, {"groups_filtered": 0}
+    data = group_tensors(groups)
+    keep = GroupStages.from_config(groups_config).keep_groups(data, groups_config).tolist()
+    kept = [g for g, k in zip(groups, keep) if k]
+    accuracy = data.correct.mean(dim=1)
+    return kept, {"groups_filtered": len(groups) - len(kept),
+                  "groups_filtered_high": int((accuracy > filter_range[1]).sum()),  # e.g. all correct
+                  "groups_filtered_low": int((accuracy < filter_range[0]).sum())}  # e.g. all wrong
+
+
+def length_limit(config) -> int:
+    """L_max of the soft overlong punishment: the model's tokens per response (per episode with --env)."""
+    episodes = config.episodes
+    return config.sampling.max_new_tokens if episodes.env is None else episodes.max_episode_tokens
+
+
+class GroupAlgorithm(StepAlgorithm):
+    summed_stats = ("skipped_samples",)
+    max_stats = MAX_STATS
+
+    def __init__(self, trainer):
+        config = trainer.config
+        reference = load_reference(config) if config.algo.loss.kl_loss_coef > 0 else None
+        super().__init__(trainer, PolicyObjective(config, reference))
+        self.groups_config = config.algo.groups
+
+    def select_groups(self, groups):
+        return filter_groups(groups, self.groups_config)
+
+    def build_batches(self, share, kept, padding):
+        size, dp = self.config.batch.train_minibatch_size, self.trainer.plugin.dp_size
+        limit = length_limit(self.config)
+        rewards, advantages, sample_mask = shaped_group_tensors(share, self.groups_config, limit)
+        if padding:  # placeholders that only keep the ranks' collective calls in step
+            sample_mask[len(share) - padding :] = 0
+        # One normaliser for the whole step, over every data-parallel rank's groups: the loss is the mean over
+        # every valid token / sample of the step. Each rank divides by it / dp, since gradients are averaged.
+        all_rewards, _, all_mask = (rewards, advantages, sample_mask) if dp == 1 else \
+            shaped_group_tensors(kept, self.groups_config, limit)
+        lengths = torch.tensor([g.model_token_counts() for g in kept], dtype=torch.float32)
+        normaliser = normaliser_from_counts((lengths * all_mask).reshape(-1), self.config.algo.loss.loss_variation)
+        normaliser /= dp
+        batches = []
+        for start in range(0, len(share), size):
+            batch = collate(share[start : start + size], self.trainer.pad_id)
+            batch["advantages"] = advantages[start : start + size].reshape(-1)
+            batch["sample_mask"] = sample_mask[start : start + size].reshape(-1)
+            batch["action_mask"] = batch["action_mask"] * batch["sample_mask"].unsqueeze(1)
+            batch["normaliser"] = torch.full((batch["input_ids"].shape[0],), normaliser)
+            if self.objective.reference is not None:
+                batch["ref_logprobs"] = self.objective.reference_logprobs(batch)
+            batches.append(batch)
+        self.step_stats = {
+            "shaped_reward": float(all_rewards.mean()),
+            "samples_masked": float((all_mask == 0).sum()),
+            "samples_in_loss": float(all_mask.sum()),
+        }
+        return batches
+
+    def rollout_tensors(self, kept):
+        return shaped_group_tensors(kept, self.groups_config, length_limit(self.config))

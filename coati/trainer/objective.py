@@ -1,0 +1,72 @@
+"""The policy's loss in every algorithm: the clipped surrogate of loss.py on the advantages an algorithm put in the
+batch, with the reference model's KL term when the loss has one, and the policy's token entropy.
+
+Proximal logprobs (the trainer's policy at the start of the step, for the decoupled off-policy correction and the
+mismatch metrics) cost no extra forward pass: within the first ppo epoch no optimizer step has happened yet, so
+the loss's own logprobs, detached, are exactly those; with several epochs they are kept per micro-batch (in call
+order, which every epoch repeats) and reused by the later epochs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from coati.algorithm.loss import aggregate, policy_loss, token_entropy
+from coati.rollout.group import split_micro_batches, token_logprobs
+
+
+def load_reference(config) -> torch.nn.Module:
+    """The frozen initial policy of the KL term, on the device and in the dtype the device rule gives it."""
+    from transformers import AutoModelForCausalLM
+
+    placement = config.parallel.model_placement("reference")
+    model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=placement.dtype).to(placement.device)
+    return model.eval().requires_grad_(False)
+
+
+class PolicyObjective:
+    def __init__(self, config, reference: torch.nn.Module | None = None):
+        self.loss_config = config.algo.loss
+        self.temperature = config.sampling.temperature
+        self.micro_batch_size = config.batch.train_microbatch_size
+        self.keep_proximal = config.algo.ppo_epochs > 1
+        self.reference = reference
+        self.begin_step()
+
+    def begin_step(self) -> None:
+        self._prox: list[torch.Tensor] = []  # first-epoch logprobs per micro-batch, for later ppo epochs
+        self.epoch, self._prox_at = 0, 0
+
+    def begin_epoch(self, epoch: int) -> None:
+        self.epoch, self._prox_at = epoch, 0
+
+    @torch.no_grad()
+    def reference_logprobs(self, batch: dict) -> torch.Tensor:
+        chunks = []
+        device = next(self.reference.parameters()).device
+        for micro in split_micro_batches(batch, self.micro_batch_size):
+            input_ids = micro["input_ids"].to(device)
+            logits = self.reference(input_ids=input_ids, attention_mask=micro["attention_mask"].to(device)).logits
+            chunks.append(token_logprobs(logits, input_ids, self.temperature).to(micro["input_ids"].device))
+        return torch.cat(chunks)
+
+    def _proximal(self, logprobs: torch.Tensor) -> torch.Tensor:
+        """The policy's logprobs at the start of the step for this micro-batch (see the module docstring)."""
+        if self.epoch == 0:
+            prox = logprobs.detach()
+            if self.keep_proximal:
+                self._prox.append(prox)
+            return prox
+        prox = self._prox[self._prox_at]
+        self._prox_at += 1
+        return prox
+
+    def loss(self, logits: torch.Tensor, micro_batch: dict) -> tuple[torch.Tensor, dict]:
+        logprobs = token_logprobs(logits, micro_batch["input_ids"], self.temperature)
+        normaliser = float(micro_batch["normaliser"][0])
+        loss, stats = policy_loss(logprobs, micro_batch["old_logprobs"], micro_batch["advantages"],
+                                  micro_batch["action_mask"], self.loss_config, normaliser,
+                                  micro_batch.get("ref_logprobs"), prox_logprobs=self._proximal(logprobs))
+        entropy = token_entropy(logits, self.temperature)
+        stats["entropy"] = aggregate(entropy, micro_batch["action_mask"], self.loss_config.loss_variation, normaliser)
+        return loss, stats

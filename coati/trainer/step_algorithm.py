@@ -1,0 +1,74 @@
+"""What one training step asks of an algorithm. ``Consumer.step`` is the same for every algorithm: it draws
+groups, splits them into data-parallel shares, trains every role for ``ppo_epochs`` and publishes weights. At
+four points it hands over to the algorithm object its family names (consumer.STEP_ALGORITHMS, keyed by the
+advantage estimator's family, config.algo.estimator_family):
+
+- ``select_groups`` at every draw: the groups worth training on (DAPO's accuracy filter), and counters;
+- ``build_batches`` once per step: this rank's minibatches with advantages, masks, normalisers and whatever the
+  losses read (reference logprobs, a critic's values and returns);
+- ``policy_loss`` per micro-batch: the policy's loss (objective.py), the same for every family;
+- ``finish_step``: the step's own metrics (and e.g. the KL controller's update).
+
+A family adds the models it trains beside the policy as roles (``trainer.add_role``: PPO's critic); the pure math
+it runs (reward shaping, advantages, masks, losses) is chosen by name from coati.algorithm's registries.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from coati.rollout.group import RolloutGroup
+from coati.trainer.objective import PolicyObjective
+
+
+class StepAlgorithm:
+    # Statistics that are counts (summed over data-parallel ranks), and maxima (the largest over micro-batches,
+    # epochs and ranks); the others are normalised (summed over micro-batches, averaged over ranks and epochs).
+    summed_stats: tuple[str, ...] = ()
+    max_stats: tuple[str, ...] = ()
+
+    def __init__(self, trainer, objective: PolicyObjective):
+        """Called in ``trainer.setup`` once the policy role exists (collective: it may add roles)."""
+        self.trainer, self.config, self.objective = trainer, trainer.config, objective
+        self.step_stats: dict[str, float] = {}
+
+    def select_groups(self, groups: list[RolloutGroup]) -> tuple[list[RolloutGroup], dict]:
+        """The groups worth training on and counters to add up per step. Must be deterministic: every rank of
+        the group runs it on the same groups and must agree."""
+        return groups, {}
+
+    def build_batches(self, share: list[RolloutGroup], kept: list[RolloutGroup],
+                      padding: int) -> list[dict[str, torch.Tensor]]:
+        """Collated minibatches of ``tMbs`` groups of this rank's ``share`` with what the losses need.
+
+        ``kept``: every group the whole trainer group trains on this step (for normalisers that cover the
+        step's batch); the last ``padding`` groups of ``share`` are placeholders that must not reach the loss.
+        Called once per step: everything computed here (e.g. reference logprobs) serves every ppo epoch.
+        """
+        raise NotImplementedError
+
+    def rollout_tensors(self, kept: list[RolloutGroup]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """For the rollout logs: (shaped rewards, advantages, sample loss mask), [len(kept), G], as the loss
+        used them."""
+        raise NotImplementedError
+
+    def begin_step(self) -> None:
+        self.step_stats = {}
+        self.objective.begin_step()
+
+    def begin_epoch(self, epoch: int) -> None:
+        self.objective.begin_epoch(epoch)
+
+    def policy_loss(self, logits: torch.Tensor, micro_batch: dict) -> tuple[torch.Tensor, dict]:
+        return self.objective.loss(logits, micro_batch)
+
+    def finish_step(self, metrics: dict) -> None:
+        """Add the step's own metrics to those of a trained step."""
+        metrics.update(self.step_stats)
+
+    def state(self) -> dict:
+        """The algorithm's own state a checkpoint keeps (plain values, equal on every rank)."""
+        return {}
+
+    def load_state(self, state: dict) -> None:
+        """Restore what ``state`` returned."""
