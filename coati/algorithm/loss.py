@@ -42,6 +42,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from coati.algorithm.registry import registrar
 from coati.utils.dataclass_cli import option, setting
 
 LOSS_VARIATIONS = ("token_level", "sample_level")
@@ -81,24 +82,14 @@ POLICY_LOSSES: dict[str, Callable] = {}
 VALUE_LOSSES: dict[str, Callable] = {}
 
 
-def _register(registry: dict, kind: str, name: str):
-    def decorate(fn):
-        if name in registry:
-            raise ValueError(f"{kind} {name!r} is already registered")
-        registry[name] = fn
-        return fn
-
-    return decorate
-
-
 def register_policy_loss(name: str):
     """Decorator: make ``fn`` the policy objective called ``name`` (``PolicyLossConfig.objective``)."""
-    return _register(POLICY_LOSSES, "policy loss", name)
+    return registrar(POLICY_LOSSES, "policy loss")(name)
 
 
 def register_value_loss(name: str):
     """Decorator: make ``fn`` the value loss called ``name``."""
-    return _register(VALUE_LOSSES, "value loss", name)
+    return registrar(VALUE_LOSSES, "value loss")(name)
 
 
 def get_policy_loss(name: str) -> Callable:

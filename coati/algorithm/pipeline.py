@@ -25,28 +25,16 @@ from typing import Callable
 import torch
 
 from coati.algorithm.advantage import compute_advantages, group_accuracy_in_range, overlong_penalty, topk_sample_mask
+from coati.algorithm.registry import registrar
 
 REWARD_SHAPERS: dict[str, Callable] = {}
 SAMPLE_MASKS: dict[str, Callable] = {}
 GROUP_FILTERS: dict[str, Callable] = {}
 
 
-def _registrar(registry: dict, kind: str):
-    def register(name: str):
-        def decorate(fn):
-            if name in registry:
-                raise ValueError(f"{kind} {name!r} is already registered")
-            registry[name] = fn
-            return fn
-
-        return decorate
-
-    return register
-
-
-register_reward_shaper = _registrar(REWARD_SHAPERS, "reward shaper")
-register_sample_mask = _registrar(SAMPLE_MASKS, "sample mask")
-register_group_filter = _registrar(GROUP_FILTERS, "group filter")
+register_reward_shaper = registrar(REWARD_SHAPERS, "reward shaper")
+register_sample_mask = registrar(SAMPLE_MASKS, "sample mask")
+register_group_filter = registrar(GROUP_FILTERS, "group filter")
 
 
 @dataclass(frozen=True)
