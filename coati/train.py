@@ -30,13 +30,13 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", **defaults)
     try:
         if args.model is None:
             # reject bad flags and a missing engine before building anything
-            check_engine(config_from_args(args, demo=placeholder_demo()))
+            check_engine(config_from_args(args, demo=placeholder_demo(), given=parser.given))
             if args.reward_type == "code":
                 from coati.demo.code_demo import ensure_code_demo_assets as ensure_assets
             else:
                 from coati.demo.math_demo import ensure_demo_assets as ensure_assets
             demo = ensure_assets()
-        config = config_from_args(args, demo)
+        config = config_from_args(args, demo, given=parser.given)
         if dry_run or dry_run_cluster:
             return print_plan(config, dry_run_cluster)
         check_inputs(config)

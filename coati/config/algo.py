@@ -72,7 +72,7 @@ class GroupConfig:
     cache_length: int = setting(0, "the soft over-length zone, in tokens before -mnt")
     filter_truncated_response: bool = setting(False, "responses that hit -mnt leave the loss")
     topk_samples: int | None = option(None, "keep only the K highest-reward samples of each group in the loss "
-                                            "(ties: lower index; default: all)")
+                                            "(ties: lower index; default: all)", family="group")
 
 
 @dataclass(frozen=True)

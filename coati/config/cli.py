@@ -23,6 +23,7 @@ from coati.config.ppo import PPOConfig
 from coati.config.sampling import SamplingParams
 from coati.config.tree import RLConfig
 from coati.config.validate import validate
+from coati.config.validate_algo import check_families
 from coati.utils import dataclass_cli
 from coati.utils.dataclass_cli import construct, option
 from rewards import STOP_STRINGS, default_system_prompt
@@ -65,9 +66,11 @@ def build_parser(prog: str = "rl_example.py", **defaults) -> argparse.ArgumentPa
     return parser
 
 
-def config_from_args(args: argparse.Namespace, demo=None) -> RLConfig:
-    """``demo`` (DemoAssets) fills in the model and data when --model/--dataset are not given."""
-    return config_from_values(vars(args), demo)
+def config_from_args(args: argparse.Namespace, demo=None, given: set[str] | None = None) -> RLConfig:
+    """``demo`` (DemoAssets) fills in the model and data when --model/--dataset are not given. ``given``: the
+    dests the user set (the parser's ``given``), so an option of another algorithm is refused even at its
+    default value."""
+    return config_from_values(vars(args), demo, given)
 
 
 def config_from_dict(mapping: dict, defaults: dict | None = None, demo=None, source: str = "config") -> RLConfig:
@@ -77,8 +80,9 @@ def config_from_dict(mapping: dict, defaults: dict | None = None, demo=None, sou
     A bad key or value is one ConfigFileError line starting with ``source``."""
     values = dataclass_cli.defaults(RLOptions)
     values.update(dataclass_cli.check_values(RLOptions, defaults or {}, f"{source} defaults"))
-    values.update(dataclass_cli.check_values(RLOptions, mapping, source))
-    return config_from_values(values, demo)
+    given = dataclass_cli.check_values(RLOptions, mapping, source)
+    values.update(given)
+    return config_from_values(values, demo, set(given))
 
 
 def _situation(values: dict, demo) -> tuple[bool, dict, dict]:
@@ -111,8 +115,9 @@ def _situation(values: dict, demo) -> tuple[bool, dict, dict]:
     return embedded, eval_paths, grpo_overrides
 
 
-def config_from_values(values: dict, demo=None) -> RLConfig:
-    """The checked RLConfig of option values by dest (flags, --config, defaults all applied)."""
+def config_from_values(values: dict, demo=None, given: set[str] | None = None) -> RLConfig:
+    """The checked RLConfig of option values by dest (flags, --config, defaults all applied); ``given``: the dests
+    the user set, checked against the algorithm's options."""
     values = dict(values)
     embedded, eval_paths, grpo_overrides = _situation(values, demo)
     max_new_tokens, stops = values["max_new_tokens"], STOP_STRINGS[values["reward_type"]]
@@ -131,4 +136,6 @@ def config_from_values(values: dict, demo=None) -> RLConfig:
         ),
     )
     validate(config)
+    if given:
+        check_families(config, given)
     return config

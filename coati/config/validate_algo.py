@@ -28,9 +28,10 @@ def _value(config, opt):
     return getattr(node, opt.field.name)
 
 
-def check_families(config: RLConfig) -> None:
-    """An option of one kind of algorithm set (away from its default) under the other kind: one line naming the
-    -a that uses it (``-a GRPO --kl-reward-coef 0.1`` -> use -a PPO, or the loss's --kl-loss-coef)."""
+def check_families(config: RLConfig, given: frozenset[str] | set[str] = frozenset()) -> None:
+    """An option of one kind of algorithm set under the other kind: one line naming the -a that uses it
+    (``-a GRPO --kl-reward-coef 0.1`` -> use -a PPO, or the loss's --kl-loss-coef). Set means away from its
+    default, or named at all in ``given`` (the option dests the user gave: flags, a YAML file's keys)."""
     a = config.algo
     family = estimator_family(a.groups.advantage)
     preset = ALGO_PRESETS[a.name].get("advantage", GroupConfig.advantage) if a.name in ALGO_PRESETS else None
@@ -39,7 +40,7 @@ def check_families(config: RLConfig) -> None:
     for opt in options(type(config)):
         owner_family = _family(opt)
         value = _value(config, opt)
-        if owner_family in (None, family) or value == opt.field.default:
+        if owner_family in (None, family) or (value == opt.field.default and opt.dest not in given):
             continue
         names = presets_of(owner_family)
         shorts = [alias for alias in opt.field.metadata["aliases"] if not alias.startswith("--")]

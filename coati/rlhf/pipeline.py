@@ -80,7 +80,10 @@ def read_plan(path: str) -> Plan:
         raise PipelineError(f"--config {path} must be a mapping with keys {', '.join(TOP_KEYS)}")
     unknown = sorted(set(raw) - set(TOP_KEYS))
     if unknown:
-        raise PipelineError(f"--config {path} has unknown key {unknown[0]!r}; valid keys: {', '.join(TOP_KEYS)}")
+        from coati.utils.dataclass_cli import did_you_mean
+
+        raise PipelineError(f"--config {path} has unknown key {unknown[0]!r}{did_you_mean(str(unknown[0]), TOP_KEYS)}; "
+                            f"valid keys: {', '.join(TOP_KEYS)}")
     stages = tuple(raw.get("stages") or STAGES)
     bad = [s for s in stages if s not in STAGES]
     if bad or list(stages) != sorted(stages, key=STAGES.index):
@@ -268,9 +271,10 @@ def report(result: PipelineResult) -> list[str]:
 def main(argv: list[str] | None = None, prog: str = "coati rlhf") -> int:
     from coati.config.errors import ConfigError
     from coati.utils.dataclass_cli import ConfigFileError
+    from coati.utils.flag_parser import UNDERSCORES_NOTE, FlagParser
 
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = FlagParser(prog=prog, description=f"{__doc__}\n{UNDERSCORES_NOTE}",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--config", metavar="FILE.yaml", help="the pipeline file (see above)")
     source.add_argument("--dummy", action="store_true",

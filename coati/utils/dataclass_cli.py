@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import functools
 import json
 import os
 import types
 import typing
 from typing import Any
+
+from coati.utils.flag_parser import UNDERSCORES_NOTE, FlagParser, RecordedBool, closest
 
 
 class ConfigFileError(ValueError):
@@ -108,7 +109,7 @@ class Option:
         text = self.field.metadata["help"]
         if "default" in text.lower() or self.shown_default is dataclasses.MISSING:
             return text
-        return f"{text} (default: {self.shown_default})"
+        return f"{text} (default: {'not set' if self.shown_default is None else self.shown_default})"
 
     @property
     def parser_default(self):
@@ -185,7 +186,10 @@ def options(cls) -> tuple[Option, ...]:
 
 
 def build_parser(cls, prog: str, description: str) -> argparse.ArgumentParser:
-    parser = _ConfigFileParser(cls, prog=prog, description=description)
+    """The parser of ``cls``'s options; ``cls.retired_flags`` ({flag: what to use instead}) names flags another
+    command spells the same way with another meaning."""
+    parser = _ConfigFileParser(cls, prog=prog, description=f"{description} {UNDERSCORES_NOTE}".strip(),
+                               retired=getattr(cls, "retired_flags", {}))
     parser.add_argument("--config", default=None, metavar="FILE.yaml",
                         help="YAML file of options (keys: the long flag names, e.g. learning_rate: 1e-4); "
                              "flags given on the command line win over it")
@@ -196,7 +200,7 @@ def build_parser(cls, prog: str, description: str) -> argparse.ArgumentParser:
         meta = opt.field.metadata
         common = dict(dest=opt.dest, default=opt.parser_default, help=opt.help_text.replace("%", "%%"))
         if opt.kind is bool:
-            groups[opt.path].add_argument(*opt.flags, action=argparse.BooleanOptionalAction, **common)
+            groups[opt.path].add_argument(*opt.flags, action=RecordedBool, **common)
         elif meta.get("repeat"):
             groups[opt.path].add_argument(*opt.flags, action="append", type=opt.kind, metavar=meta["metavar"],
                                           **common)
@@ -206,8 +210,9 @@ def build_parser(cls, prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
-class _ConfigFileParser(argparse.ArgumentParser):
-    """Reads ``--config FILE.yaml`` into the defaults before parsing the flags, for every ``parse_args`` caller."""
+class _ConfigFileParser(FlagParser):
+    """Reads ``--config FILE.yaml`` into the defaults before parsing the flags, for every ``parse_args`` caller;
+    the file's keys count as given (``given``), as flags do."""
 
     def __init__(self, cls, **kwargs):
         super().__init__(**kwargs)
@@ -223,7 +228,9 @@ class _ConfigFileParser(argparse.ArgumentParser):
         saved = dict(self._defaults), {action: action.default for action in self._actions}
         self.set_defaults(**values)
         try:
-            return super().parse_known_args(args, namespace)
+            parsed = super().parse_known_args(args, namespace)
+            self.given |= set(values)
+            return parsed
         finally:  # the file's values are this call's defaults only
             self._defaults = saved[0]
             for action, default in saved[1].items():
@@ -277,11 +284,12 @@ def check_value(value, kind, optional: bool, where: str, choices: tuple | None =
 
 
 def did_you_mean(word: str, names, hints: dict[str, str] | None = None) -> str:
-    """`` (did you mean 'x'?)`` for a near miss of ``word`` among ``names`` (or a ``hints`` entry), else ''."""
+    """`` (did you mean 'x' or 'y'?)`` for the one or two near misses of ``word`` among ``names`` (or a ``hints``
+    entry), else ''."""
     if hints and word in hints:
         return f" (did you mean {hints[word]!r}?)"
-    close = difflib.get_close_matches(word, list(names), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    close = closest(word, names)
+    return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
 
 
 def key_index(cls) -> dict[str, Option]:
@@ -290,7 +298,11 @@ def key_index(cls) -> dict[str, Option]:
 
 
 def unknown_key_hint(cls, key: str) -> str:
-    """"did you mean" for a key of ``cls``: a near miss of a key, or a short flag's name (``lr`` -> learning_rate)."""
+    """"did you mean" for a key of ``cls``: a near miss of a key, a short flag's name (``lr`` -> learning_rate), or
+    a retired flag's replacement; else ''."""
+    retired = {flag.lstrip("-").replace("-", "_"): text for flag, text in getattr(cls, "retired_flags", {}).items()}
+    if key in retired:
+        return f" ({retired[key]})"
     shorts = {alias.lstrip("-"): opt.dest for opt in options(cls) for alias in opt.field.metadata["aliases"]
               if not alias.startswith("--")}
     return did_you_mean(key, key_index(cls), shorts)
@@ -304,9 +316,8 @@ def check_values(cls, raw: dict, source: str) -> dict:
     for key, value in raw.items():
         name = str(key).replace("-", "_")
         if name not in index:
-            dests = ", ".join(opt.dest for opt in options(cls))
-            raise ConfigFileError(f"{source} has unknown key {key!r}; valid keys: {dests}"
-                                  + unknown_key_hint(cls, name))
+            raise ConfigFileError(f"{source} has unknown key {key!r}"
+                                  + (unknown_key_hint(cls, name) or "; the keys are the long flag names of --help"))
         opt, where = index[name], f"{source} key {key!r}"
         if opt.field.metadata.get("repeat"):  # a list, or one value
             values[opt.dest] = [check_value(item, opt.kind, False, f"{where} item")

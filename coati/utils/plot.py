@@ -147,7 +147,9 @@ def plot_run(run_dir: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m coati.plot") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
+    from coati.utils.flag_parser import FlagParser
+
+    parser = FlagParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", help="a run directory: <save-dir>/<project>")
     args = parser.parse_args(argv)
