@@ -42,7 +42,7 @@ CODE_DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 16, "max_prompt_t
                       "ppo_epochs": 4, "inference_batch_size": 16, "inference_microbatch_size": 16,
                       "train_batch_size": 8, "train_minibatch_size": 8, "train_microbatch_size": 64}
 
-DESCRIPTION = ("Distributed RL post-training (GRPO, DAPO, PG; PPO with a critic and a reward model) over Ray. "
+DESCRIPTION = ("Distributed RL post-training (GRPO, DAPO, PG, RLOO; PPO with a critic and a reward model) over Ray. "
                "With no arguments: the embedded demo (a tiny model learns 2-digit addition on the CPU in a few minutes, no downloads); with only -rt code: "
                "the code demo (a tiny model learns to write short stdin -> stdout programs, scored in the sandbox).")
 

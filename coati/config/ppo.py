@@ -37,7 +37,7 @@ class PPOConfig:
 
     reward_model: str | None = option(
         None, "-a PPO: reward model directory (`coati rm` output, AutoModelForSequenceClassification with one label); "
-              "the inferencers score every response with it", family=None)
+              "the inferencers score every response with it", "-rm", family=None)
     critic_model: str | None = option(
         None, "-a PPO: the critic's starting weights (default: the reward model, else the policy with a fresh head)")
     critic_learning_rate: float | None = option(

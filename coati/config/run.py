@@ -13,7 +13,7 @@ class RunConfig:
     project: str = option("demo", "run name: outputs go to <save-dir>/<project>/ (metrics.jsonl always); also the "
                                   "wandb project, logged offline unless WANDB_MODE=online, when wandb is installed",
                           "-p")
-    num_episodes: int = option(1, "passes over the training set; default: 3 for the demo, else 1", "-e",
+    num_episodes: int = option(1, "passes over the training set; default: 3 for the demo, else 1", "-e", "--epochs",
                                resolved=True)
     seed: int = option(42, "seed for sampling, data order and initialisation")
     save_dir: str = option("runs", "run outputs: <save-dir>/<project>/{metrics.jsonl,step_N/,eval/}", "-sd")
@@ -42,7 +42,7 @@ class RunConfig:
         None, "port of the trainers' torch.distributed rendezvous, hosted by trainer rank 0 on its own node "
               "(default: a free port there)", flag="--master_port")
     progress_bar: bool = option(True, "a progress bar while training (--no-progress: none; metrics still go to "
-                                      "stdout at the end)", flag="--progress")
+                                      "stdout at the end)", "--progress-bar", flag="--progress")
     resume: str | None = option(
         None, "continue a run from a step_N checkpoint (or the newest complete one under <save-dir>/<project>): "
               "trainer state, counters, pending rollouts and data position; the layout (-t/-tp/-pp/-zero) may "

@@ -31,8 +31,8 @@ class StageConfig(TrainerLayout):
     eval_fraction: float = option(0.05, "fraction of -d held out when no -ed is given (0: none)")
     project: str = option("", "run name: outputs go to <save-dir>/<project>/ (default: the stage's name)", "-p")
     save_dir: str = option("runs", "run outputs: <save-dir>/<project>/{metrics.jsonl,final/}", "-sd")
-    epochs: int = option(1, "passes over the training rows", "-e")
-    batch_size: int = option(32, "rows per optimizer step, all data-parallel trainers together", "-tbs")
+    epochs: int = option(1, "passes over the training rows", "-e", "--num-episodes")
+    batch_size: int = option(32, "rows per optimizer step, all data-parallel trainers together", "-bs")
     micro_batch_size: int = option(8, "rows per forward/backward on one trainer", "-tmbs")
     learning_rate: float | None = option(None, "AdamW learning rate (default: 1e-3 sft / 5e-4 rm on the embedded "
                                                "model, else 2e-5 sft / 9e-6 rm)", "-lr")
@@ -49,9 +49,12 @@ class StageConfig(TrainerLayout):
     plugin: str = option("torch", "trainer plugin family", choices=PLUGIN_FAMILIES)
     precision: str = option("fp32", "trainer precision (bf16/fp16 need --plugin colossalai)",
                             choices=("fp32", "bf16", "fp16"))
-    progress_bar: bool = option(True, "a progress bar while training")
+    progress_bar: bool = option(True, "a progress bar while training", "--progress-bar", flag="--progress")
 
     stage = "stage"
+    # `coati train` spells these with another meaning (its -tbs counts prompts per data-parallel rank)
+    retired_flags = {"-tbs": "coati train's -tbs counts prompts per trainer; here -bs/--batch-size counts rows per "
+                             "step, all trainers together"}
 
     @property
     def embedded(self) -> bool:
@@ -80,7 +83,7 @@ class SFTConfig(StageConfig):
 
 @dataclass(frozen=True)
 class RMConfig(StageConfig):
-    batch_size: int = option(32, "preference pairs per optimizer step, all data-parallel trainers together", "-tbs")
+    batch_size: int = option(32, "preference pairs per optimizer step, all data-parallel trainers together", "-bs")
     micro_batch_size: int = option(8, "preference pairs per forward/backward on one trainer (2 sequences each)",
                                    "-tmbs")
     stage = "rm"
@@ -95,7 +98,7 @@ def validate(config: StageConfig) -> None:
     """Cheap checks of the options themselves."""
     from coati.plugins.validation import ParallelLayout, validate_layout
 
-    for flag, value in (("-e/--epochs", config.epochs), ("-tbs/--batch-size", config.batch_size),
+    for flag, value in (("-e/--epochs", config.epochs), ("-bs/--batch-size", config.batch_size),
                         ("-tmbs/--micro-batch-size", config.micro_batch_size), ("-t/--num-trainers", config.num_trainers),
                         ("-ml/--max-length", config.max_length), ("-tp", config.tensor_parallel_size),
                         ("-pp", config.pipeline_parallel_size)):
@@ -110,13 +113,13 @@ def validate(config: StageConfig) -> None:
     require(config.zero_stage in (0, 1, 2, 3), f"-zero/--zero-stage must be 0, 1, 2 or 3, got {config.zero_stage}")
     dp = config.dp_size
     require(config.batch_size % dp == 0,
-             f"-tbs ({config.batch_size}) must be a multiple of the {dp} data-parallel trainers: each trains an equal share")
+             f"-bs ({config.batch_size}) must be a multiple of the {dp} data-parallel trainers: each trains an equal share")
     share = config.batch_size // dp
     require(share >= config.micro_batch_size,
-             f"-tbs / data-parallel trainers ({share}) must be >= -tmbs ({config.micro_batch_size})")
+             f"-bs / data-parallel trainers ({share}) must be >= -tmbs ({config.micro_batch_size})")
     pp = config.pipeline_parallel_size
     require(pp == 1 or -(-share // config.micro_batch_size) >= pp,
-             f"-pp {pp} needs at least {pp} micro-batches per step on each trainer: -tbs / data-parallel trainers "
+             f"-pp {pp} needs at least {pp} micro-batches per step on each trainer: -bs / data-parallel trainers "
              f"/ -tmbs = {-(-share // config.micro_batch_size)}; lower -tmbs")
     if config.stage == "rm":
         # the scalar head is not in the pipeline stage builders or ColossalAI's causal-LM shard policies

@@ -17,6 +17,10 @@ DESCRIPTION = __doc__.split("\n\n")[0] + " No -m/-d: the embedded demo model on 
 
 @dataclass(frozen=True)
 class EvalConfig:
+    # `coati sft`/`coati rm` spell this with another meaning (the trainer's rows per forward/backward)
+    retired_flags = {"--micro-batch-size": "in coati sft/rm that is the training micro-batch; here "
+                                           "-imbs/--inference-microbatch-size sets prompts per generate call"}
+
     model: str | None = option(None, "checkpoint: an HF causal-LM directory (default: the embedded demo model)", "-m")
     dataset: str | None = option(None, "eval prompts: {\"prompt\": ...} rows or math/code rows (.jsonl, .json list, "
                                        ".parquet, save_to_disk); required with -m", "-d")
@@ -33,7 +37,8 @@ class EvalConfig:
                                               "capped to the model's max_position_embeddings)", "-mnt")
     max_prompt_tokens: int = option(512, "prompts longer than this are skipped and counted", "-mpt")
     num_prompts: int = option(0, "evaluate the first N prompts only (0: all)", "-n")
-    micro_batch_size: int = option(32, "prompts per generate call and rows per reward-model forward", "-imbs")
+    micro_batch_size: int = option(32, "prompts per generate call and rows per reward-model forward", "-imbs",
+                                   flag="--inference-microbatch-size")
     seed: int = option(42, "sampling seed of the sampled mode")
     model_dtype: str = option("auto", "dtype of the policy and the reward model: auto = fp32 on the CPU, bf16 on a "
                                       "GPU", choices=("auto", "fp32", "bf16", "fp16"))
@@ -88,7 +93,7 @@ def check_inputs(config: EvalConfig, log=print) -> Inputs:
     from coati.rollout.reward_model import reward_model_problem
 
     for flag, value in (("-mpt/--max-prompt-tokens", config.max_prompt_tokens),
-                        ("-imbs/--micro-batch-size", config.micro_batch_size),
+                        ("-imbs/--inference-microbatch-size", config.micro_batch_size),
                         ("-mnt/--max-new-tokens", 1 if config.max_new_tokens is None else config.max_new_tokens)):
         require(value >= 1, f"{flag} must be at least 1, got {value}")
     require(config.num_prompts >= 0, f"-n/--num-prompts must be >= 0 (0: all), got {config.num_prompts}")

@@ -101,7 +101,8 @@ class Option:
     def shown_default(self):
         """The default --help shows: the field's own for a resolved option (None there means "not given")."""
         meta = self.field.metadata
-        return self.field.default if meta["resolved"] or meta.get("repeat") else self.parser_default
+        shown = self.field.default if meta["resolved"] or meta.get("repeat") else self.parser_default
+        return "not set" if shown is None else shown
 
     @property
     def help_text(self) -> str:
@@ -109,7 +110,7 @@ class Option:
         text = self.field.metadata["help"]
         if "default" in text.lower() or self.shown_default is dataclasses.MISSING:
             return text
-        return f"{text} (default: {'not set' if self.shown_default is None else self.shown_default})"
+        return f"{text} (default: {self.shown_default})"
 
     @property
     def parser_default(self):

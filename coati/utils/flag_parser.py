@@ -18,11 +18,14 @@ import sys
 UNDERSCORES_NOTE = "Every long flag may also be spelt with underscores (--input_key = --input-key)."
 
 
-def closest(word: str, names, n: int = 2) -> list[str]:
-    """The one or two names nearest ``word`` (``-`` and ``_`` alike), best first; [] when none is near."""
+def closest(word: str, names) -> list[str]:
+    """The name nearest ``word`` (``-`` and ``_`` alike), and a second one when it is nearly as near; [] when
+    none is near."""
     canon = {name.replace("_", "-"): name for name in names}
-    found = difflib.get_close_matches(word.replace("_", "-"), list(canon), n=n, cutoff=0.6)
-    return [canon[name] for name in found]
+    word = word.replace("_", "-")
+    found = difflib.get_close_matches(word, list(canon), n=2, cutoff=0.6)
+    ratios = [difflib.SequenceMatcher(None, word, name).ratio() for name in found]
+    return [canon[name] for name, ratio in zip(found, ratios) if ratio >= ratios[0] - 0.05]
 
 
 def suggestion(word: str, names, retired: dict[str, str] | None = None) -> str:
@@ -73,6 +76,11 @@ class FlagParser(argparse.ArgumentParser):
         args = list(sys.argv[1:] if args is None else args)
         end = args.index("--") if "--" in args else len(args)
         args = [self.spelling(token) for token in args[:end]] + args[end:]
+        for token in args[:end]:
+            name = token.partition("=")[0]
+            name = "--" + name[2:].replace("_", "-") if name.startswith("--") else name
+            if name in self.retired:  # before argparse, which would read -tbs as -t with the value "bs"
+                self.error(f"{name} is not a flag of {self.prog} ({self.retired[name]})")
         self.given = set()
         return super().parse_known_args(args, namespace)
 

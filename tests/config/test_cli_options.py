@@ -68,7 +68,7 @@ def test_yaml_config_then_flags(tmp_path):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("lr: 0.1\n", "--config {path} has unknown key 'lr'; valid keys: model, dataset, eval_dataset"),
+    ("lr: 0.1\n", "--config {path} has unknown key 'lr' (did you mean 'learning_rate'?)"),
     ("train_batch_size: 2.5\n", "--config {path} key 'train_batch_size' must be int or null, got 2.5"),
     ("gamma: fast\n", "--config {path} key 'gamma' must be float, got 'fast'"),
     ("algo: PPO2\n", "--config {path} key 'algo' must be one of GRPO, DAPO, PG, PPO, got 'PPO2'"),

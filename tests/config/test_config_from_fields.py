@@ -166,7 +166,7 @@ def test_config_from_dict_defaults_sit_below_the_mapping_as_a_commands_do():
     ({"lam": "x"}, "run key 'lam' must be float, got 'x'"),
     ({"progress": "no"}, "run key 'progress' must be bool, got 'no'"),
     ({"algo": "PPO2"}, "run key 'algo' must be one of GRPO, DAPO, PG, PPO, got 'PPO2'"),
-    ({"learnig_rate": 1e-5}, "run has unknown key 'learnig_rate'; valid keys: model, "),
+    ({"learnig_rate": 1e-5}, "run has unknown key 'learnig_rate' (did you mean 'learning_rate'?)"),
 ])
 def test_config_from_dict_bad_values_are_one_line(mapping, message):
     with pytest.raises(ConfigFileError) as info:

@@ -42,7 +42,7 @@ def test_a_section_may_name_its_inputs(tmp_path):
     ("stages: [rm, sft]\n", "stages must be an ordered subset"),
     ("sft: [1, 2]\n", "section 'sft' must be a mapping"),
     ("sft: {dataset: a.jsonl, epoch: 2}\n", "section 'sft' has unknown option 'epoch'"),
-    ("sft: {dataset: a.jsonl, batch_size: 0}\n", "-tbs/--batch-size must be at least 1"),
+    ("sft: {dataset: a.jsonl, batch_size: 0}\n", "-bs/--batch-size must be at least 1"),
     ("stages: [ppo]\nppo: {dataset: a.jsonl}\n", "needs model:"),
     ("stages: [ppo]\nppo: {model: m, dataset: a.jsonl}\n", "needs a score: pass --reward-model"),
     ("stages: [ppo]\nppo: {model: m, dataset: a.jsonl, reward_model: r, lam: 2}\n", "--lam in [0, 1]"),

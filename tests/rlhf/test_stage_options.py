@@ -13,9 +13,9 @@ from coati.utils.dataclass_cli import ConfigFileError, build_parser, parse
 def test_flags_come_from_the_dataclass_with_short_aliases():
     parser = build_parser(SFTConfig, "coati sft", "")
     flags = {tuple(action.option_strings) for action in parser._actions}
-    for pair in (("-lr", "--learning-rate"), ("-tbs", "--batch-size"), ("-tmbs", "--micro-batch-size"),
+    for pair in (("-lr", "--learning-rate"), ("-bs", "--batch-size"), ("-tmbs", "--micro-batch-size"),
                  ("-t", "--num-trainers"), ("-zero", "--zero-stage"), ("-m", "--model"), ("-d", "--dataset"),
-                 ("--config",), ("--progress-bar", "--no-progress-bar"), ("--max-grad-norm",)):
+                 ("--config",), ("--progress", "--no-progress", "--progress-bar", "--no-progress-bar"), ("--max-grad-norm",)):
         assert pair in flags, pair
     help_text = parser.format_help()
     assert "AdamW learning rate" in help_text and "(default: 32)" in help_text
@@ -25,14 +25,14 @@ def test_flags_come_from_the_dataclass_with_short_aliases():
 def test_yaml_then_flags(tmp_path):
     path = tmp_path / "sft.yaml"
     path.write_text("learning_rate: 1e-4\nbatch-size: 16\nmodel: /m\nplugin: colossalai\neval_dataset: null\n")
-    config = parse(SFTConfig, ["--config", str(path), "-tbs", "8"], "coati sft", "")
+    config = parse(SFTConfig, ["--config", str(path), "-bs", "8"], "coati sft", "")
     assert config.learning_rate == 1e-4 and config.model == "/m" and config.plugin == "colossalai"
     assert config.batch_size == 8  # the flag wins over the file
     assert parse(SFTConfig, [], "coati sft", "").batch_size == 32  # the field default
 
 
 @pytest.mark.parametrize("text, message", [
-    ("lr: 0.1\n", "has unknown key 'lr'; valid keys: model, dataset"),
+    ("lr: 0.1\n", "has unknown key 'lr' (did you mean 'learning_rate'?)"),
     ("batch_size: 2.5\n", "key 'batch_size' must be int, got 2.5"),
     ("epochs: true\n", "key 'epochs' must be int"),
     ("plugin: deepspeed\n", "key 'plugin' must be one of torch, colossalai"),
@@ -53,11 +53,11 @@ def run(argv, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["sft", "-tbs", "3", "-t", "2", "-m", "x"], "-tbs (3) must be a multiple of the 2 data-parallel trainers"),
-    (["sft", "-tbs", "4", "-tmbs", "8"], "-tbs / data-parallel trainers (4) must be >= -tmbs (8)"),
+    (["sft", "-bs", "3", "-t", "2", "-m", "x"], "-bs (3) must be a multiple of the 2 data-parallel trainers"),
+    (["sft", "-bs", "4", "-tmbs", "8"], "-bs / data-parallel trainers (4) must be >= -tmbs (8)"),
     (["sft", "-lr", "0"], "-lr/--learning-rate must be > 0"),
     (["sft", "--eval-fraction", "1"], "--eval-fraction must lie in [0, 1)"),
-    (["rm", "-t", "2", "-pp", "2", "-tbs", "8", "-tmbs", "2"], "only know the LM head, not its scalar head: drop -tp/-pp"),
+    (["rm", "-t", "2", "-pp", "2", "-bs", "8", "-tmbs", "2"], "only know the LM head, not its scalar head: drop -tp/-pp"),
     (["rm", "-t", "2", "-tp", "2"], "only know the LM head, not its scalar head: drop -tp/-pp"),
     (["sft", "-t", "2", "-zero", "2", "--precision", "bf16"], "torch-native plugins train in fp32"),
     (["sft", "--config", "missing.yaml"], "--config file not found: missing.yaml"),
