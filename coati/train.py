@@ -15,7 +15,7 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", **defaults)
     """``defaults``: fields' defaults this command changes (``coati ppo``), below --config and the flags."""
     from coati.config.cli import build_parser, config_from_args
     from coati.config.errors import ConfigError
-    from coati.launcher.preflight import check_engine, check_inputs
+    from coati.launcher.preflight import check_engine, check_inputs, check_paths
     from coati.utils.dataclass_cli import ConfigFileError
 
     try:
@@ -29,8 +29,10 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", **defaults)
     demo = None
     try:
         if args.model is None:
-            # reject bad flags and a missing engine before building anything
-            check_engine(config_from_args(args, demo=placeholder_demo(), given=parser.given))
+            # reject bad flags, missing files and a missing engine before building anything
+            placeholder = config_from_args(args, demo=placeholder_demo(), given=parser.given)
+            check_paths(placeholder)
+            check_engine(placeholder)
             if args.reward_type == "code":
                 from coati.demo.code_demo import ensure_code_demo_assets as ensure_assets
             else:
@@ -96,8 +98,9 @@ def ppo_main(argv: list[str] | None = None, prog: str = "coati ppo") -> int:
 def placeholder_demo():
     """Stands in for the demo assets while the flags are checked, so bad flags fail before the (cached) build."""
     from coati.demo.math_demo import DemoAssets
+    from coati.launcher.preflight import PLACEHOLDER
 
-    return DemoAssets(model_dir="<demo>", train_path="<demo>", eval_path="<demo>", report={})
+    return DemoAssets(model_dir=PLACEHOLDER, train_path=PLACEHOLDER, eval_path=PLACEHOLDER, report={})
 
 
 if __name__ == "__main__":

@@ -14,6 +14,23 @@ from coati.config.ppo import PPOConfig
 from coati.config.tree import RLConfig
 
 
+# What stands for a path that is built later (the embedded demo's model and data) while the flags are checked.
+PLACEHOLDER = "<demo>"
+
+
+def check_paths(config: RLConfig, models: bool = True) -> None:
+    """Every data file (and with ``models`` every model directory) the options name exists: one line naming the
+    flag, before the demo's assets or any model is built (check_inputs then reads them in full)."""
+    d, ppo = config.data, config.algo.ppo
+    named = [("-d/--dataset", d.train_path)]
+    named += [(f"-ed/--eval-dataset task {name!r}", path) for name, path in d.eval_paths.items()]
+    if models:
+        named += [("-m/--model", config.model.path), ("--reward-model", ppo.reward_model),
+                  ("--critic-model", ppo.critic_model)]
+    for flag, path in named:
+        require(path in (None, PLACEHOLDER) or os.path.exists(path), f"{flag} not found: {path}")
+
+
 def check_engine(config: RLConfig) -> None:
     """-b vllm: the engine this machine would start, checked before any build or actor."""
     if config.parallel.backend != "vllm":

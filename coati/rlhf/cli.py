@@ -26,6 +26,23 @@ DESCRIPTIONS = {
 }
 
 
+def check_model_dir(path: str) -> None:
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ConfigError(f"model directory not found or without config.json: {path} "
+                          "(pass -m/--model a directory written by save_pretrained)")
+
+
+def check_given_inputs(config: StageConfig) -> None:
+    """The model directory and every row of the files the options name, before the embedded model or data is
+    built."""
+    from coati.rlhf.stage import load_stage_rows
+
+    if config.model is not None:
+        check_model_dir(config.model)
+    if config.dataset is not None:
+        load_stage_rows(config, config.dataset, config.eval_dataset)
+
+
 def resolve_inputs(config: StageConfig, log=print) -> tuple[str, str, str | None]:
     """(model directory, training file, held-out file or None); builds the embedded model / data when not given."""
     model_path = config.model
@@ -33,9 +50,7 @@ def resolve_inputs(config: StageConfig, log=print) -> tuple[str, str, str | None
         from coati.demo.math_demo import ensure_base_model, ensure_demo_assets
 
         model_path = ensure_base_model() if config.stage == "sft" else ensure_demo_assets(log=log).model_dir
-    if not os.path.isfile(os.path.join(model_path, "config.json")):
-        raise ConfigError(f"model directory not found or without config.json: {model_path} "
-                          "(pass -m/--model a directory written by save_pretrained)")
+    check_model_dir(model_path)
     train_path, eval_path = config.dataset, config.eval_dataset
     if train_path is None:
         from coati.rlhf.dummy import write_dummy_data
@@ -52,8 +67,10 @@ def run(cls, argv: list[str] | None, prog: str) -> int:
     try:
         config = parse(cls, argv, prog, DESCRIPTIONS[cls.stage])
         validate(config)
+        check_given_inputs(config)  # the user's model and rows, before the embedded ones are built
         model_path, train_path, eval_path = resolve_inputs(config)
-        load_stage_rows(config, train_path, eval_path)  # every row checked before any model is built
+        if config.dataset is None:
+            load_stage_rows(config, train_path, eval_path)  # the generated rows, before any model is trained
     except (ConfigError, ConfigFileError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

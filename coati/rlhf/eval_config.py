@@ -105,13 +105,16 @@ def check_inputs(config: EvalConfig, log=print) -> Inputs:
         problem = reward_model_problem(config.reward_model)
         require(problem is None, problem)
     model, dataset = config.model, config.dataset
+    row_format = RowFormat(reward_type=config.reward_type, label_key=config.label_key)
+    # the user's rows are read before the embedded model is built
+    examples = None if dataset is None else load_prompts(dataset, row_format, config.input_key)
     if embedded or dataset is None:
         from coati.demo.math_demo import ensure_demo_assets
 
         demo = ensure_demo_assets(log=log)
         model, dataset = model or demo.model_dir, dataset or demo.eval_path
-    examples = load_prompts(dataset, RowFormat(reward_type=config.reward_type, label_key=config.label_key),
-                            config.input_key)
+    if examples is None:
+        examples = load_prompts(dataset, row_format, config.input_key)
     if config.num_prompts:
         examples = examples[: config.num_prompts]
     return Inputs(model, dataset, examples, config.output or default_output(model, dataset, embedded))

@@ -4,7 +4,7 @@ The YAML file::
 
     save_dir: runs            # every stage writes under <save_dir>/<project>/<stage>/
     project: rlhf
-    model: path/to/base       # the model SFT starts from (default: the embedded tiny model, untrained)
+    model: path/to/base       # the model the first stage starts from (default: the embedded tiny model, untrained)
     stages: [sft, rm, ppo]    # a subset runs those alone; a later stage then needs its inputs given
     sft: {dataset: sft.jsonl, eval_dataset: sft_eval.jsonl, epochs: 1, ...}        # `coati sft` options
     rm:  {dataset: pairs.jsonl, eval_dataset: pairs_eval.jsonl, ...}               # `coati rm` options
@@ -127,10 +127,8 @@ def stage_config(plan: Plan, stage: str):
         values = check_values(cls, values, f"section {stage!r}")
     except ConfigFileError as err:
         raise PipelineError(str(err)) from None
-    if stage == "sft":
-        values.setdefault("model", plan.model)
-    elif "sft" in plan.stages:
-        values.setdefault("model", plan.output("sft"))
+    # the top-level model: starts whichever supervised stage comes first
+    values.setdefault("model", plan.output("sft") if stage == "rm" and "sft" in plan.stages else plan.model)
     values.setdefault("save_dir", os.path.join(plan.save_dir, plan.project))
     values.setdefault("project", stage)
     config = construct(cls, {**defaults(cls), **values})
@@ -159,7 +157,7 @@ def ppo_config(plan: Plan, check_files: bool):
     """The checked RLConfig of the PPO section: `coati ppo` with these options (``-a PPO`` below them)."""
     from coati.config.cli import RLOptions, config_from_dict
     from coati.config.errors import ConfigError
-    from coati.launcher.preflight import check_inputs
+    from coati.launcher.preflight import check_inputs, check_paths
     from coati.utils.dataclass_cli import ConfigFileError, key_index, unknown_key_hint
 
     values = ppo_values(plan)
@@ -172,8 +170,10 @@ def ppo_config(plan: Plan, check_files: bool):
         raise PipelineError("section 'ppo' needs model: (the policy to train) when the pipeline has no sft stage")
     try:
         config = config_from_dict(values, defaults={"algo": "PPO"}, source="section 'ppo'")
-        if check_files:  # the models an earlier stage writes are not there before it ran
+        if check_files:
             check_inputs(config)
+        else:  # the models an earlier stage writes are not there before it ran; the data files are
+            check_paths(config, models=False)
     except ConfigFileError as err:
         raise PipelineError(str(err)) from None
     except ConfigError as err:
@@ -193,10 +193,12 @@ class PipelineResult:
 
 def run_pipeline(plan: Plan, log=print) -> PipelineResult:
     """Check every stage, then run them in order."""
-    from coati.rlhf.cli import resolve_inputs
+    from coati.rlhf.cli import check_model_dir, resolve_inputs
     from coati.rlhf.stage import load_stage_rows, run_stage
 
     start = time.time()
+    if plan.model is not None:  # the first stage's model, before any stage trains
+        check_model_dir(plan.model)
     configs = {stage: stage_config(plan, stage) for stage in ("sft", "rm") if stage in plan.stages}
     for stage, config in configs.items():  # rows are checked now; a model made by an earlier stage is not there yet
         if config.dataset is None:
