@@ -7,6 +7,10 @@ from dataclasses import dataclass
 
 from coati.utils.dataclass_cli import option
 
+# Periodic checkpoints by default, so that a stopped run loses at most this many steps (--resume latest); the
+# embedded demo's (a 2 MB model) cost well under a second each.
+SAVE_INTERVAL = 50
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -17,8 +21,9 @@ class RunConfig:
                                resolved=True)
     seed: int = option(42, "seed for sampling, data order and initialisation")
     save_dir: str = option("runs", "run outputs: <save-dir>/<project>/{metrics.jsonl,step_N/,eval/}", "-sd")
-    save_interval: int = option(0, "also save a checkpoint (HF model + trainer state, resumable) every N steps "
-                                   "(0: only at the end)", "-si")
+    save_interval: int = option(SAVE_INTERVAL, "save a checkpoint (HF model + trainer state, resumable with "
+                                               "--resume latest) every N steps, and at the end (0: only at the end)",
+                                "-si")
     eval_interval: int = option(
         0, "also evaluate every N trained steps (a separate evaluator actor, on a snapshot of the trainer's weights "
            "after exactly that step, while training goes on); step 0 and the end are always evaluated. Every -ed "

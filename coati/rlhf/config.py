@@ -33,7 +33,7 @@ class StageConfig(TrainerLayout):
     save_dir: str = option("runs", "run outputs: <save-dir>/<project>/{metrics.jsonl,final/}", "-sd")
     epochs: int = option(1, "passes over the training rows", "-e", "--num-episodes")
     batch_size: int = option(32, "rows per optimizer step, all data-parallel trainers together", "-bs")
-    micro_batch_size: int = option(8, "rows per forward/backward on one trainer", "-tmbs")
+    micro_batch_size: int = option(8, "rows per forward/backward on one trainer", "-tmbs", "--train-microbatch-size")
     learning_rate: float | None = option(None, "AdamW learning rate (default: 1e-3 sft / 5e-4 rm on the embedded "
                                                "model, else 2e-5 sft / 9e-6 rm)", "-lr")
     max_grad_norm: float = option(1.0, "gradient clipping (0: off)")
@@ -85,7 +85,7 @@ class SFTConfig(StageConfig):
 class RMConfig(StageConfig):
     batch_size: int = option(32, "preference pairs per optimizer step, all data-parallel trainers together", "-bs")
     micro_batch_size: int = option(8, "preference pairs per forward/backward on one trainer (2 sequences each)",
-                                   "-tmbs")
+                                   "-tmbs", "--train-microbatch-size")
     stage = "rm"
 
     @property

@@ -157,7 +157,7 @@ def ppo_config(plan: Plan, check_files: bool):
     """The checked RLConfig of the PPO section: `coati ppo` with these options (``-a PPO`` below them)."""
     from coati.config.cli import RLOptions, config_from_dict
     from coati.config.errors import ConfigError
-    from coati.launcher.preflight import check_inputs, check_paths
+    from coati.launcher.preflight import check_inputs
     from coati.utils.dataclass_cli import ConfigFileError, key_index, unknown_key_hint
 
     values = ppo_values(plan)
@@ -170,10 +170,8 @@ def ppo_config(plan: Plan, check_files: bool):
         raise PipelineError("section 'ppo' needs model: (the policy to train) when the pipeline has no sft stage")
     try:
         config = config_from_dict(values, defaults={"algo": "PPO"}, source="section 'ppo'")
-        if check_files:
+        if check_files:  # the models an earlier stage writes are not there before it ran
             check_inputs(config)
-        else:  # the models an earlier stage writes are not there before it ran; the data files are
-            check_paths(config, models=False)
     except ConfigFileError as err:
         raise PipelineError(str(err)) from None
     except ConfigError as err:
@@ -204,8 +202,14 @@ def run_pipeline(plan: Plan, log=print) -> PipelineResult:
         if config.dataset is None:
             raise PipelineError(f"section {stage!r} needs dataset: (or run `coati rlhf --dummy`)")
         load_stage_rows(config, config.dataset, config.eval_dataset)
-    if "ppo" in plan.stages:
-        ppo_config(plan, check_files=False)
+    if "ppo" in plan.stages:  # its data files now; the models the earlier stages write are not there yet
+        from coati.config.errors import ConfigError
+        from coati.launcher.preflight import check_paths
+
+        try:
+            check_paths(ppo_config(plan, check_files=False), models=False)
+        except ConfigError as err:
+            raise PipelineError(f"section 'ppo': {err}") from None
     result = PipelineResult()
     for stage in ("sft", "rm"):
         if stage in plan.stages:
