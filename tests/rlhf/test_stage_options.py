@@ -13,7 +13,7 @@ from coati.utils.dataclass_cli import ConfigFileError, build_parser, parse
 def test_flags_come_from_the_dataclass_with_short_aliases():
     parser = build_parser(SFTConfig, "coati sft", "")
     flags = {tuple(action.option_strings) for action in parser._actions}
-    for pair in (("-lr", "--learning-rate"), ("-bs", "--batch-size"), ("-tmbs", "--micro-batch-size"),
+    for pair in (("-lr", "--learning-rate"), ("-bs", "--batch-size"), ("-tmbs", "--micro-batch-size", "--train-microbatch-size"),
                  ("-t", "--num-trainers"), ("-zero", "--zero-stage"), ("-m", "--model"), ("-d", "--dataset"),
                  ("--config",), ("--progress", "--no-progress", "--progress-bar", "--no-progress-bar"), ("--max-grad-norm",)):
         assert pair in flags, pair
