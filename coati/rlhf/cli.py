@@ -36,7 +36,9 @@ def check_given_inputs(config: StageConfig) -> None:
     """The model directory and every row of the files the options name, before the embedded model or data is
     built."""
     from coati.rlhf.stage import load_stage_rows
+    from coati.rlhf.stage_checkpoint import resume_point
 
+    resume_point(config)
     if config.model is not None:
         check_model_dir(config.model)
     if config.dataset is not None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from coati.config.errors import ConfigError, require
 
 from coati.config.layout import PLUGIN_FAMILIES, TrainerLayout
+from coati.config.run import SAVE_INTERVAL
 from coati.utils.dataclass_cli import option
 
 # Defaults that differ between the embedded demo (no --model) and a user's model (TRL/OpenRLHF-like values).
@@ -42,6 +43,12 @@ class StageConfig(TrainerLayout):
     system_prompt: str = option("", "system prompt added to every prompt (chat-template models)", "-s")
     seed: int = option(42, "seed for initialisation, data order and the held-out split")
     eval_interval: int = option(0, "also evaluate every N steps (0: before and after training only)", "-ei")
+    save_interval: int = option(SAVE_INTERVAL, "save a checkpoint (trainer state, resumable with --resume latest) "
+                                               "every N steps, replacing the previous one (0: none; the final "
+                                               "model is always written)", "-si")
+    resume: str | None = option(None, "continue from a step_N checkpoint of this stage (or the newest under "
+                                      "<save-dir>/<project>); the layout (-t/-tp/-pp/-zero) may differ",
+                                metavar="PATH|latest")
     num_trainers: int = option(1, "trainer processes forming one torch.distributed group", "-t")
     tensor_parallel_size: int = option(1, "trainer tensor parallelism", "-tp")
     pipeline_parallel_size: int = option(1, "trainer pipeline parallelism", "-pp")
@@ -107,6 +114,7 @@ def validate(config: StageConfig) -> None:
     require(config.max_grad_norm >= 0, f"--max-grad-norm must be >= 0 (0: off), got {config.max_grad_norm}")
     require(0 <= config.eval_fraction < 1, f"--eval-fraction must lie in [0, 1), got {config.eval_fraction}")
     require(config.eval_interval >= 0, f"-ei/--eval-interval must be >= 0, got {config.eval_interval}")
+    require(config.save_interval >= 0, f"-si/--save-interval must be >= 0 (0: none), got {config.save_interval}")
     model_parallel = config.mesh_shape.model_parallel_size
     require(config.num_trainers % model_parallel == 0,
              f"-t ({config.num_trainers}) must be a multiple of tp*pp ({model_parallel}): change -t, -tp or -pp")

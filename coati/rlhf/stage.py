@@ -157,6 +157,14 @@ class StageTrainer:
             self.tokenizer.save_pretrained(path)
         return path
 
+    def save_state(self, path: str) -> None:
+        """Collective: this rank's shards of the trainer state (parameters, optimizer) into ``path``."""
+        self.plugin.save_state(path)
+
+    def load_state(self, path: str) -> None:
+        """Collective, after setup: the trainer state ``save_state`` wrote, in any layout the plugin reads."""
+        self.plugin.load_state(path)
+
     def full_state(self) -> dict[str, torch.Tensor]:
         return {name: tensor.clone() for name, tensor in self.plugin.named_full_tensors()}
 
@@ -217,50 +225,39 @@ class _Group:
 
 
 def run_stage(config: StageConfig, train_path: str, eval_path: str | None, model_path: str, log=print) -> StageResult:
-    """Train the stage and save the final model; metrics go to <run_dir>/metrics.jsonl."""
+    """Train the stage (from ``--resume``'s checkpoint when given) and save the final model; metrics go to
+    <run_dir>/metrics.jsonl."""
     from tqdm import tqdm
 
+    from coati.rlhf import stage_checkpoint
+    from coati.trainer.checkpointing import trim_metrics
     from coati.utils.metrics import MetricsLogger
 
     start = time.time()
     if log is print:  # lines printed while the progress bar is up go above it
         log = tqdm.write
+    resume = stage_checkpoint.resume_point(config)
     os.makedirs(config.run_dir, exist_ok=True)
-    logger = MetricsLogger(config.run_dir, config.project or config.stage, asdict(config), log=log)
-    metrics_path = logger.path
+    if resume and trim_metrics(config.run_dir, stage_checkpoint.read_state(resume)["step"]):
+        log("metrics.jsonl: dropped the rows after the checkpoint's step, which this resumed run redoes")
+    logger = MetricsLogger(config.run_dir, config.project or config.stage, asdict(config), log=log,
+                           resume=bool(resume))
     group = None
     try:
         group = _Group(config, train_path, eval_path, model_path)
         info = group.info
-        log(f"{config.stage}: {info['train_rows']} training rows, {info['eval_rows']} held out"
-            + (f", {info['skipped_too_long']} skipped as longer than -ml {config.max_length}"
-               if info["skipped_too_long"] else "") + f"; {info['steps']} steps on {config.plugin_name} "
-            f"x{config.num_trainers}")
-        if info["steps"] == 0:
-            raise ConfigError(f"{train_path}: {info['train_rows']} usable training rows, fewer than one batch of "
-                              f"-tbs {config.batch_size}; lower -tbs or add rows")
+        _check_start(config, info, train_path, log)
 
         def evaluate(step: int) -> dict:
-            result = next((r for r in group.call("evaluate") if r is not None), None) or {}
-            if result:
-                # kind "eval" rows name metrics without the prefix (coati plot draws their accuracy)
-                logger.log(step, {"task": config.stage, "mode": "held_out",
-                                  **{k.removeprefix("eval_"): v for k, v in result.items()}}, kind="eval")
-                log(f"eval step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in result.items()))
-            return result
+            return _evaluate(group, config, logger, log, step)
 
-        before = evaluate(0)
-        losses = []
-        bar = tqdm(total=info["steps"], desc=config.stage, disable=not config.progress_bar, leave=False)
-        for step in range(info["steps"]):
-            row = group.call("step", step)[0]
-            losses.append(row["loss"])
-            logger.log(step + 1, row)
-            bar.update(1)
-            bar.set_postfix(loss=f"{row['loss']:.4f}")
-            if config.eval_interval and (step + 1) % config.eval_interval == 0 and step + 1 < info["steps"]:
-                evaluate(step + 1)
-        bar.close()
+        if resume:
+            state = stage_checkpoint.restore(group, resume)
+            log(f"resuming from {resume}: step {state['step']} of {info['steps']}")
+            first, before = state["step"], state["before"]
+        else:
+            first, before = 0, evaluate(0)
+        _train(group, config, info["steps"], logger, evaluate, first, before)
         after = evaluate(info["steps"])
         model_dir = os.path.join(config.run_dir, "final")
         group.call("save_pretrained", model_dir)
@@ -271,4 +268,52 @@ def run_stage(config: StageConfig, train_path: str, eval_path: str | None, model
         if group is not None:
             group.close()
         logger.close()
-    return StageResult(info["steps"], before, after, losses, model_dir, metrics_path, info, time.time() - start)
+    losses = stage_checkpoint.earlier_losses(logger.path)  # a resumed run's too
+    return StageResult(info["steps"], before, after, losses, model_dir, logger.path, info, time.time() - start)
+
+
+def _check_start(config: StageConfig, info: dict, train_path: str, log) -> None:
+    log(f"{config.stage}: {info['train_rows']} training rows, {info['eval_rows']} held out"
+        + (f", {info['skipped_too_long']} skipped as longer than -ml {config.max_length}"
+           if info["skipped_too_long"] else "") + f"; {info['steps']} steps on {config.plugin_name} "
+        f"x{config.num_trainers}")
+    if info["steps"] == 0:
+        raise ConfigError(f"{train_path}: {info['train_rows']} usable training rows, fewer than one batch of "
+                          f"-bs {config.batch_size}; lower -bs or add rows")
+
+
+def _evaluate(group: _Group, config: StageConfig, logger, log, step: int) -> dict:
+    result = next((r for r in group.call("evaluate") if r is not None), None) or {}
+    if result:
+        # kind "eval" rows name metrics without the prefix (coati plot draws their accuracy)
+        logger.log(step, {"task": config.stage, "mode": "held_out",
+                          **{k.removeprefix("eval_"): v for k, v in result.items()}}, kind="eval")
+        log(f"eval step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in result.items()))
+    return result
+
+
+def _train(group: _Group, config: StageConfig, steps: int, logger, evaluate, first: int, before: dict) -> None:
+    """Steps ``first`` .. ``steps`` - 1, with evaluations and checkpoints (-ei, -si) between them; a new
+    checkpoint replaces the previous one (the final model is written after the loop)."""
+    import shutil
+
+    from tqdm import tqdm
+
+    from coati.rlhf import stage_checkpoint
+
+    previous = None
+    bar = tqdm(total=steps, initial=first, desc=config.stage, disable=not config.progress_bar, leave=False)
+    for step in range(first, steps):
+        row = group.call("step", step)[0]
+        logger.log(step + 1, row)
+        bar.update(1)
+        bar.set_postfix(loss=f"{row['loss']:.4f}")
+        done = step + 1
+        if config.eval_interval and done % config.eval_interval == 0 and done < steps:
+            evaluate(done)
+        if config.save_interval and done % config.save_interval == 0 and done < steps:
+            path = stage_checkpoint.save(group, config, done, before)
+            if previous is not None and previous != path:
+                shutil.rmtree(previous, ignore_errors=True)
+            previous = path
+    bar.close()

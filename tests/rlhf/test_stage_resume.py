@@ -1,0 +1,67 @@
+"""``coati sft`` / ``coati rm`` checkpoints: every -si steps (the newest kept), and --resume (a path or latest)
+continues to the same weights an uninterrupted run reaches; a checkpoint of other batch options is one line."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+
+import pytest
+import torch
+
+from coati import cli
+from coati.rlhf.config import SFTConfig
+from coati.rlhf.dummy import write_dummy_data
+from coati.rlhf.stage import run_stage
+from coati.utils.checkpoint import list_checkpoints
+
+
+@pytest.fixture(autouse=True)
+def no_wandb(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+
+
+def weights(model_dir: str) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+
+
+def test_a_resumed_sft_run_ends_where_an_uninterrupted_one_does(tiny_model_dir, tmp_path):
+    data = write_dummy_data(str(tmp_path / "data"), num_sft=96, num_pairs=8, num_eval=8)
+    config = SFTConfig(model=tiny_model_dir, dataset=data["sft"], eval_dataset=data["sft_eval"],
+                       save_dir=str(tmp_path / "runs"), project="whole", batch_size=16, micro_batch_size=16,
+                       learning_rate=1e-3, save_interval=2, progress_bar=False)
+    whole = run_stage(config, config.dataset, config.eval_dataset, config.model, log=lambda line: None)
+    assert whole.steps == 6
+    assert [step for step, _ in list_checkpoints(config.run_dir)] == [4]  # every 2 steps, the newest kept
+    # a run stopped after step 4: its checkpoint copied into a fresh run directory
+    stopped = dataclasses.replace(config, project="stopped")
+    os.makedirs(stopped.run_dir)
+    shutil.copytree(os.path.join(config.run_dir, "step_4"), os.path.join(stopped.run_dir, "step_4"))
+    resumed = run_stage(dataclasses.replace(stopped, resume="latest"), config.dataset, config.eval_dataset,
+                        config.model, log=lambda line: None)
+    expected, got = weights(whole.model_dir), weights(resumed.model_dir)
+    assert all(torch.allclose(expected[name], got[name], atol=1e-6) for name in expected)
+    assert resumed.before == whole.before  # the held-out metrics before training travel with the checkpoint
+
+
+def test_resume_problems_are_one_line_before_any_model(tmp_path, capsys, monkeypatch):
+    from coati.demo import math_demo
+
+    monkeypatch.setattr(math_demo, "ensure_base_model", lambda *a, **k: pytest.fail("built a model"))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["sft", "--resume", "latest", "-sd", str(tmp_path)]) == 2
+    assert "--resume latest: no complete checkpoint under" in capsys.readouterr().err
+    from coati.rlhf import stage_checkpoint
+
+    class Group:
+        def call(self, *args):
+            return None
+
+    config = SFTConfig(save_dir=str(tmp_path), batch_size=16)
+    stage_checkpoint.save(Group(), config, 2, {})
+    assert cli.main(["sft", "--resume", "latest", "-sd", str(tmp_path), "-bs", "8", "-tmbs", "8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "must keep the options that choose its batches; changed: batch_size 16 -> 8" in err and "\n" not in err
