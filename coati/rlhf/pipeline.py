@@ -24,6 +24,7 @@ correct sum is the preferred answer), with settings sized for 2 CPU cores (``DUM
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -57,9 +58,21 @@ class Plan:
     model: str | None = None
     stages: tuple[str, ...] = STAGES
     sections: dict = field(default_factory=dict)  # stage -> its options as given
+    resume: bool = False  # skip the stages whose model is written, continue the one that stopped
 
     def stage_dir(self, stage: str) -> str:
         return os.path.join(self.save_dir, self.project, stage)
+
+    def done(self, stage: str) -> bool:
+        """Whether a supervised stage finished: its final model and the stage_config.json written after it."""
+        return all(os.path.isfile(os.path.join(self.stage_dir(stage), *name))
+                   for name in (("final", "config.json"), ("stage_config.json",)))
+
+    def stopped_in(self, stage: str) -> bool:
+        """Whether a stage left a checkpoint to continue from."""
+        from coati.utils.checkpoint import list_checkpoints
+
+        return bool(list_checkpoints(self.stage_dir(stage)))
 
     def output(self, stage: str) -> str:
         """The model a stage leaves: SFT and RM their ``final``, PPO its last ``step_N`` (resolved after the run)."""
@@ -150,6 +163,8 @@ def ppo_values(plan: Plan) -> dict:
     values.setdefault("system_prompt", supervised.get("system_prompt", ""))
     values.setdefault("save_dir", os.path.join(plan.save_dir, plan.project))
     values.setdefault("project", "ppo")
+    if plan.resume and plan.stopped_in("ppo"):
+        values.setdefault("resume", "latest")
     return values
 
 
@@ -212,10 +227,17 @@ def run_pipeline(plan: Plan, log=print) -> PipelineResult:
             raise PipelineError(f"section 'ppo': {err}") from None
     result = PipelineResult()
     for stage in ("sft", "rm"):
-        if stage in plan.stages:
-            log(f"== {stage}")
-            model_path, train_path, eval_path = resolve_inputs(configs[stage], log=log)
-            setattr(result, stage, run_stage(configs[stage], train_path, eval_path, model_path, log=log))
+        if stage not in plan.stages:
+            continue
+        if plan.resume and plan.done(stage):
+            log(f"== {stage}: done ({plan.output(stage)}); delete {plan.stage_dir(stage)} to train it again")
+            continue
+        log(f"== {stage}")
+        config = configs[stage]
+        if plan.resume and plan.stopped_in(stage):
+            config = dataclasses.replace(config, resume="latest")
+        model_path, train_path, eval_path = resolve_inputs(config, log=log)
+        setattr(result, stage, run_stage(config, train_path, eval_path, model_path, log=log))
     if "ppo" in plan.stages:
         from coati.launcher.rl import run
 
@@ -287,9 +309,13 @@ def main(argv: list[str] | None = None, prog: str = "coati rlhf") -> int:
                         help="the quickstart: generated addition data, the embedded tiny model, all three stages")
     parser.add_argument("-sd", "--save-dir", default="runs", help="--dummy: outputs under <save-dir>/<project>/")
     parser.add_argument("-p", "--project", default="rlhf", help="--dummy: the pipeline's name")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue a stopped pipeline: stages whose model is written are skipped, the stage that "
+                             "stopped continues from its newest checkpoint (-si)")
     args = parser.parse_args(argv)
     try:
         plan = read_plan(args.config) if args.config else dummy_plan(args.save_dir, args.project)
+        plan.resume = args.resume
         result = run_pipeline(plan)
     except (PipelineError, ConfigError, ConfigFileError) as err:
         print(f"error: {err}", file=sys.stderr)

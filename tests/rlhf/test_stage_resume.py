@@ -65,3 +65,37 @@ def test_resume_problems_are_one_line_before_any_model(tmp_path, capsys, monkeyp
     assert cli.main(["sft", "--resume", "latest", "-sd", str(tmp_path), "-bs", "8", "-tmbs", "8"]) == 2
     err = capsys.readouterr().err.strip()
     assert "must keep the options that choose its batches; changed: batch_size 16 -> 8" in err and "\n" not in err
+
+
+def test_the_pipeline_resumes_from_the_stage_it_stopped_in(tmp_path, monkeypatch):
+    import json
+
+    from coati.rlhf import pipeline, stage_checkpoint
+    from coati.rlhf.pipeline import Plan, ppo_values
+
+    data = write_dummy_data(str(tmp_path / "data"), num_sft=64, num_pairs=64, num_eval=8)
+    plan = Plan(save_dir=str(tmp_path), project="p", stages=("sft", "rm"), resume=True,
+                sections={"sft": {"dataset": data["sft"]}, "rm": {"dataset": data["preferences"], "batch_size": 16},
+                          "ppo": {}})
+    final = os.path.join(plan.stage_dir("sft"), "final")  # sft finished
+    os.makedirs(final)
+    for path in (os.path.join(final, "config.json"), os.path.join(plan.stage_dir("sft"), "stage_config.json")):
+        with open(path, "w") as handle:
+            json.dump({}, handle)
+
+    class Group:
+        def call(self, *args):
+            return None
+
+    rm = pipeline.stage_config(plan, "rm")  # rm stopped after its step 2
+    stage_checkpoint.save(Group(), rm, 2, {})
+    trained = []
+    monkeypatch.setattr("coati.rlhf.stage.run_stage", lambda config, *args, **kwargs: trained.append(config))
+    monkeypatch.setattr("coati.rlhf.cli.resolve_inputs", lambda config, log=None: ("m", "t", None))
+    pipeline.run_pipeline(plan, log=lambda line: None)
+    assert [(config.stage, config.resume) for config in trained] == [("rm", "latest")]
+    assert ppo_values(plan).get("resume") is None  # no ppo checkpoint: a fresh start
+    plan.resume = False
+    trained.clear()
+    pipeline.run_pipeline(plan, log=lambda line: None)
+    assert [(config.stage, config.resume) for config in trained] == [("sft", None), ("rm", None)]
