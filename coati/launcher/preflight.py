@@ -27,6 +27,8 @@ def check_paths(config: RLConfig, models: bool = True) -> None:
     if models:
         named += [("-m/--model", config.model.path), ("--reward-model", ppo.reward_model),
                   ("--critic-model", ppo.critic_model)]
+    if config.run.resume not in (None, "latest"):
+        named.append(("--resume", config.run.resume))
     for flag, path in named:
         require(path in (None, PLACEHOLDER) or os.path.exists(path), f"{flag} not found: {path}")
 

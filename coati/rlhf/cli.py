@@ -43,6 +43,8 @@ def check_given_inputs(config: StageConfig) -> None:
         check_model_dir(config.model)
     if config.dataset is not None:
         load_stage_rows(config, config.dataset, config.eval_dataset)
+    elif config.eval_dataset is not None and not os.path.exists(config.eval_dataset):
+        raise ConfigError(f"-ed/--eval-dataset not found: {config.eval_dataset}")
 
 
 def resolve_inputs(config: StageConfig, log=print) -> tuple[str, str, str | None]:

@@ -37,6 +37,8 @@ def builders(monkeypatch):
     (["sft", "-d", "nothing.jsonl"], "dataset file not found: nothing.jsonl"),
     (["rm", "-d", "nothing.jsonl"], "dataset file not found: nothing.jsonl"),
     (["sft", "-m", "no/such/model"], "model directory not found or without config.json: no/such/model"),
+    (["sft", "-ed", "gone.jsonl"], "-ed/--eval-dataset not found: gone.jsonl"),
+    (["train", "--resume", "runs/demo/step_9"], "--resume not found: runs/demo/step_9"),
     (["evaluate", "-d", "nothing.jsonl"], "dataset file not found: nothing.jsonl"),
     (["train", "-d", "nothing.jsonl"], "-d/--dataset not found: nothing.jsonl"),
     (["train", "-rt", "code", "-d", "nothing.jsonl"], "-d/--dataset not found: nothing.jsonl"),
