@@ -99,3 +99,34 @@ def test_the_pipeline_resumes_from_the_stage_it_stopped_in(tmp_path, monkeypatch
     trained.clear()
     pipeline.run_pipeline(plan, log=lambda line: None)
     assert [(config.stage, config.resume) for config in trained] == [("sft", None), ("rm", None)]
+
+
+@pytest.mark.e2e
+def test_a_reward_model_checkpoint_of_fsdp2_x2_resumes_in_one_process(tiny_model_dir, tmp_path):
+    """Ray actors write their shards; one process reads them back (another layout) and ends where the two-rank
+    run ended."""
+    import ray
+    from transformers import AutoModelForSequenceClassification
+
+    from coati.rlhf.config import RMConfig
+
+    data = write_dummy_data(str(tmp_path / "data"), num_sft=8, num_pairs=48, num_eval=8)
+    config = RMConfig(model=tiny_model_dir, dataset=data["preferences"], save_dir=str(tmp_path / "runs"),
+                      project="two", batch_size=8, micro_batch_size=4, eval_fraction=0, learning_rate=1e-4,
+                      save_interval=4, num_trainers=2, zero_stage=2, progress_bar=False)
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        whole = run_stage(config, config.dataset, None, config.model, log=lambda line: None)
+    finally:
+        ray.shutdown()
+    assert whole.steps == 6 and [step for step, _ in list_checkpoints(config.run_dir)] == [4]
+    one = dataclasses.replace(config, project="one", num_trainers=1, zero_stage=0,
+                              resume=os.path.join(config.run_dir, "step_4"))
+    resumed = run_stage(one, config.dataset, None, config.model, log=lambda line: None)
+
+    def params(path):
+        return dict(AutoModelForSequenceClassification.from_pretrained(path).named_parameters())
+
+    expected, got = params(whole.model_dir), params(resumed.model_dir)
+    diff = max(float((expected[name] - got[name]).abs().max()) for name in expected)
+    assert diff <= 1e-5, diff
