@@ -6,12 +6,18 @@ from dataclasses import dataclass
 
 from coati.utils.dataclass_cli import option
 
+# --env names that, without --model, run the tool demo (coati/demo/tool_demo.py): its model and its task; the
+# second is its control, whose tool always fails.
+TOOL_DEMO_ENVS = ("tool_demo", "tool_demo_off")
+
 
 @dataclass(frozen=True)
 class EnvConfig:
     env: str | None = option(
-        None, "multi-turn episodes with an environment: a registered name (python_tool) or path/to/env.py:ClassName "
-              "(default: off, one completion per sample)", flag="--env")
+        None, "multi-turn episodes with an environment: a registered name (python_tool, tool_demo, tool_demo_off) or "
+              "path/to/env.py:ClassName (default: off, one completion per sample); without --model, tool_demo runs the "
+              "tool demo (a tiny model learns to call a multiply tool) and tool_demo_off its control (the tool always "
+              "fails)", flag="--env")
     max_turns: int = option(4, "model turns per episode at most (with --env)")
     max_tool_calls: int = option(4, "tool calls per episode at most; one more ends the episode uncalled (with --env)")
     max_episode_tokens: int = option(

@@ -119,11 +119,13 @@ class EvalSchedule:
     def _record(self, step: int, task: str, mode: str, out: dict, on_sync: bool) -> None:
         summary = {"accuracy": out["accuracy"], "format_rate": out["format_rate"], "mean_reward": out["mean_reward"],
                    **({"rm_score": out["rm_score"]} if "rm_score" in out else {}),  # -a PPO: the reward model's
+                   **({"tool_use_rate": out["tool_use_rate"]} if "tool_use_rate" in out else {}),  # --env
                    "count": out["count"], "version": out["version"], "on_sync": on_sync}
         name = self.writer.write(step, task, mode, out["records"], summary)
         self.logger.log(step, {"task": task, "mode": mode, **summary, "file": name}, kind="eval")
         self.accuracy.setdefault(step, {})[f"{task}/{mode}"] = out["accuracy"]
         where = f"weights v{out['version']}" + ("" if on_sync else f" + training to step {step}")
         score = f" reward-model score {out['rm_score']:.3f}" if "rm_score" in out else ""
+        score += f" tool use {out['tool_use_rate']:.3f}" if "tool_use_rate" in out else ""
         self.log(f"eval step {step} {task}/{mode}: accuracy {out['accuracy']:.3f} format {out['format_rate']:.3f}"
                  f"{score} (n={out['count']}, {where})")

@@ -112,7 +112,44 @@ class PythonToolEnv(ToolEnv):
         return [make_python_tool()]
 
 
-ENVS: dict[str, type] = {"python_tool": PythonToolEnv}
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers exactly.
+
+    Args:
+        a: the first factor
+        b: the second factor
+    """
+    return a * b
+
+
+class MultiplyEnv(ToolEnv):
+    """The tool demo's environment (``--env tool_demo``): a ``multiply`` tool, the answer in \\boxed{}. No tool
+    description is added to the prompt: the demo's tiny model learned the call syntax in its warm start."""
+
+    tools = [multiply]
+
+    def tool_prompt(self) -> str:
+        return ""
+
+
+class MultiplyOffEnv(MultiplyEnv):
+    """The tool demo's control (``--env tool_demo_off``): the same episodes, but every call is an error."""
+
+    def make_tools(self):
+        def multiply(a: int, b: int) -> int:
+            """Multiply two integers exactly (switched off: every call fails).
+
+            Args:
+                a: the first factor
+                b: the second factor
+            """
+            raise RuntimeError("the calculator is off")
+
+        return [multiply]
+
+
+# The names of coati.config.env.TOOL_DEMO_ENVS (without --model: the tool demo's model and task) are here too.
+ENVS: dict[str, type] = {"python_tool": PythonToolEnv, "tool_demo": MultiplyEnv, "tool_demo_off": MultiplyOffEnv}
 
 
 def load_env(spec: str) -> type:

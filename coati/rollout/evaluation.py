@@ -16,11 +16,13 @@ class EvalResult:
     mean_reward: float
     records: list[dict] = field(default_factory=list)  # prompt, response, extracted answer, reward per sample
     rm_score: float | None = None  # the reward model's mean score of the responses (when one is given)
+    tool_use_rate: float | None = None  # with --env: the share of episodes that called a tool
 
     def summary(self) -> dict:
-        """The numbers an eval row logs (rm_score only with a reward model)."""
+        """The numbers an eval row logs (rm_score only with a reward model, tool_use_rate only with --env)."""
         numbers = {"accuracy": self.accuracy, "format_rate": self.format_rate, "mean_reward": self.mean_reward}
-        return numbers if self.rm_score is None else {**numbers, "rm_score": self.rm_score}
+        extras = {"rm_score": self.rm_score, "tool_use_rate": self.tool_use_rate}
+        return {**numbers, **{key: value for key, value in extras.items() if value is not None}}
 
 
 def evaluate(backend: InferenceBackend, prompts: list[list[int]], examples, scorer: RewardScorer,
@@ -84,4 +86,5 @@ def evaluate_episodes(backend, env_class, batch, params: SamplingParams, budget)
     count = max(len(records), 1)
     return EvalResult(accuracy=sum(r["correct"] for r in records) / count,
                       format_rate=sum(r["format_ok"] for r in records) / count,
-                      mean_reward=sum(r["reward"] for r in records) / count, records=records)
+                      mean_reward=sum(r["reward"] for r in records) / count, records=records,
+                      tool_use_rate=sum(any("tool_call" in t for t in r["turns"]) for r in records) / count)
