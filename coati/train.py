@@ -3,7 +3,8 @@
 With no arguments it runs the embedded demo: a tiny Qwen2 (built and warm-started locally, cached) learns
 2-digit addition with GRPO, and held-out accuracy is printed before and after. ``-rt code`` alone runs the
 code demo (coati/demo/code_demo.py): a second tiny model learns to write short stdin -> stdout programs,
-scored in the sandbox.
+scored in the sandbox. ``--env tool_demo`` alone runs the tool demo (coati/demo/tool_demo.py): a third tiny model
+learns to call a multiply tool; ``--env tool_demo_off`` is its control, with a tool that always fails.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 def main(argv: list[str] | None = None, prog: str = "rl_example.py", **defaults) -> int:
     """``defaults``: fields' defaults this command changes (``coati ppo``), below --config and the flags."""
     from coati.config.cli import build_parser, config_from_args
+    from coati.config.env import TOOL_DEMO_ENVS
     from coati.config.errors import ConfigError
     from coati.launcher.preflight import check_engine, check_inputs, check_paths
     from coati.utils.dataclass_cli import ConfigFileError
@@ -35,6 +37,8 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", **defaults)
             check_engine(placeholder)
             if args.reward_type == "code":
                 from coati.demo.code_demo import ensure_code_demo_assets as ensure_assets
+            elif args.env in TOOL_DEMO_ENVS:
+                from coati.demo.tool_demo import ensure_tool_demo_assets as ensure_assets
             else:
                 from coati.demo.math_demo import ensure_demo_assets as ensure_assets
             demo = ensure_assets()
@@ -61,7 +65,23 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", **defaults)
     for key in result.eval_after:
         before, after = result.eval_before[key], result.eval_after[key]
         print(f"held-out accuracy {key}: {before:.3f} -> {after:.3f} ({100 * (after - before):+.1f} points)")
+    print_tool_use(result.metrics_path, result.steps)
     return 0
+
+
+def print_tool_use(metrics_path: str, last_step: int) -> None:
+    """With --env: the held-out tool-use rate before and after, from the run's eval rows."""
+    import json
+
+    rates: dict[str, dict[int, float]] = {}
+    with open(metrics_path) as handle:
+        for row in map(json.loads, handle):
+            if row.get("kind") == "eval" and "tool_use_rate" in row:
+                rates.setdefault(f"{row['task']}/{row['mode']}", {})[row["step"]] = row["tool_use_rate"]
+    for key, by_step in rates.items():
+        if 0 in by_step and last_step in by_step:
+            before, after = by_step[0], by_step[last_step]
+            print(f"held-out tool-use rate {key}: {before:.3f} -> {after:.3f} ({100 * (after - before):+.1f} points)")
 
 
 def add_dry_run_flags(parser) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from coati.config.algo import AlgoConfig
 from coati.config.data import DataConfig, ModelConfig, parse_eval_datasets
+from coati.config.env import TOOL_DEMO_ENVS
 from coati.config.errors import ConfigError
 from coati.config.grpo_config import build_algo_config, grpo_config_help, grpo_keys, parse_grpo_config
 from coati.config.ppo import PPOConfig
@@ -41,10 +42,17 @@ MODEL_DEFAULTS = {"learning_rate": 1e-6, "max_new_tokens": 1024, "max_prompt_tok
 CODE_DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 16, "max_prompt_tokens": 64, "num_episodes": 2,
                       "ppo_epochs": 4, "inference_batch_size": 16, "inference_microbatch_size": 16,
                       "train_batch_size": 8, "train_minibatch_size": 8, "train_microbatch_size": 64}
+# --env tool_demo without a model: the tool demo (coati/demo/tool_demo.py). A turn is at most 9 tokens (a call,
+# or an answer with EOS); one decision (call the tool or not) is learned within ~15 steps of 32 prompts.
+TOOL_DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 12, "max_prompt_tokens": 64, "num_episodes": 1,
+                      "ppo_epochs": None, "inference_batch_size": 32, "inference_microbatch_size": 32,
+                      "train_batch_size": 32, "train_minibatch_size": 32, "train_microbatch_size": 256}
 
 DESCRIPTION = ("Distributed RL post-training (GRPO, DAPO, PG, RLOO; PPO with a critic and a reward model) over Ray. "
                "With no arguments: the embedded demo (a tiny model learns 2-digit addition on the CPU in a few minutes, no downloads); with only -rt code: "
-               "the code demo (a tiny model learns to write short stdin -> stdout programs, scored in the sandbox).")
+               "the code demo (a tiny model learns to write short stdin -> stdout programs, scored in the sandbox); "
+               "with only --env tool_demo: the tool demo (a tiny model learns to call a multiply tool for 3-digit "
+               "products; --env tool_demo_off is its control, whose tool always fails).")
 
 
 @dataclass(frozen=True)
@@ -93,9 +101,13 @@ def _situation(values: dict, demo) -> tuple[bool, dict, dict]:
         raise ConfigError("no --model given and the embedded demo assets were not built")
     reward_type = values["reward_type"]
     code = reward_type == "code"
+    tool = embedded and values["env"] in TOOL_DEMO_ENVS
     if embedded and reward_type == "think_answer_tags":
         raise ConfigError("the embedded demo model answers in \\boxed{}: use -rt boxed (or -rt code), "
                           "or pass -m/--model and -d/--dataset")
+    if tool and code:
+        raise ConfigError(f"--env {values['env']} runs the tool demo, whose answers are graded by its environment: "
+                          "drop -rt code (or pass -m/--model and -d/--dataset)")
     user_data = values["dataset"] is not None
     if embedded:
         values.update(model=demo.model_dir, dataset=values["dataset"] or demo.train_path)
@@ -103,11 +115,12 @@ def _situation(values: dict, demo) -> tuple[bool, dict, dict]:
         raise ConfigError("-d/--dataset is required with -m/--model (a math or code jsonl)")
     eval_paths = parse_eval_datasets(values["eval_dataset"])
     if not eval_paths and embedded and not user_data:
-        eval_paths = {"code" if code else "addition": demo.eval_path}
+        eval_paths = {"code" if code else "multiply" if tool else "addition": demo.eval_path}
     if values["system_prompt"] is None:
         values["system_prompt"] = "" if embedded else default_system_prompt(reward_type)
     grpo_overrides = parse_grpo_config(values["grpo_config"])
-    situation = (CODE_DEMO_DEFAULTS if code else DEMO_DEFAULTS) if embedded else MODEL_DEFAULTS
+    situation = ((CODE_DEMO_DEFAULTS if code else TOOL_DEMO_DEFAULTS if tool else DEMO_DEFAULTS) if embedded
+                 else MODEL_DEFAULTS)
     for key, default in situation.items():
         # an epochs count from --grpo-config beats the situation's, as an explicit flag does
         if values[key] is None and not (key == "ppo_epochs" and key in grpo_overrides):
