@@ -30,6 +30,15 @@ def code_demo_assets(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tool_demo_assets(tmp_path_factory):
+    """The tool demo's assets (a third tiny model, warm-started to call a multiply tool sometimes)."""
+    from coati.demo.tool_demo import ensure_tool_demo_assets
+
+    cache = os.environ.get("COATI_CACHE") or str(tmp_path_factory.mktemp("coati_cache"))
+    return ensure_tool_demo_assets(cache_dir=cache, log=lambda message: None)
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A fresh random tiny Qwen2 (not warm-started) saved as an HF directory."""
     from coati.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model, save_tiny
