@@ -1,4 +1,4 @@
-"""Build (or rebuild) the cached demo assets: ``python -m coati.demo [--code] [--rebuild]``.
+"""Build (or rebuild) the cached demo assets: ``python -m coati.demo [--code | --tool] [--rebuild]``.
 
 Prints where the model and the task's files are, and the warm start's chosen checkpoint.
 """
@@ -12,16 +12,21 @@ import shutil
 
 from coati.demo.code_demo import CodeDemoRecipe, code_demo_root, ensure_code_demo_assets
 from coati.demo.math_demo import DemoRecipe, default_cache_dir, ensure_demo_assets
+from coati.demo.tool_demo import ToolDemoRecipe, ensure_tool_demo_assets, tool_demo_root
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cache-dir", default=None, help="default: $COATI_CACHE or ~/.cache/coati")
     parser.add_argument("--rebuild", action="store_true", help="delete the cached demo assets first")
-    parser.add_argument("--code", action="store_true", help="the code demo's assets (rl_example.py -rt code)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--code", action="store_true", help="the code demo's assets (rl_example.py -rt code)")
+    which.add_argument("--tool", action="store_true", help="the tool demo's assets (rl_example.py --env tool_demo)")
     args = parser.parse_args()
     if args.code:
         root, build = code_demo_root(args.cache_dir, CodeDemoRecipe()), ensure_code_demo_assets
+    elif args.tool:
+        root, build = tool_demo_root(args.cache_dir, ToolDemoRecipe()), ensure_tool_demo_assets
     else:
         root = os.path.join(args.cache_dir or default_cache_dir(), f"demo-{DemoRecipe().fingerprint()}")
         build = ensure_demo_assets
