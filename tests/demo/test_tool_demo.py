@@ -1,6 +1,8 @@
 """The tool demo's task, tokenizer, warm-start batches, environments and flags (the GRPO gain itself:
 tests/e2e/test_tool_demo_e2e.py)."""
 
+import json
+
 from transformers import AutoTokenizer
 
 import rl_example
@@ -60,3 +62,22 @@ def test_env_tool_demo_without_a_model_is_the_tool_demo(capsys):
     assert rl_example.main(["--env", "tool_demo", "-rt", "code"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "drop -rt code" in err, err
+
+
+def test_eval_rows_carry_the_tool_use_rate_only_for_episodes():
+    from coati.rollout.evaluation import EvalResult
+
+    assert "tool_use_rate" not in EvalResult(0.5, 1.0, 0.5).summary()
+    assert EvalResult(0.5, 1.0, 0.5, tool_use_rate=0.25).summary()["tool_use_rate"] == 0.25
+
+
+def test_tool_use_is_printed_from_the_eval_rows(tmp_path, capsys):
+    from coati.train import print_tool_use
+
+    rows = [{"step": 0, "kind": "eval", "task": "multiply", "mode": "greedy", "tool_use_rate": 0.0},
+            {"step": 3, "kind": "train", "tool_use_rate": 0.5},
+            {"step": 8, "kind": "eval", "task": "multiply", "mode": "greedy", "tool_use_rate": 0.75}]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    print_tool_use(str(path), 8)
+    assert capsys.readouterr().out == "held-out tool-use rate multiply/greedy: 0.000 -> 0.750 (+75.0 points)\n"
