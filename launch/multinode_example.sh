@@ -8,11 +8,12 @@
 # -sd (default runs/): every trainer rank writes its part of each checkpoint there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source launch/ray_env.sh
 [ $# -ge 3 ] || { echo "usage: $0 HEAD_IP[:PORT] MODEL_DIR TRAIN_DATA [rl_example.py flags]" >&2; exit 2; }
 head=$1 model=$2 data=$3
 shift 3
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}
-exec .venv/bin/python rl_example.py --master_address "$head" -m "$model" -d "$data" \
+exec "$PYTHON" rl_example.py --master_address "$head" -m "$model" -d "$data" \
     -t 16 -tp 4 -pp 2 -zero 1 --plugin colossalai --precision bf16 \
     -i 16 -b vllm \
     -a GRPO -rt boxed -s "Please reason step by step, and put your final answer within \\boxed{}." \

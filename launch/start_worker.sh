@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Join a running Ray cluster. Usage: launch/start_worker.sh HEAD_IP[:PORT] [extra `ray start` flags, e.g. --num-gpus 8]
-# Every node needs the same checkout at the same path and the same .venv (scripts/setup.sh), and the head's
+# Every node needs the same checkout at the same path and the same environment (scripts/setup.sh's .venv, or
+# COATI_RAY / an active virtualenv: launch/ray_env.sh), and the head's
 # token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token; see launch/start_head.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source launch/ray_env.sh
 [ $# -ge 1 ] || { echo "usage: $0 HEAD_IP[:PORT] [ray start flags]" >&2; exit 2; }
 address=$1
 shift
@@ -14,4 +16,4 @@ if [ "$RAY_AUTH_MODE" = token ] && [ -z "${RAY_AUTH_TOKEN:-}" ] && [ ! -f "${RAY
          "(\`ray get-auth-token\` on the head prints it)" >&2
     exit 2
 fi
-.venv/bin/ray start --address="$address" --disable-usage-stats "$@"
+"$RAY" start --address="$address" --disable-usage-stats "$@"

@@ -3,4 +3,5 @@
 # local runs' clusters included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-.venv/bin/ray stop --force
+source launch/ray_env.sh
+"$RAY" stop --force
