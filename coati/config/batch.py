@@ -10,10 +10,10 @@ from coati.utils.dataclass_cli import option
 @dataclass(frozen=True)
 class BatchConfig:
     num_generations: int = option(8, "completions per prompt (G)", "-g")
-    inference_batch_size: int = option(64, "prompts per inferencer round; default: 64 (16 for the code demo, 32 for the tool demo)", "-ibs",
-                                       resolved=True)
-    inference_microbatch_size: int = option(64, "prompts per generate call; default: 64 (16 for the code demo, 32 for the tool demo)",
-                                            "-imbs", resolved=True)
+    inference_batch_size: int = option(64, "prompts per inferencer round; default: 64 (16 for the code demo, 32 for "
+                                           "the tool demo)", "-ibs", resolved=True)
+    inference_microbatch_size: int = option(64, "prompts per generate call; default: 64 (16 for the code demo, 32 "
+                                                "for the tool demo)", "-imbs", resolved=True)
     train_batch_size: int = option(32, "prompts per optimizer step per data-parallel rank; default: 32 (8 for the "
                                        "code demo)", "-tbs", resolved=True)
     train_minibatch_size: int = option(32, "prompts pulled from the buffer at a time; default: 32 (8 for the code "
