@@ -4,7 +4,7 @@ Two transports behind one interface: the sending trainer rank owns a *publisher*
 named_tensors)``), every producer a *receiver* (``load_newest(load, current, min_version)``). ``WEIGHT_SYNC``
 maps the flag's values to them; the WeightStore actor always knows the newest version.
 
-``object-store`` (the default; benchmarks/bench_weight_sync.py, README "Weight sync"): the trainer turns its (gathered) tensors into numpy arrays and ``ray.put``s them once; every
+``object-store`` (the default; benchmarks/bench_weight_sync.py; docs/gpu.md, "Weight sync"): the trainer turns its (gathered) tensors into numpy arrays and ``ray.put``s them once; every
 producer reads them zero-copy from the object store. Measured on a 2-core host: 4.5 GB/s for numpy arrays
 versus 0.22 GB/s for pickled torch tensors. bfloat16 has no numpy dtype, so it travels as int16 bits.
 """

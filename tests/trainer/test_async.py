@@ -86,7 +86,7 @@ def test_dapo_and_evaluation_under_staleness(demo_assets, tmp_path):
 def test_async_demo_learns(demo_assets, tmp_path):
     """The embedded demo with -nb 1 (its 3 episodes, 192 steps): held-out sampled accuracy rises by 25+ points.
 
-    With the default (behaviour) correction; the decoupled one measured about 12 points lower (README)."""
+    With the default (behaviour) correction; the decoupled one measured about 12 points lower (docs/results.md)."""
     result, rows = run_cli(["-nb", "1", "-sd", str(tmp_path), "-p", "demo", "--no-progress"], demo_assets)
     before, after = result.eval_before["addition/sampled"], result.eval_after["addition/sampled"]
     train = [r for r in rows if r["kind"] == "train"]
