@@ -66,7 +66,7 @@ class ParallelConfig(TrainerLayout):
                         "zero-copy by every inferencer on the node (fastest on one machine). collective: a "
                         "torch.distributed group of the sending trainer rank and every inferencer (gloo on CPU, "
                         "nccl on GPU), weights broadcast in buckets and checked by checksum after every sync (see "
-                        "README, Weight sync, for which is faster where)", choices=tuple(WEIGHT_SYNC))
+                        "docs/gpu.md, Weight sync, for which is faster where)", choices=tuple(WEIGHT_SYNC))
     weight_sync_bucket_mb: float = option(
         128.0, "--weight-sync collective: MiB per broadcast (a larger tensor goes alone); on GPU also the temporary "
                "device memory each inferencer needs")

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 STAGES = ("sft", "rm", "ppo")
 TOP_KEYS = ("save_dir", "project", "model", "stages", *STAGES)
 
-# The quickstart's settings, chosen for the tiny model on 2 CPU cores (README: measured numbers and time).
+# The quickstart's settings, chosen for the tiny model on 2 CPU cores (measured numbers and time:
+# docs/results.md, RLHF quickstart).
 DUMMY = {
     # the embedded model's stage learning rates (rlhf/config.py DEMO_LR): each later stage starts from a given
     # model, whose default would be the small learning rate meant for real models
