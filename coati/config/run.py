@@ -24,6 +24,8 @@ class RunConfig:
     save_interval: int = option(SAVE_INTERVAL, "save a checkpoint (HF model + trainer state, resumable with "
                                                "--resume latest) every N steps, and at the end (0: only at the end)",
                                 "-si")
+    keep_checkpoints: int = option(0, "keep only the newest N step_N checkpoints of the run: after each save is "
+                                      "complete, older complete ones are deleted (0: keep all)")
     eval_interval: int = option(
         0, "also evaluate every N trained steps (a separate evaluator actor, on a snapshot of the trainer's weights "
            "after exactly that step, while training goes on); step 0 and the end are always evaluated. Every -ed "

@@ -58,6 +58,8 @@ def validate(config: RLConfig) -> None:
             f"--vllm-gpu-memory-utilization must lie in (0, 1], got {p.vllm_gpu_memory_utilization}")
     validate_algo(config)
     require(config.run.save_interval >= 0, "-si/--save-interval must be >= 0 (0 saves only at the end)")
+    require(config.run.keep_checkpoints >= 0,
+            f"--keep-checkpoints must be >= 0 (0 keeps all), got {config.run.keep_checkpoints}")
     _validate_logs(config)
     _validate_cluster(config.run)
     _validate_episodes(config)

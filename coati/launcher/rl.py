@@ -26,6 +26,7 @@ from coati.launcher.eval_schedule import EvalSchedule
 from coati.rollout.producer import Producer
 from coati.trainer.checkpointing import check_resume, restore_run, save_checkpoint, trim_metrics
 from coati.trainer.consumer import Consumer
+from coati.utils.checkpoint import prune_checkpoints
 from coati.utils.metrics import MetricsLogger
 from coati.utils.run_files import RolloutWriter
 
@@ -122,6 +123,8 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, evaluat
         if (path, skipped) != last_saved or not os.path.isdir(path):
             save_checkpoint(path, consumers, buffer, config,
                             {"step": at_step, "skipped": skipped, "eval_before": evals.before_accuracy()})
+            if config.run.keep_checkpoints:
+                prune_checkpoints(config.run.run_dir, config.run.keep_checkpoints, path)
         return path
 
     while True:

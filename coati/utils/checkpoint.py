@@ -57,6 +57,21 @@ def list_checkpoints(run_dir: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
+def prune_checkpoints(run_dir: str, keep: int, newest: str) -> list[str]:
+    """Deletes the complete ``step_N`` checkpoints of ``run_dir`` beyond the newest ``keep`` by step, never
+    ``newest`` (the one just written: a run resumed from an older step may have higher ones beside it). Returns
+    the deleted paths. Incomplete directories are left alone: they may still be written."""
+    newest = os.path.abspath(newest)
+    others = [path for _, path in list_checkpoints(run_dir) if os.path.abspath(path) != newest]
+    doomed = others[:max(0, len(others) - (keep - 1))]
+    for path in doomed:
+        # Renamed first, so that an interrupted delete never leaves a step_N with a marker but missing files.
+        retired = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.retired-", dir=os.path.dirname(path))
+        os.replace(path, os.path.join(retired, "old"))
+        shutil.rmtree(retired, ignore_errors=True)
+    return doomed
+
+
 def resolve_resume(value: str, run_dir: str) -> str:
     """``--resume latest`` -> the newest complete checkpoint of ``run_dir``; a path must be complete."""
     if value == "latest":

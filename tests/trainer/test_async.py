@@ -46,8 +46,11 @@ def test_crash_and_resume_train_every_prompt_once(demo_assets, tmp_path, monkeyp
     assert state["consumer"]["drawn_total"] == 12 and state["policy_version"] == 1
     assert 12 + state["pending_groups"] == 8 * state["producer_rounds"][0]  # drawn + stored = rounds put
 
-    result, rows = run_cli(argv + ["--resume", "latest", "-rsd", str(tmp_path / "after")], demo_assets)
+    # --keep-checkpoints 1: each save (steps 6 and 8) deletes the older ones, step_3 it resumed from included
+    result, rows = run_cli(argv + ["--resume", "latest", "-rsd", str(tmp_path / "after"), "--keep-checkpoints", "1"],
+                           demo_assets)
     assert result.steps == 8
+    assert [step for step, _ in list_checkpoints(run_dir)] == [8]
     counts = trained_prompts(str(tmp_path / "before"), "async", steps=range(1, 4)) + \
         trained_prompts(str(tmp_path / "after"), "async")
     assert sorted(counts.values()) == [1] * 32, counts

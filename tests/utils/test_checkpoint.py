@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from coati.utils.checkpoint import COMPLETE_MARKER, atomic_directory, list_checkpoints, resolve_resume
+from coati.utils.checkpoint import COMPLETE_MARKER, atomic_directory, list_checkpoints, prune_checkpoints, resolve_resume
 
 
 def write_checkpoint(run_dir, step, payload="weights"):
@@ -67,3 +67,18 @@ def test_resume_errors(tmp_path):
     (tmp_path / "step_3").mkdir()
     with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
         resolve_resume(str(tmp_path / "step_3"), str(tmp_path))
+
+
+def test_prune_keeps_the_newest_n_and_the_one_just_written(tmp_path):
+    for step in (2, 4, 6, 8):
+        write_checkpoint(tmp_path, step)
+    os.makedirs(tmp_path / "step_10")  # being written by someone else: no marker, never touched
+    deleted = prune_checkpoints(str(tmp_path), 2, str(tmp_path / "step_8"))
+    assert [os.path.basename(path) for path in deleted] == ["step_2", "step_4"]
+    assert sorted(os.listdir(tmp_path)) == ["step_10", "step_6", "step_8"]  # no retired leftovers
+    # A run resumed from step_3 while step_6 and step_8 exist: the new step_5 survives, the oldest other goes.
+    write_checkpoint(tmp_path, 5)
+    assert [os.path.basename(p) for p in prune_checkpoints(str(tmp_path), 2, str(tmp_path / "step_5"))] == ["step_6"]
+    assert [step for step, _ in list_checkpoints(str(tmp_path))] == [5, 8]
+    assert prune_checkpoints(str(tmp_path), 1, str(tmp_path / "step_5"))[0].endswith("step_8")
+    assert [step for step, _ in list_checkpoints(str(tmp_path))] == [5]
