@@ -29,6 +29,7 @@ from collections import deque
 import ray
 
 from coati.config.tree import RLConfig
+from coati.rollout.evaluation import EVAL_NUMBERS
 from coati.rollout.evaluator import MAX_PENDING, Evaluator
 from coati.utils.run_files import EvalWriter
 
@@ -117,9 +118,7 @@ class EvalSchedule:
             self._record(step, task, mode, ray.get(ref), on_sync)
 
     def _record(self, step: int, task: str, mode: str, out: dict, on_sync: bool) -> None:
-        summary = {"accuracy": out["accuracy"], "format_rate": out["format_rate"], "mean_reward": out["mean_reward"],
-                   **({"rm_score": out["rm_score"]} if "rm_score" in out else {}),  # -a PPO: the reward model's
-                   **({"tool_use_rate": out["tool_use_rate"]} if "tool_use_rate" in out else {}),  # --env
+        summary = {**{name: out[name] for name in EVAL_NUMBERS if name in out},
                    "count": out["count"], "version": out["version"], "on_sync": on_sync}
         name = self.writer.write(step, task, mode, out["records"], summary)
         self.logger.log(step, {"task": task, "mode": mode, **summary, "file": name}, kind="eval")

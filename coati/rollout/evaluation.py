@@ -9,6 +9,11 @@ from coati.rollout.inference_backend import Completion, InferenceBackend
 from rewards.scorer import RewardScorer
 
 
+# The numbers an evaluation reports, in the order its row logs them; a None one (rm_score without a reward model,
+# tool_use_rate without --env) is left out.
+EVAL_NUMBERS = ("accuracy", "format_rate", "mean_reward", "rm_score", "tool_use_rate")
+
+
 @dataclass
 class EvalResult:
     accuracy: float
@@ -19,10 +24,8 @@ class EvalResult:
     tool_use_rate: float | None = None  # with --env: the share of episodes that called a tool
 
     def summary(self) -> dict:
-        """The numbers an eval row logs (rm_score only with a reward model, tool_use_rate only with --env)."""
-        numbers = {"accuracy": self.accuracy, "format_rate": self.format_rate, "mean_reward": self.mean_reward}
-        extras = {"rm_score": self.rm_score, "tool_use_rate": self.tool_use_rate}
-        return {**numbers, **{key: value for key, value in extras.items() if value is not None}}
+        """The numbers an eval row logs (EVAL_NUMBERS that are not None)."""
+        return {name: getattr(self, name) for name in EVAL_NUMBERS if getattr(self, name) is not None}
 
 
 def evaluate(backend: InferenceBackend, prompts: list[list[int]], examples, scorer: RewardScorer,
