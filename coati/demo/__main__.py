@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 
-from coati.demo.code_demo import CodeDemoRecipe, code_demo_root, ensure_code_demo_assets
-from coati.demo.math_demo import DemoRecipe, default_cache_dir, ensure_demo_assets
-from coati.demo.tool_demo import ToolDemoRecipe, ensure_tool_demo_assets, tool_demo_root
+from coati.demo.code_demo import CodeDemoRecipe, ensure_code_demo_assets
+from coati.demo.math_demo import DemoRecipe, demo_root, ensure_demo_assets
+from coati.demo.tool_demo import ToolDemoRecipe, ensure_tool_demo_assets
 
 
 def main() -> None:
@@ -24,12 +23,12 @@ def main() -> None:
     which.add_argument("--tool", action="store_true", help="the tool demo's assets (rl_example.py --env tool_demo)")
     args = parser.parse_args()
     if args.code:
-        root, build = code_demo_root(args.cache_dir, CodeDemoRecipe()), ensure_code_demo_assets
+        recipe, build = CodeDemoRecipe(), ensure_code_demo_assets
     elif args.tool:
-        root, build = tool_demo_root(args.cache_dir, ToolDemoRecipe()), ensure_tool_demo_assets
+        recipe, build = ToolDemoRecipe(), ensure_tool_demo_assets
     else:
-        root = os.path.join(args.cache_dir or default_cache_dir(), f"demo-{DemoRecipe().fingerprint()}")
-        build = ensure_demo_assets
+        recipe, build = DemoRecipe(), ensure_demo_assets
+    root = demo_root(args.cache_dir, recipe)
     if args.rebuild:
         shutil.rmtree(root, True)
     assets = build(args.cache_dir)

@@ -12,17 +12,17 @@ size (see the recipe); the tokenizer is the character one plus whole code lines 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 import torch
 
 from coati.dataset.code_demo_task import READ, completion_text, make_splits, prompt_text, write_rows
 from coati.dataset.jsonl import Example
-from coati.demo.math_demo import DemoAssets, WarmStart, default_cache_dir, ensure_built, warm_start
-from coati.models.tiny import DEFAULT_CHARS, TinyModelSpec, build_char_tokenizer, build_tiny_model, save_tiny
+from coati.demo.math_demo import DemoAssets, WarmStart, demo_root, ensure_built, recipe_fingerprint, warm_start
+from coati.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model, save_tiny
 from rewards.scorer import RewardScorer
 
 # Whole lines a program of the task always writes are single tokens (a tokenizer trained on such code would
@@ -34,6 +34,7 @@ CODE_WORD_TOKENS = ("```python\n", *(line + "\n" for line in READ.values()), "pr
 
 @dataclass(frozen=True)
 class CodeDemoRecipe:
+    cache_prefix: ClassVar[str] = "code-demo"
     # Llama, not Qwen2: transformers 5 loads a qwen2 directory's tokenizer as Qwen2Tokenizer, whose byte-level
     # pre-tokenizer drops this vocabulary's spaces and splits its code tokens; a llama one loads as saved.
     spec: TinyModelSpec = TinyModelSpec(arch="llama")
@@ -55,19 +56,14 @@ class CodeDemoRecipe:
         return self.target_sampled_pass_rate
 
     def fingerprint(self) -> str:
-        payload = json.dumps({"recipe": asdict(self), "chars": DEFAULT_CHARS, "words": CODE_WORD_TOKENS},
-                             sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()[:10]
-
-
-def code_demo_root(cache_dir: str | None, recipe: CodeDemoRecipe) -> str:
-    return os.path.join(cache_dir or default_cache_dir(), f"code-demo-{recipe.fingerprint()}")
+        return recipe_fingerprint(self, CODE_WORD_TOKENS)
 
 
 def ensure_code_demo_assets(cache_dir: str | None = None, recipe: CodeDemoRecipe = CodeDemoRecipe(),
                             log=print) -> DemoAssets:
     """The cached code demo (model, train.jsonl, eval.jsonl, report), built when missing."""
-    return ensure_built(code_demo_root(cache_dir, recipe), lambda out_dir: build_code_demo(out_dir, recipe, log))
+    return ensure_built(demo_root(cache_dir, recipe),
+                        lambda out_dir: build_code_demo(out_dir, recipe, log))
 
 
 def build_code_demo(out_dir: str, recipe: CodeDemoRecipe, log=print) -> None:

@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 import torch
 
@@ -36,6 +37,7 @@ from rewards.scorer import RewardScorer
 
 @dataclass(frozen=True)
 class DemoRecipe:
+    cache_prefix: ClassVar[str] = "demo"
     spec: TinyModelSpec = TinyModelSpec()
     seed: int = 0
     digits: int = 2  # a 2-layer model learns 2-digit sums in ~300 steps; 3-digit sums stalled near 10%
@@ -49,9 +51,13 @@ class DemoRecipe:
     target_sampled_accuracy: float = 0.25
 
     def fingerprint(self) -> str:
-        """Names the cache directory: a change to the recipe or the tokenizer's alphabet rebuilds."""
-        payload = json.dumps({"recipe": asdict(self), "chars": DEFAULT_CHARS, "words": WORD_TOKENS}, sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()[:10]
+        return recipe_fingerprint(self, WORD_TOKENS)
+
+
+def recipe_fingerprint(recipe, words) -> str:
+    """Names a demo's cache directory: a change to its recipe or its tokenizer's alphabet rebuilds."""
+    payload = json.dumps({"recipe": asdict(recipe), "chars": DEFAULT_CHARS, "words": words}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:10]
 
 
 @dataclass(frozen=True)
@@ -67,9 +73,13 @@ def default_cache_dir() -> str:
     return os.environ.get("COATI_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "coati")
 
 
+def demo_root(cache_dir: str | None, recipe) -> str:
+    """``<cache>/<recipe.cache_prefix>-<fingerprint>``: where a demo's assets built from ``recipe`` are cached."""
+    return os.path.join(cache_dir or default_cache_dir(), f"{recipe.cache_prefix}-{recipe.fingerprint()}")
+
+
 def ensure_demo_assets(cache_dir: str | None = None, recipe: DemoRecipe = DemoRecipe(), log=print) -> DemoAssets:
-    root = os.path.join(cache_dir or default_cache_dir(), f"demo-{recipe.fingerprint()}")
-    return ensure_built(root, lambda out_dir: build_demo(out_dir, recipe, log))
+    return ensure_built(demo_root(cache_dir, recipe), lambda out_dir: build_demo(out_dir, recipe, log))
 
 
 def ensure_built(root: str, build) -> DemoAssets:

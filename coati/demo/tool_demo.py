@@ -15,11 +15,11 @@ reaches ``target_sampled_accuracy``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 import torch
 
@@ -27,8 +27,8 @@ from coati.config.sampling import SamplingParams
 from coati.dataset.demo_task import make_splits
 from coati.dataset.jsonl import Example
 from coati.dataset.tool_demo_task import TOOL_WORD_TOKENS, episode_texts, prompt_text, write_rows
-from coati.demo.math_demo import DemoAssets, default_cache_dir, ensure_built
-from coati.models.tiny import DEFAULT_CHARS, TinyModelSpec, build_char_tokenizer, build_tiny_model, save_tiny
+from coati.demo.math_demo import DemoAssets, demo_root, ensure_built, recipe_fingerprint
+from coati.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model, save_tiny
 from coati.rollout.env import MultiplyEnv
 from coati.rollout.episode import EpisodeBudget
 from coati.rollout.evaluation import evaluate_episodes
@@ -37,6 +37,7 @@ from coati.rollout.inference_backend import TransformersBackend
 
 @dataclass(frozen=True)
 class ToolDemoRecipe:
+    cache_prefix: ClassVar[str] = "tool-demo"
     # Llama, as the code demo: a qwen2 directory's tokenizer reloads byte-level and would split the call tokens.
     spec: TinyModelSpec = TinyModelSpec(arch="llama")
     seed: int = 0
@@ -52,19 +53,14 @@ class ToolDemoRecipe:
     max_new_tokens: int = 12  # per turn: a call is 9 tokens, an answer at most 9 with EOS
 
     def fingerprint(self) -> str:
-        payload = json.dumps({"recipe": asdict(self), "chars": DEFAULT_CHARS, "words": TOOL_WORD_TOKENS},
-                             sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()[:10]
-
-
-def tool_demo_root(cache_dir: str | None, recipe: ToolDemoRecipe) -> str:
-    return os.path.join(cache_dir or default_cache_dir(), f"tool-demo-{recipe.fingerprint()}")
+        return recipe_fingerprint(self, TOOL_WORD_TOKENS)
 
 
 def ensure_tool_demo_assets(cache_dir: str | None = None, recipe: ToolDemoRecipe = ToolDemoRecipe(),
                             log=print) -> DemoAssets:
     """The cached tool demo (model, train.jsonl, eval.jsonl, report), built when missing."""
-    return ensure_built(tool_demo_root(cache_dir, recipe), lambda out_dir: build_tool_demo(out_dir, recipe, log))
+    return ensure_built(demo_root(cache_dir, recipe),
+                        lambda out_dir: build_tool_demo(out_dir, recipe, log))
 
 
 def episode_batch(pairs_and_tool: list[tuple[int, int, bool]], tokenizer):
