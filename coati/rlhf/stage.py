@@ -295,13 +295,11 @@ def _evaluate(group: _Group, config: StageConfig, logger, log, step: int) -> dic
 def _train(group: _Group, config: StageConfig, steps: int, logger, evaluate, first: int, before: dict) -> None:
     """Steps ``first`` .. ``steps`` - 1, with evaluations and checkpoints (-ei, -si) between them; a new
     checkpoint replaces the previous one (the final model is written after the loop)."""
-    import shutil
-
     from tqdm import tqdm
 
     from coati.rlhf import stage_checkpoint
+    from coati.utils.checkpoint import prune_checkpoints
 
-    previous = None
     bar = tqdm(total=steps, initial=first, desc=config.stage, disable=not config.progress_bar, leave=False)
     for step in range(first, steps):
         row = group.call("step", step)[0]
@@ -312,8 +310,5 @@ def _train(group: _Group, config: StageConfig, steps: int, logger, evaluate, fir
         if config.eval_interval and done % config.eval_interval == 0 and done < steps:
             evaluate(done)
         if config.save_interval and done % config.save_interval == 0 and done < steps:
-            path = stage_checkpoint.save(group, config, done, before)
-            if previous is not None and previous != path:
-                shutil.rmtree(previous, ignore_errors=True)
-            previous = path
+            prune_checkpoints(config.run_dir, 1, stage_checkpoint.save(group, config, done, before))
     bar.close()
