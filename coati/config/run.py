@@ -17,8 +17,8 @@ class RunConfig:
     project: str = option("demo", "run name: outputs go to <save-dir>/<project>/ (metrics.jsonl always); also the "
                                   "wandb project, logged offline unless WANDB_MODE=online, when wandb is installed",
                           "-p")
-    num_episodes: int = option(1, "passes over the training set; default: 3 for the addition demo, 2 for the code demo, else 1", "-e", "--epochs",
-                               resolved=True)
+    num_episodes: int = option(1, "passes over the training set; default: 3 for the addition demo, 2 for the code "
+                                  "demo, else 1", "-e", "--epochs", resolved=True)
     seed: int = option(42, "seed for sampling, data order and initialisation")
     save_dir: str = option("runs", "run outputs: <save-dir>/<project>/{metrics.jsonl,step_N/,eval/}", "-sd")
     save_interval: int = option(SAVE_INTERVAL, "save a checkpoint (HF model + trainer state, resumable with "

@@ -13,7 +13,8 @@ class SamplingParams:
     temperature: float = option(1.0, "sampling temperature for training rollouts", "-temp")  # 0 means greedy
     top_k: int = option(-1, "top-k sampling, -1 = off", "-topk")
     top_p: float = option(1.0, "nucleus sampling", "-topp")
-    max_new_tokens: int = option(16, "default: 8 for the addition demo, 16 for the code demo, 12 for the tool demo, else 1024", "-mnt", resolved=True)
+    max_new_tokens: int = option(16, "default: 8 for the addition demo, 16 for the code demo, 12 for the tool "
+                                     "demo, else 1024", "-mnt", resolved=True)
     stop_strings: tuple[str, ...] = ()
     # Sampling seed of this request (None: the engine's running RNG). Producers derive one per round, so a
     # resumed run samples what the uninterrupted one did (see coati.cluster.schedule.round_seed).

@@ -149,8 +149,7 @@ def plot_run(run_dir: str) -> list[str]:
 def main(argv: list[str] | None = None, prog: str = "python -m coati.plot") -> int:
     from coati.utils.flag_parser import FlagParser
 
-    parser = FlagParser(prog=prog, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = FlagParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", help="a run directory: <save-dir>/<project>")
     args = parser.parse_args(argv)
     try:
