@@ -29,6 +29,7 @@ def run_cli(argv, capsys):
     (["-imbs", "128"], "-ibs (64) must be >= -imbs (128)"),
     (["-g", "1"], "must be at least 2"),
     (["-nb", "-1"], "-nb/--max-staleness must be >= 0 (0: sync mode), got -1"),
+    (["--keep-checkpoints", "-1"], "--keep-checkpoints must be >= 0 (0 keeps all), got -1"),
     (["--max-staleness", "1", "--tis-cap", "0.5"], "--tis-cap must be >= 1"),
     (["-nb", "1", "--learner-chunk-size", "32", "-ibs", "32", "-imbs", "32"],
      "--learner-chunk-size needs -nb/--max-staleness 0"),
