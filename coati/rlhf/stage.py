@@ -58,9 +58,9 @@ class StageTrainer:
     def __init__(self, config: StageConfig, train_path: str, eval_path: str | None, model_path: str, rank: int = 0,
                  num_threads: int | None = None, actor: bool = False):
         if actor:
-            from coati.utils.quiet import quiet_actor
+            from coati.utils.actor_process import start_actor_process
 
-            quiet_actor()
+            start_actor_process()
         self.config, self.rank = config, rank
         self.train_path, self.eval_path, self.model_path = train_path, eval_path, model_path
         if num_threads:  # Ray actors get a share of the cores; in-process the caller's setting stands

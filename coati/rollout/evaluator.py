@@ -52,7 +52,7 @@ from coati.rollout.episode import episode_budget, episode_system_prompt
 from coati.rollout.evaluation import evaluate, evaluate_episodes
 from coati.rollout.generation import tokenise_prompts
 from coati.rollout.reward_model import reward_model_scorer
-from coati.utils.quiet import quiet_actor
+from coati.utils.actor_process import start_actor_process
 from rewards.scorer import RewardScorer
 
 MAX_PENDING = 2  # steps whose evals may be in flight at once (each holds one weight snapshot)
@@ -64,7 +64,7 @@ class Evaluator:
     def __init__(self, config: RLConfig, num_threads: int | None = None):
         from coati.rollout.producer import make_backend
 
-        quiet_actor()
+        start_actor_process()
         self.config = config
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         torch.manual_seed(config.run.seed + 2000)  # its own stream for sampled evals

@@ -21,7 +21,7 @@ from coati.rollout.generation import prompt_shard, rollout_groups, tokenise_prom
 from coati.rollout.group import RolloutGroup
 from coati.rollout.inference_backend import TransformersBackend
 from coati.rollout.reward_model import reward_model_scorer
-from coati.utils.quiet import quiet_actor
+from coati.utils.actor_process import start_actor_process
 from rewards.scorer import RewardScorer
 
 
@@ -48,7 +48,7 @@ class Producer:
     """Runs as a Ray actor (a plain, single-threaded one: math-verify needs the main thread)."""
 
     def __init__(self, config: RLConfig, rank: int, buffer, weight_store, num_threads: int | None = None):
-        quiet_actor()
+        start_actor_process()
         # buffer and weight store may come as actor names: a restartable actor's constructor arguments must hold
         # no references (Ray warns on every run that a restart could fail once they are gone).
         buffer, weight_store = (ray.get_actor(h) if isinstance(h, str) else h for h in (buffer, weight_store))

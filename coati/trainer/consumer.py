@@ -60,7 +60,7 @@ from coati.trainer.roles import ACTOR, TrainedModel, grad_norm_name
 from coati.trainer.step_algorithm import StepAlgorithm
 from coati.trainer.step_data import rollout_metrics, share_bounds
 from coati.utils.device import device_memory_metrics
-from coati.utils.quiet import quiet_actor
+from coati.utils.actor_process import start_actor_process
 
 # The advantage estimator's family (config.algo.estimator_family) -> what a step asks of the algorithm.
 STEP_ALGORITHMS: dict[str, type[StepAlgorithm]] = {"group": GroupAlgorithm, "critic": CriticAlgorithm}
@@ -68,7 +68,7 @@ STEP_ALGORITHMS: dict[str, type[StepAlgorithm]] = {"group": GroupAlgorithm, "cri
 
 class Consumer:
     def __init__(self, config: RLConfig, rank: int, buffer, weight_store, num_threads: int | None = None):
-        quiet_actor()
+        start_actor_process()
         self.config, self.rank, self.buffer, self.weight_store = config, rank, buffer, weight_store
         self.num_threads = num_threads or os.cpu_count() or 1
         torch.set_num_threads(self.num_threads)

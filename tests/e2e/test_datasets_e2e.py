@@ -55,7 +55,7 @@ SHAPES = [  # (name, row maker, train file, eval file, flags, weight versions pu
     ("math", math, "train.parquet", "test_dir", ["--input-key", "problem", "--label-key", "solution",
                                                  "-i", "2", "-ei", "2"], 1),
 ]
-# What actors used to print between the progress bar and the eval lines (coati/utils/quiet.py).
+# What actors used to print between the progress bar and the eval lines (coati/utils/actor_process.py).
 NOISE = ("Loading weights", "Writing model shards", "Ray deduplicates logs")
 
 

@@ -1,0 +1,34 @@
+"""The first call of every actor's ``__init__``: what a Ray worker process running coati code needs first.
+
+Quiet: every actor loads a model (transformers' "Loading weights" bar) and the trainer saves one ("Writing
+model shards"); Ray forwards each bar to the driver's terminal under the actor's name, once per actor,
+between the run's own progress bar and eval lines. ``start_actor_process()`` turns off transformers' and
+huggingface_hub's progress bars and vLLM's INFO logs in that worker process. Warnings and errors still come
+through. The driver and a user's own code that imports coati keep their bars; Ray's driver-side notices are
+handled in launch.init_ray.
+
+Crash reports: Ray enables faulthandler for the crashing thread only. A native crash in a trainer or an
+inference engine usually happens on a library's own thread (gloo, NCCL, OpenMP, vLLM's engine), which has no
+Python frames; what the actor was doing is on its main thread. Dumping every thread names the call (e.g. a
+weight gather) in the worker's log (``/tmp/ray/session_*/logs/worker-*-PID.err`` on its node).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import io
+import os
+
+
+def start_actor_process() -> None:
+    # vLLM reads its log level when first imported (the inferencers import it after this call).
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    disable_progress_bars()
+    try:
+        faulthandler.enable(all_threads=True)
+    except (io.UnsupportedOperation, ValueError):  # a stderr without a file descriptor (e.g. captured)
+        pass
