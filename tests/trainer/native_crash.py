@@ -1,10 +1,10 @@
 """Telling a native crash of a Ray worker from a test failure, for the trainer-group tests' one retry.
 
-Rare native crashes have been seen in these tests: once in a CI run, a two-rank FSDP2 group's rank 0 died
-of SIGSEGV inside malloc on a gloo/Ray thread while gathering full weights, after both steps had trained
-and published correctly; the same layout passed every rerun and 40 rounds of a stress loop. Ray reports such a
-death as an ActorDiedError identical to an ``os._exit`` or an OOM kill, so the evidence is read where it is
-written: the dead worker's log, where coati.utils.actor_process has faulthandler dump every thread.
+A rare native crash (SIGSEGV inside malloc on a gloo or Ray thread of an FSDP2 rank gathering full weights)
+does not reproduce on a rerun, so a rerun tells it from a wrong result, and the warning keeps it visible.
+Ray reports such a death as an ActorDiedError identical to an ``os._exit`` or an OOM kill, so the evidence is
+read where it is written: the dead worker's log, where coati.utils.actor_process has faulthandler dump every
+thread.
 """
 
 from __future__ import annotations

@@ -9,24 +9,20 @@ import ray
 from tests.trainer.native_crash import CrashingActor, fatal_signal_logs
 
 
+def crash_a_worker() -> None:
+    actor = ray.remote(CrashingActor).options(num_cpus=0, max_restarts=0).remote()
+    ray.get(actor.gather_weights_while_a_thread_crashes.remote(), timeout=120)
+
+
 def test_segfault_on_another_thread_names_the_main_threads_call(local_ray):
     before = fatal_signal_logs()
-    actor = ray.remote(CrashingActor).options(num_cpus=0, max_restarts=0).remote()
-    try:
-        ray.get(actor.gather_weights_while_a_thread_crashes.remote(), timeout=120)
-        raise AssertionError("the actor did not crash")
-    except ray.exceptions.RayActorError:
-        pass
+    with pytest.raises(ray.exceptions.RayActorError):
+        crash_a_worker()
     new = {path: text for path, text in fatal_signal_logs().items() if path not in before}
     assert len(new) == 1, new.keys()
     text = next(iter(new.values()))
     assert "Fatal Python error: Segmentation fault" in text
     assert "gather_weights_while_a_thread_crashes" in text  # the main thread's frame, not only the crashing one
-
-
-def crash_a_worker() -> None:
-    actor = ray.remote(CrashingActor).options(num_cpus=0, max_restarts=0).remote()
-    ray.get(actor.gather_weights_while_a_thread_crashes.remote(), timeout=120)
 
 
 def test_train_runs_once_more_after_a_native_crash_and_only_then(local_ray, monkeypatch):
