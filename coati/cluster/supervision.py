@@ -45,7 +45,9 @@ class Supervisor:
         self.generation = list(generation)
 
     def gather(self, refs: list) -> list:
-        """``ray.get(refs)``, but raising as soon as any of them fails or a producer's ``run`` fails."""
+        """``ray.get(refs)``, but raising as soon as any of them fails or a producer's ``run`` fails. Every call
+        of a run to its trainer ranks (steps, saves, weight snapshots, resume, shutdown) comes through here, so that
+        ``drain`` can collect the calls a dead rank's peers had in flight."""
         pending = self.in_flight = list(refs)
         while pending:
             ready, _ = ray.wait(pending + self.generation, num_returns=1)

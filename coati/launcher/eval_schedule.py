@@ -42,8 +42,9 @@ def eval_dir(config: RLConfig) -> str:
 
 class EvalSchedule:
     def __init__(self, config: RLConfig, producer, consumers, logger, log=print, num_threads: int = 1,
-                 resume: bool = False, actor_options: dict | None = None):
+                 resume: bool = False, actor_options: dict | None = None, gather=ray.get):
         self.config, self.producer, self.consumers, self.logger, self.log = config, producer, consumers, logger, log
+        self.gather = gather  # waits for the trainer ranks' (collective) snapshot calls: the run's supervisor
         self.jobs = [(task, path, mode, params) for task, path in config.data.eval_paths.items()
                      for mode, params in config.eval_sampling]
         self.interval = config.run.eval_interval
@@ -84,7 +85,7 @@ class EvalSchedule:
         if step == 0:
             version, refs, on_sync = 0, None, True  # the evaluator starts from the same initial model
         else:
-            snapshots = ray.get([consumer.snapshot_weights.remote() for consumer in self.consumers])
+            snapshots = self.gather([consumer.snapshot_weights.remote() for consumer in self.consumers])
             version, on_sync = snapshots[0][0], snapshots[0][2]
             refs = next(refs for _, refs, _ in snapshots if refs is not None)
         futures = [(task, mode, self.evaluator.evaluate.remote(step, version, refs, task, mode, params))

@@ -103,14 +103,14 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, evaluat
     # Every trainer rank draws its share of all rounds; a step returns None once its share is used up.
     # Without filtering that is exactly rounds * steps_per_sync steps; with it (DAPO), fewer.
     max_steps = rounds * config.steps_per_sync
-    ray.get([consumer.set_total_groups.remote(rounds * config.groups_per_sync) for consumer in consumers])
+    supervisor.gather([consumer.set_total_groups.remote(rounds * config.groups_per_sync) for consumer in consumers])
 
     resume = check_resume(config) if config.run.resume else None
-    state = restore_run(resume, consumers, buffer) if resume else None
+    state = restore_run(resume, consumers, buffer, supervisor.gather) if resume else None
     if resume and trim_metrics(config.run.run_dir, state["step"]):
         log(f"metrics.jsonl: dropped the rows after step {state['step']}, which this resumed run redoes")
     logger, evals, rollouts = _open_outputs(config, log, producers, consumers, resume, state, evaluator_threads,
-                                            reservation)
+                                            reservation, supervisor.gather)
     start_rounds = state["producer_rounds"] if resume else [0] * len(producers)
     supervisor.watch([producer.run.remote(rounds, begin) for producer, begin in zip(producers, start_rounds)])
     step, skipped = (state["step"], state["skipped"]) if resume else (0, 0)
@@ -122,7 +122,8 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, evaluat
         path = os.path.join(config.run.run_dir, f"step_{at_step}")
         if (path, skipped) != last_saved or not os.path.isdir(path):
             save_checkpoint(path, consumers, buffer, config,
-                            {"step": at_step, "skipped": skipped, "eval_before": evals.before_accuracy()})
+                            {"step": at_step, "skipped": skipped, "eval_before": evals.before_accuracy()},
+                            supervisor.gather)
             if config.run.keep_checkpoints:
                 prune_checkpoints(config.run.run_dir, config.run.keep_checkpoints, path)
         return path
@@ -159,7 +160,7 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, evaluat
     if rollouts is not None:
         rollouts.close()
     final_dir = save(total_steps)
-    ray.get([consumer.shutdown.remote() for consumer in consumers])
+    supervisor.gather([consumer.shutdown.remote() for consumer in consumers])
     # Their work is done: end them now, not by the SIGTERM of Ray's shutdown, which can land in an actor handle's
     # __del__ and print a SystemExit traceback after the results.
     supervisor.kill_all()
@@ -167,12 +168,12 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, evaluat
     return RunResult(total_steps, eval_before, eval_after, final_dir, logger.path, time.time() - start)
 
 
-def _open_outputs(config, log, producers, consumers, resume, state, evaluator_threads, reservation):
+def _open_outputs(config, log, producers, consumers, resume, state, evaluator_threads, reservation, gather):
     """The run's metrics log, evaluation schedule (its first evaluation submitted, or restored when resuming)
     and rollout writer (-rsd)."""
     logger = MetricsLogger(config.run.run_dir, config.run.project, _jsonable(config), log, resume=bool(resume))
     evals = EvalSchedule(config, producers[0], consumers, logger, log, num_threads=evaluator_threads,
-                         resume=bool(resume), actor_options=reservation.evaluator_options())
+                         resume=bool(resume), actor_options=reservation.evaluator_options(), gather=gather)
     rollouts = None
     if config.run.rollout_save_dir:
         rollouts = RolloutWriter(os.path.join(config.run.rollout_save_dir, config.run.project), log=log,

@@ -104,10 +104,11 @@ def producer_rounds(rounds_put: dict, num_inferencers: int) -> list[int]:
     return [rounds_put.get(rank, 0) for rank in range(num_inferencers)]
 
 
-def save_checkpoint(path: str, consumers, buffer, config, driver: dict) -> str:
-    """Write checkpoint ``path`` atomically; ``driver``: the driver's own state (step, skipped, eval_before)."""
+def save_checkpoint(path: str, consumers, buffer, config, driver: dict, gather=ray.get) -> str:
+    """Write checkpoint ``path`` atomically; ``driver``: the driver's own state (step, skipped, eval_before).
+    ``gather`` waits for the trainer ranks' calls (a run's supervisor: a rank dying mid-save stops the run)."""
     with atomic_directory(path) as staging:
-        counters = ray.get([c.save_checkpoint.remote(staging) for c in consumers])[0]
+        counters = gather([c.save_checkpoint.remote(staging) for c in consumers])[0]
         snapshot = ray.get(buffer.snapshot.remote())
         with open(os.path.join(staging, PENDING), "w") as handle:
             json.dump([{"round": round_index, "slot": slot, "group": asdict(group)}
@@ -205,11 +206,12 @@ def _check_state_format(path: str, config) -> None:
                          "checkpoint); resume it with --plugin colossalai")
 
 
-def restore_run(path: str, consumers, buffer) -> dict:
+def restore_run(path: str, consumers, buffer, gather=ray.get) -> dict:
     """Driver side of a resume, before the producers start: every trainer rank loads the checkpoint (which
-    publishes its weights again), and the pending groups go back into the buffer first. The run state."""
+    publishes its weights again), and the pending groups go back into the buffer first. The run state.
+    ``gather``: as in save_checkpoint."""
     state = read_run_state(path)
-    ray.get([c.load_checkpoint.remote(path) for c in consumers])
+    gather([c.load_checkpoint.remote(path) for c in consumers])
     ray.get(buffer.restore.remote({"items": pending_rollouts(path), "next": state["next_draw"],
                                    "rounds_put": dict(enumerate(state["producer_rounds"]))}))
     return state
