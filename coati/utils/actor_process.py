@@ -11,6 +11,12 @@ Crash reports: Ray enables faulthandler for the crashing thread only. A native c
 inference engine usually happens on a library's own thread (gloo, NCCL, OpenMP, vLLM's engine), which has no
 Python frames; what the actor was doing is on its main thread. Dumping every thread names the call (e.g. a
 weight gather) in the worker's log (``/tmp/ray/session_*/logs/worker-*-PID.err`` on its node).
+
+SIGTERM at the end: Ray ends a worker it is done with by SIGTERM, whose handler raises SystemExit wherever the
+main thread is. When that is inside a ``__del__`` (an actor handle's, say), Python cannot let the exception out:
+it ignores it and prints "Exception ignored in ..." with a traceback, which Ray forwards to the driver's
+terminal after the run's results. Such a SystemExit is dropped without the print; every other exception in a
+``__del__`` is still reported.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import faulthandler
 import io
 import os
+import sys
 
 
 def start_actor_process() -> None:
@@ -32,3 +39,15 @@ def start_actor_process() -> None:
         faulthandler.enable(all_threads=True)
     except (io.UnsupportedOperation, ValueError):  # a stderr without a file descriptor (e.g. captured)
         pass
+    if sys.unraisablehook is not _drop_exit_in_finalizer:
+        global _report_unraisable
+        _report_unraisable = sys.unraisablehook
+        sys.unraisablehook = _drop_exit_in_finalizer
+
+
+_report_unraisable = sys.unraisablehook
+
+
+def _drop_exit_in_finalizer(unraisable) -> None:
+    if not isinstance(unraisable.exc_value, SystemExit):
+        _report_unraisable(unraisable)
