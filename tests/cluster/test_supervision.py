@@ -76,4 +76,3 @@ def test_an_undrained_peer_failure_is_what_ray_would_print_after_the_line(local_
     stop_a_save(tmp_path, drain=False)
     settle()
     assert any("Connection reset by peer" in str(error) for error in seen), seen
-
