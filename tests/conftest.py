@@ -1,4 +1,5 @@
-"""Shared fixtures: the embedded demos' assets (built once per session, or taken from $COATI_CACHE)."""
+"""Shared fixtures: the embedded demos' assets (built once per session, or taken from $COATI_CACHE) and a local
+Ray cluster per test module."""
 
 from __future__ import annotations
 
@@ -47,3 +48,14 @@ def tiny_model_dir(tmp_path_factory):
     tokenizer = build_char_tokenizer()
     save_tiny(build_tiny_model(TinyModelSpec(), tokenizer, seed=1), tokenizer, path)
     return path
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray cluster per test module. Four CPU slots: a two-rank trainer group plus the buffer and weight store
+    (num_cpus=0) fit."""
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield
+    ray.shutdown()

@@ -41,8 +41,8 @@ def eval_dir(config: RLConfig) -> str:
 
 
 class EvalSchedule:
-    def __init__(self, config: RLConfig, producer, consumers, logger, log=print, num_threads: int = 1,
-                 resume: bool = False, actor_options: dict | None = None, gather=ray.get):
+    def __init__(self, config: RLConfig, producer, consumers, logger, gather, log=print, num_threads: int = 1,
+                 resume: bool = False, actor_options: dict | None = None):
         self.config, self.producer, self.consumers, self.logger, self.log = config, producer, consumers, logger, log
         self.gather = gather  # waits for the trainer ranks' (collective) snapshot calls: the run's supervisor
         self.jobs = [(task, path, mode, params) for task, path in config.data.eval_paths.items()

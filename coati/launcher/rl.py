@@ -172,8 +172,8 @@ def _open_outputs(config, log, producers, consumers, resume, state, evaluator_th
     """The run's metrics log, evaluation schedule (its first evaluation submitted, or restored when resuming)
     and rollout writer (-rsd)."""
     logger = MetricsLogger(config.run.run_dir, config.run.project, _jsonable(config), log, resume=bool(resume))
-    evals = EvalSchedule(config, producers[0], consumers, logger, log, num_threads=evaluator_threads,
-                         resume=bool(resume), actor_options=reservation.evaluator_options(), gather=gather)
+    evals = EvalSchedule(config, producers[0], consumers, logger, gather, log, num_threads=evaluator_threads,
+                         resume=bool(resume), actor_options=reservation.evaluator_options())
     rollouts = None
     if config.run.rollout_save_dir:
         rollouts = RolloutWriter(os.path.join(config.run.rollout_save_dir, config.run.project), log=log,

@@ -104,7 +104,7 @@ def producer_rounds(rounds_put: dict, num_inferencers: int) -> list[int]:
     return [rounds_put.get(rank, 0) for rank in range(num_inferencers)]
 
 
-def save_checkpoint(path: str, consumers, buffer, config, driver: dict, gather=ray.get) -> str:
+def save_checkpoint(path: str, consumers, buffer, config, driver: dict, gather) -> str:
     """Write checkpoint ``path`` atomically; ``driver``: the driver's own state (step, skipped, eval_before).
     ``gather`` waits for the trainer ranks' calls (a run's supervisor: a rank dying mid-save stops the run)."""
     with atomic_directory(path) as staging:
@@ -206,7 +206,7 @@ def _check_state_format(path: str, config) -> None:
                          "checkpoint); resume it with --plugin colossalai")
 
 
-def restore_run(path: str, consumers, buffer, gather=ray.get) -> dict:
+def restore_run(path: str, consumers, buffer, gather) -> dict:
     """Driver side of a resume, before the producers start: every trainer rank loads the checkpoint (which
     publishes its weights again), and the pending groups go back into the buffer first. The run state.
     ``gather``: as in save_checkpoint."""

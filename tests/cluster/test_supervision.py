@@ -10,21 +10,12 @@ import time
 import pytest
 import ray
 
+from coati.cluster.connect import where
 from coati.cluster.supervision import RunStopped, Supervisor
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @ray.remote(num_cpus=0)
 class Rank:
-    def pid(self) -> int:
-        return os.getpid()
-
     def save(self, dies: bool) -> dict:
         if dies:
             time.sleep(0.3)
@@ -42,8 +33,7 @@ def unhandled_errors(monkeypatch) -> list:
 def stop_a_save(tmp_path, drain: bool) -> str:
     """rank 1 dies mid-save; rank 0's save fails 0.3 s later, before the driver kills it, as gloo's does."""
     ranks = [Rank.remote(), Rank.remote()]
-    places = {"trainers": [{"pid": pid, "ip": "127.0.0.1", "node_id": "ab" * 28}
-                           for pid in ray.get([rank.pid.remote() for rank in ranks])]}
+    places = {"trainers": ray.get([rank.__ray_call__.remote(where) for rank in ranks])}
     supervisor = Supervisor(str(tmp_path), ranks, [], places)
     with pytest.raises(ray.exceptions.RayError) as failure:
         supervisor.gather([rank.save.remote(dies=(n == 1)) for n, rank in enumerate(ranks)])
