@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Acceptance run for a machine with NVIDIA GPUs, in one command (after `bash scripts/setup.sh --gpu`):
-#   bash scripts/gpu_check.sh [OUT_DIR]        (default: runs/gpu_check)
+#   bash scripts/gpu_check.sh [OUT_DIR]        (default: runs/gpu_check; PY=python3 to use another interpreter)
+# From one GPU up:
 # 1. the gpu-marked tests;
-# 2. the embedded demo with -b vllm (one GPU for the trainer, one for the inferencer: needs 2 GPUs);
-# 3. a Qwen2.5-0.5B-shaped model (python -m coati.models.scale) trained 3 GRPO steps with vLLM and ColossalAI
-#    HybridParallel: TP 2 with ZeRO-2 over dp (-t 4 when 5+ GPUs, else -t 2), bf16;
-# 4. that run's --dry-run estimate for trainer rank 0 against its torch.cuda.max_memory_allocated
-#    (the gpu_max_allocated_gib metric).
+# 2. the embedded demo colocated (--colocate: trainer and engine share the GPU) with the transformers engine, and
+#    with -b vllm when vLLM is installed;
+# 3. a Qwen2.5-0.5B-shaped model (python -m coati.models.scale), -t 1 colocated, a few GRPO steps: the --dry-run
+#    estimate of each phase (generation, training) against torch.cuda.max_memory_allocated in that phase
+#    (the gpu_generate_peak_gib / gpu_train_peak_gib metrics);
+# with 3 GPUs or more (and vLLM):
+# 4. the decoupled layout: that model with vLLM and ColossalAI HybridParallel TP 2 with ZeRO-2, bf16, against its
+#    --dry-run estimate for trainer rank 0.
 # It prints the numbers; a failing stage stops the script with its exit status.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,27 +23,22 @@ if [ "$ngpu" -lt 1 ]; then
          "after 'bash scripts/setup.sh --gpu'" >&2
     exit 2
 fi
-"$PY" -c "import vllm" 2>/dev/null || { echo "gpu_check: vLLM is not installed: bash scripts/setup.sh --gpu" >&2; exit 2; }
+if "$PY" -c "import vllm" 2>/dev/null; then vllm=1; else vllm=0; fi
 echo "gpu_check: $ngpu GPU(s): $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | sort | uniq -c | xargs)"
+[ "$vllm" = 1 ] || echo "gpu_check: vLLM is not installed: the -b vllm stages are skipped (bash scripts/setup.sh --gpu)"
 
 echo "== 1. gpu-marked tests"
-"$PY" -m pytest -q -m gpu tests
+"$PY" -m pytest -q -p no:cacheprovider -m gpu tests
 
-echo "== 2. the demo with -b vllm"
-if [ "$ngpu" -ge 2 ]; then
+echo "== 2. the demo, colocated on one GPU"
+backends=(transformers)
+[ "$vllm" = 1 ] && backends+=(vllm)
+for backend in "${backends[@]}"; do
     start=$(date +%s)
-    "$PY" rl_example.py -b vllm -sd "$OUT/demo" --no-progress | tail -4
-    echo "demo: $(( $(date +%s) - start )) s"
-else
-    echo "skipped: the demo's trainer and inferencer each take a whole GPU (coati/cluster/placement.py); 1 GPU here"
-fi
+    CUDA_VISIBLE_DEVICES=0 "$PY" rl_example.py --colocate -b "$backend" -sd "$OUT/demo_$backend" --no-progress | tail -4
+    echo "demo colocated, -b $backend: $(( $(date +%s) - start )) s"
+done
 
-echo "== 3. 0.5B shape, vLLM + ColossalAI HybridParallel TP 2, ZeRO-2, bf16"
-if [ "$ngpu" -ge 5 ]; then trainers=4; elif [ "$ngpu" -ge 3 ]; then trainers=2; else trainers=0; fi
-if [ "$trainers" -eq 0 ]; then
-    echo "skipped: TP 2 and one inferencer need 3 GPUs; $ngpu here"
-    exit 0
-fi
 model="$OUT/qwen2.5-0.5b-shape"
 [ -f "$model/config.json" ] || "$PY" -m coati.models.scale "$model"
 "$PY" - "$OUT/gsm8k_like.jsonl" <<'PY'
@@ -49,15 +48,43 @@ with open(sys.argv[1], "w") as handle:
     for row in word_problems(24, seed=7):  # >= 3 steps of -tbs 4 prompts x dp 2
         handle.write(json.dumps(row) + "\n")
 PY
-flags=(-m "$model" -d "$OUT/gsm8k_like.jsonl" --input-key question --label-key answer -rt boxed -mpt 96
-       -b vllm --plugin colossalai -t "$trainers" -tp 2 -zero 2 --precision bf16 -i 1
-       -g 8 -ibs 4 -imbs 4 -tbs 4 -tMbs 4 -tmbs 8 -mnt 256 -e 1 --no-progress)
+data_flags=(-m "$model" -d "$OUT/gsm8k_like.jsonl" --input-key question --label-key answer -rt boxed -mpt 96
+            -g 8 -ibs 4 -imbs 4 -tbs 4 -tMbs 4 -tmbs 8 -mnt 256 -e 1 --no-progress)
+
+echo "== 3. 0.5B shape, -t 1 colocated, transformers engine"
+flags=("${data_flags[@]}" --colocate -t 1 -b transformers -ibs 8 -imbs 8 -tbs 8 -tMbs 8)
+CUDA_VISIBLE_DEVICES=0 "$PY" rl_example.py "${flags[@]}" --dry-run | tee "$OUT/plan_colocated.txt"
+start=$(date +%s)
+CUDA_VISIBLE_DEVICES=0 "$PY" rl_example.py "${flags[@]}" -sd "$OUT/run05b_colocated" | tail -3
+echo "0.5B colocated run: $(( $(date +%s) - start )) s"
+"$PY" - "$OUT/plan_colocated.txt" "$OUT/run05b_colocated" <<'PY'
+import glob, json, re, sys
+plan = next(line for line in open(sys.argv[1]) if line.startswith("trainer rank 0 "))
+estimate = {phase: float(value) for phase, value in re.findall(r"(train_phase|generate_phase) ([\d.]+)", plan)}
+rows = [json.loads(line) for path in glob.glob(f"{sys.argv[2]}/**/metrics.jsonl", recursive=True)
+        for line in open(path) if '"kind": "train"' in line]
+for row in rows:
+    print(f"step {row['step']}: {row['step_time_s']:.1f} s (generate {row.get('generate_s', 0):.1f}, train "
+          f"{row.get('train_s', 0):.1f}, load weights {row.get('publish_s', 0):.1f}); GPU peak generate "
+          f"{row.get('gpu_generate_peak_gib', 0):.2f} GiB, train {row.get('gpu_train_peak_gib', 0):.2f} GiB")
+for phase, metric in (("generate_phase", "gpu_generate_peak_gib"), ("train_phase", "gpu_train_peak_gib")):
+    measured = max((row.get(metric, 0.0) for row in rows), default=0.0)
+    ratio = estimate[phase] / measured if measured else float("nan")
+    print(f"{phase}: --dry-run estimate {estimate[phase]:.2f} GiB, measured {measured:.2f} GiB (estimate / measured "
+          f"{ratio:.2f})")
+PY
+
+echo "== 4. 0.5B shape, decoupled: vLLM + ColossalAI HybridParallel TP 2, ZeRO-2, bf16"
+if [ "$ngpu" -ge 5 ]; then trainers=4; elif [ "$ngpu" -ge 3 ]; then trainers=2; else trainers=0; fi
+if [ "$trainers" -eq 0 ] || [ "$vllm" = 0 ]; then
+    echo "skipped: needs vLLM and 3 GPUs (TP 2 and one inferencer); $ngpu here, vLLM $([ "$vllm" = 1 ] && echo yes || echo no)"
+    exit 0
+fi
+flags=("${data_flags[@]}" -b vllm --plugin colossalai -t "$trainers" -tp 2 -zero 2 --precision bf16 -i 1)
 "$PY" rl_example.py "${flags[@]}" --dry-run | tee "$OUT/plan.txt"
 start=$(date +%s)
 "$PY" rl_example.py "${flags[@]}" -sd "$OUT/run05b" | tail -3
 echo "0.5B run: $(( $(date +%s) - start )) s"
-
-echo "== 4. estimate vs measured (trainer rank 0)"
 "$PY" - "$OUT" <<'PY'
 import glob, json, sys
 out = sys.argv[1]
@@ -65,9 +92,6 @@ plan = next(line for line in open(f"{out}/plan.txt") if line.startswith("trainer
 estimate = float(plan.split()[7])
 rows = [json.loads(line) for path in glob.glob(f"{out}/run05b/**/metrics.jsonl", recursive=True)
         for line in open(path) if '"kind": "train"' in line]
-for row in rows:
-    print(f"step {row['step']}: {row['step_time_s']:.1f} s (generate {row.get('generate_s', 0):.1f}, train "
-          f"{row.get('train_s', 0):.1f}, publish {row.get('publish_s', 0):.1f})")
 measured = max(row.get("gpu_max_allocated_gib", 0.0) for row in rows) if rows else 0.0
 print(f"trainer rank 0: --dry-run estimate {estimate:.2f} GiB, torch.cuda.max_memory_allocated {measured:.2f} GiB "
       f"(estimate / measured {estimate / measured if measured else float('nan'):.2f})")

@@ -233,7 +233,7 @@ def reserve(config, timeout_s: float = PLACEMENT_TIMEOUT_S) -> Reservation:
     cluster = ray.cluster_resources()
     nodes = [node for node in ray.nodes() if node.get("Alive")]
     plan = make_plan(p.num_inferencers, p.producer_tensor_parallel_size, p.num_trainers,
-                     config.run.eval_interval > 0 and bool(config.data.eval_paths), cluster)
+                     config.run.eval_interval > 0 and bool(config.data.eval_paths) and not p.colocate, cluster)
     missing = shortfall(plan, cluster, [node["Resources"] for node in nodes])
     if missing:
         raise ClusterError(missing)

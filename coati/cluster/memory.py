@@ -108,6 +108,22 @@ def trainer_memory(shape: ModelShape, layout: TrainerLayout, micro_batch: int, s
     return out
 
 
+def colocated_memory(train: dict[str, float], engine: dict[str, float], engine_is_policy: bool,
+                     optimizer_offloaded: bool, engine_sleeps: bool) -> dict[str, float]:
+    """A colocated trainer rank's peak by phase, in bytes: ``train_phase`` (the trainer's whole peak, plus the
+    engine's weights unless they are the policy's or asleep), ``generate_phase`` (the engine: its weights unless
+    they are the policy's, KV cache, logits; plus what the trainer keeps resident: weights, optimizer states
+    unless offloaded, reference, critic, runtime; gradients are freed by then); ``total`` is the larger, not
+    the sum. ``train``: ``trainer_memory``'s components (a critic's states as ``critic``); ``engine``:
+    ``inferencer_memory``'s."""
+    engine_weights = 0.0 if engine_is_policy else engine["weights"]
+    resident = ("weights", "reference", "critic", "runtime") + (() if optimizer_offloaded else ("optimizer",))
+    train_phase = sum(v for k, v in train.items() if k != "total") + (0.0 if engine_sleeps else engine_weights)
+    generate_phase = (engine_weights + engine.get("kv_cache", 0.0) + engine.get("logits", 0.0)
+                      + sum(train.get(k, 0.0) for k in resident))
+    return {"train_phase": train_phase, "generate_phase": generate_phase, "total": max(train_phase, generate_phase)}
+
+
 def publish_bytes(shape: ModelShape, weight_sync: str, bucket_mb: float, dtype_bytes: int = 4) -> float:
     """Host memory the sending trainer rank adds by publishing, at its peak: the gathered full weights and one
     more full copy (collective: the broadcast buckets it keeps to re-send a version to a restarted producer;

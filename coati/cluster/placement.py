@@ -74,6 +74,9 @@ def shortfall(plan: Plan, cluster: dict[str, float], nodes: list[dict[str, float
     could only mislead it on a node with fewer CPUs than GPUs.
     """
     fix = "add nodes or lower -i/-t" + ("/-ptp" if plan.inferencer_tp > 1 else "")
+    if plan.num_inferencers and _fits_colocated(plan, cluster, nodes):
+        fix = (f"add nodes, or train and generate on the trainers' {plan.unit}s (it fits): "
+               f"--colocate -t {plan.num_trainers}")
     for resource in ("GPU", "CPU"):
         need, have = plan.total(resource), cluster.get(resource, 0.0)
         if need > have:
@@ -92,6 +95,13 @@ def shortfall(plan: Plan, cluster: dict[str, float], nodes: list[dict[str, float
                 f"{_count(plan.inferencer_bundle[plan.unit])} per inferencer and 1 per trainer rank, which the "
                 f"nodes' {plan.unit}s ({per_node}) cannot hold: {fix}")
     return None
+
+
+def _fits_colocated(plan: Plan, cluster: dict[str, float], nodes: list[dict[str, float]]) -> bool:
+    """Whether the trainer ranks alone (--colocate: no inferencers, no evaluator bundle) fit the cluster."""
+    colocated = Plan(plan.unit, 0, 1, plan.num_trainers, evaluator=False)
+    return (all(colocated.total(resource) <= cluster.get(resource, 0.0) for resource in ("GPU", "CPU"))
+            and _first_fit(colocated, nodes))
 
 
 def _first_fit(plan: Plan, nodes: list[dict[str, float]]) -> bool:

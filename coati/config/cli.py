@@ -128,11 +128,24 @@ def _situation(values: dict, demo) -> tuple[bool, dict, dict]:
     return embedded, eval_paths, grpo_overrides
 
 
+def _colocation(values: dict, given: set[str]) -> None:
+    """--colocate means no inferencer actors (-i 0; an explicit -i N is refused); -i or -t given without it
+    means the decoupled layout, so the one-GPU default (launcher) leaves such a run alone."""
+    if values["colocate"]:
+        if "num_inferencer" in given and values["num_inferencer"] != 0:
+            raise ConfigError(f"--colocate: the trainer ranks generate and there are no inferencer actors: drop "
+                              f"-i {values['num_inferencer']} (or drop --colocate)")
+        values["num_inferencer"] = 0
+    elif values["colocate"] is None and given & {"num_inferencer", "num_trainers"}:
+        values["colocate"] = False
+
+
 def config_from_values(values: dict, demo=None, given: set[str] | None = None) -> RLConfig:
     """The checked RLConfig of option values by dest (flags, --config, defaults all applied); ``given``: the dests
     the user set, checked against the algorithm's options."""
     values = dict(values)
     embedded, eval_paths, grpo_overrides = _situation(values, demo)
+    _colocation(values, given or set())
     max_new_tokens, stops = values["max_new_tokens"], STOP_STRINGS[values["reward_type"]]
     flags = {key: values[knob.dest] for key, knob in grpo_keys(AlgoConfig).items() if knob.is_flag}
     # the parts built from their flags alone (parallel, batch, run) are constructed from the values directly

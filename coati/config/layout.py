@@ -35,7 +35,8 @@ class TrainerLayout:
 
 @dataclass(frozen=True)
 class ParallelConfig(TrainerLayout):
-    num_inferencers: int = option(1, "inferencer (producer) actors", "-i", flag="--num-inferencer")
+    num_inferencers: int = option(1, "inferencer (producer) actors (0 with --colocate)", "-i",
+                                  flag="--num-inferencer")
     num_trainers: int = option(1, "trainer actors forming one torch.distributed group (dp = t / (tp * pp))", "-t")
     tensor_parallel_size: int = option(1, "trainer tensor parallelism", "-tp")
     pipeline_parallel_size: int = option(1, "trainer pipeline parallelism", "-pp")
@@ -57,6 +58,13 @@ class ParallelConfig(TrainerLayout):
     vllm_kv_cache_gb: float = option(1.0, "-b vllm on CPU: KV-cache memory per inferencer (GiB)")
     vllm_gpu_memory_utilization: float = option(
         0.7, "-b vllm on GPU: fraction of each GPU's memory vLLM may take (weights + KV cache)")
+    colocate: bool | None = option(
+        None, "train and generate on the same devices: every trainer rank owns an inference engine in its own "
+              "process and generates its -ibs prompts of each round there; no inferencer actors (-i 0). Default: "
+              "on when the cluster has exactly one GPU and -i/-t are not given, else off")
+    offload_optimizer: bool = option(
+        False, "--colocate on GPUs: move the optimizer states to host memory while the rank generates, and back "
+               "before its optimizer steps (more room for the engine's KV cache; no effect on the CPU)")
     max_staleness: int = option(
         0, "async rollouts: producers may generate round r once weights version r - S are published, so generation "
            "overlaps training and every trained group is at most S versions old (never dropped); 0: sync mode",
@@ -73,6 +81,20 @@ class ParallelConfig(TrainerLayout):
     weight_sync_timeout_s: float = option(
         600.0, "--weight-sync collective: seconds a weight version may take to reach every inferencer before the "
                "run stops naming the inferencer and the version", flag="--weight-sync-timeout")
+
+    @property
+    def engine_is_policy(self) -> bool:
+        """--colocate: whether each rank's engine is the trained module itself (the transformers engine of an
+        unsharded plugin: no copy, nothing to sync, generation in the trainer's dtype); else a copy of its own."""
+        from coati.plugins import FULL_MODULE_PLUGINS
+
+        return bool(self.colocate) and self.backend == "transformers" and self.plugin_name in FULL_MODULE_PLUGINS
+
+    @property
+    def rollout_sources(self) -> int:
+        """Generators that put a round's ``-ibs`` batches into the buffer: the inferencers, or with --colocate
+        every trainer rank (generator r is trainer rank r)."""
+        return self.num_trainers if self.colocate else self.num_inferencers
 
     def model_placement(self, role: str):
         """Device and dtype of this run's model of ``role`` in this process (coati.utils.device's rule)."""

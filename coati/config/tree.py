@@ -34,17 +34,18 @@ class RLConfig:
 
     @property
     def groups_per_sync(self) -> int:
-        """Groups the trainer group draws between two weight syncs: one round of every producer, plus the
+        """Groups the trainer group draws between two weight syncs: one round of every producer (with --colocate:
+        of every trainer rank), plus the
         learner's ``learner_chunk_size`` groups.
 
         Equal to steps_per_sync * dp * tbs without filtering; dynamic batching syncs on this count, not on steps.
         """
-        return self.parallel.num_inferencers * self.batch.inference_batch_size + self.algo.learner_chunk_size
+        return self.parallel.rollout_sources * self.batch.inference_batch_size + self.algo.learner_chunk_size
 
     @property
     def schedule(self):
         """The rollout protocol (coati.cluster.schedule): which version a round needs, when to publish."""
         from coati.cluster.schedule import RolloutSchedule
 
-        return RolloutSchedule.for_run(self.parallel.num_inferencers, self.batch.inference_batch_size,
+        return RolloutSchedule.for_run(self.parallel.rollout_sources, self.batch.inference_batch_size,
                                        self.algo.learner_chunk_size, self.parallel.max_staleness)

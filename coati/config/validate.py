@@ -32,7 +32,10 @@ def validate(config: RLConfig) -> None:
                               "--code-memory-mb, --code-max-processes)") from None
     require(config.algo.name in ALGOS, f"unknown algorithm {config.algo.name!r}; choose one of {', '.join(ALGOS)}")
     require(p.backend in BACKENDS, f"unknown backend {p.backend!r}; choose one of {', '.join(BACKENDS)}")
-    for flag, value in (("-i/--num-inferencer", p.num_inferencers), ("-t/--num-trainers", p.num_trainers),
+    if not p.colocate:
+        require(p.num_inferencers >= 1, f"-i/--num-inferencer must be at least 1, got {p.num_inferencers} (or train "
+                                         "and generate on the trainer ranks' devices: --colocate)")
+    for flag, value in (("-t/--num-trainers", p.num_trainers),
                         ("-g/--num-generations", b.num_generations), ("-ibs", b.inference_batch_size),
                         ("-imbs", b.inference_microbatch_size), ("-tbs", b.train_batch_size),
                         ("-tMbs", b.train_minibatch_size), ("-tmbs", b.train_microbatch_size),
@@ -53,6 +56,7 @@ def validate(config: RLConfig) -> None:
     require(p.producer_tensor_parallel_size == 1 or p.backend == "vllm",
             "-ptp > 1 (inference tensor parallelism) needs -b vllm")
     _validate_weight_sync(p)
+    _validate_colocation(config)
     require(p.vllm_kv_cache_gb > 0, f"--vllm-kv-cache-gb must be > 0, got {p.vllm_kv_cache_gb}")
     require(0 < p.vllm_gpu_memory_utilization <= 1,
             f"--vllm-gpu-memory-utilization must lie in (0, 1], got {p.vllm_gpu_memory_utilization}")
@@ -75,10 +79,31 @@ def _validate_episodes(config: RLConfig) -> None:
             "--env episodes are rewarded by the environment: drop --reward-model (or --env)")
 
 
+def _validate_colocation(config: RLConfig) -> None:
+    """--colocate: the trainer ranks are the only generators, one after the other with training."""
+    p = config.parallel
+    require(p.colocate or not p.offload_optimizer, "--offload-optimizer needs --colocate (it frees the trainer's "
+                                                   "memory for the engine on the same GPU)")
+    if not p.colocate:
+        return
+    require(p.num_inferencers == 0, f"--colocate: the trainer ranks generate and there are no inferencer actors: "
+                                    f"drop -i {p.num_inferencers} (or drop --colocate)")
+    require(p.max_staleness == 0, "--colocate trains and generates on the same devices one after the other, so "
+                                  "-nb/--max-staleness has no overlap to gain: drop -nb, or use the decoupled layout "
+                                  "(-i N without --colocate) for async rollouts")
+    require(config.algo.learner_chunk_size == 0, "--colocate: every trainer rank already generates its share of "
+                                                 "each round: drop --learner-chunk-size")
+    require(p.weight_sync == "object-store", "--weight-sync: with --colocate weights never leave the trainer "
+                                             "ranks' processes: drop --weight-sync")
+    require(p.producer_tensor_parallel_size == 1, "-ptp: with --colocate each trainer rank's engine runs on that "
+                                                  "rank's own device: drop -ptp")
+
+
 def _validate_batches(config: RLConfig) -> None:
     """-i/-ibs/-imbs against -t/-tbs/-tMbs/-tmbs: rounds tile into steps, steps into micro-batches."""
     p, b = config.parallel, config.batch
-    produced, consumed = p.num_inferencers * b.inference_batch_size, p.dp_size * b.train_batch_size
+    produced, consumed = p.rollout_sources * b.inference_batch_size, p.dp_size * b.train_batch_size
+    generators = "trainers*ibs (--colocate)" if p.colocate else "num_inferencer*ibs"
     if config.algo.learner_chunk_size > 0:  # a round also holds the learner's groups; steps must tile it
         chunk = config.algo.learner_chunk_size
         require((produced + chunk) % consumed == 0,
@@ -86,7 +111,7 @@ def _validate_batches(config: RLConfig) -> None:
                  f"multiple of data-parallel trainers*tbs ({consumed}): change --learner-chunk-size, -ibs or -tbs")
     else:
         require(produced % consumed == 0,
-                 f"num_inferencer*ibs ({produced}) must be a multiple of data-parallel trainers*tbs ({consumed}): "
+                 f"{generators} ({produced}) must be a multiple of data-parallel trainers*tbs ({consumed}): "
                  "change -i, -ibs, -t or -tbs")
     require(b.train_batch_size >= b.train_minibatch_size,
             f"-tbs ({b.train_batch_size}) must be >= -tMbs ({b.train_minibatch_size})")

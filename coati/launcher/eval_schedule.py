@@ -50,7 +50,8 @@ class EvalSchedule:
         self.interval = config.run.eval_interval
         self.writer = EvalWriter(eval_dir(config), log, resume=resume) if self.jobs else None
         self.evaluator = None
-        if self.jobs and self.interval > 0:
+        self.on_trainers = bool(config.parallel.colocate)  # the trainer ranks' own engines evaluate
+        if self.jobs and self.interval > 0 and not self.on_trainers:
             # Default num_cpus=0: it shares the cores with producers and trainers (as buffer and store do), so the
             # run needs no extra Ray CPU slot and cannot wait for one; GPU clusters give it a bundle (placement.py).
             self.evaluator = ray.remote(Evaluator).options(**(actor_options or {"num_cpus": 0})).remote(
@@ -78,6 +79,11 @@ class EvalSchedule:
         if not self.jobs or step in self.submitted:
             return
         self.submitted.add(step)
+        if self.on_trainers:  # --colocate: between two steps the trainer ranks are free; exact weights of `step`
+            for task, path, mode, params in self.jobs:
+                out = self.gather([consumer.evaluate.remote(path, params) for consumer in self.consumers])[0]
+                self._record(step, task, mode, out, out.pop("on_sync"))
+            return
         if self.evaluator is None:  # -ei 0: producer 0, which is idle before and after training
             for task, path, mode, params in self.jobs:
                 self._record(step, task, mode, ray.get(self.producer.evaluate.remote(path, params)), True)

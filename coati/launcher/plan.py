@@ -19,6 +19,7 @@ from coati.cluster.memory import (
     GiB,
     ModelShape,
     TrainerLayout,
+    colocated_memory,
     inferencer_memory,
     kv_bytes_per_token,
     publish_bytes,
@@ -93,7 +94,7 @@ def place(config, nodes: list[Node]) -> tuple[list[Actor], str]:
     p = config.parallel
     totals = {"GPU": float(sum(n.gpus for n in nodes)), "CPU": float(sum(n.cpus for n in nodes))}
     plan = placement_plan(p.num_inferencers, p.producer_tensor_parallel_size, p.num_trainers,
-                          config.run.eval_interval > 0, totals)
+                          config.run.eval_interval > 0 and not p.colocate, totals)
     problem = shortfall(plan, totals, [{"GPU": float(n.gpus), "CPU": float(n.cpus)} for n in nodes])
     if problem:
         raise PlanError(problem)
@@ -136,21 +137,33 @@ def estimate(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: l
     uses_reference = config.algo.loss.kl_loss_coef > 0 or config.algo.uses_critic
     reference = DTYPE_BYTES[_dtype_name(device_rule(gpus, p.backend, "reference", p.model_dtype, p.precision))]
     engine = _dtype_name(device_rule(gpus, p.backend, "producer", p.model_dtype, p.precision))
+
+    def engine_memory(node: int, trainer: dict | None = None) -> dict:
+        ptp = p.producer_tensor_parallel_size if not on_cpu else 1
+        weights = DTYPE_BYTES[engine] * shape.params / ptp
+        kv = p.vllm_kv_cache_gb * GiB if on_cpu else p.vllm_gpu_memory_utilization * nodes[node].memory - weights
+        if trainer is not None and not on_cpu:  # colocated: vLLM's share of the GPU holds the trainer's part too
+            kv -= trainer.get("weights", 0.0) + trainer.get("optimizer", 0.0) * (not p.offload_optimizer)
+        return inferencer_memory(shape, p.backend, engine, ptp, kv, batch.inference_microbatch_size *
+                                 batch.num_generations, seq, config.sampling.max_new_tokens, on_cpu)
+
     for actor in actors:
         if actor.name.startswith("trainer"):
             memory = trainer_memory(shape, layout, micro, seq, reference if uses_reference else 0, on_cpu)
             if config.algo.uses_critic:  # a second trained model of the policy's shape, same layout
                 memory["critic"] = sum(v for k, v in memory.items() if k in ("weights", "gradients", "optimizer"))
-            if actor.name == "trainer rank 0" and on_cpu:  # the sender's host copies count on a CPU node
+            if actor.name == "trainer rank 0" and on_cpu and not p.colocate:  # the sender's host copies
                 memory["publish"] = publish_bytes(shape, p.weight_sync, p.weight_sync_bucket_mb)
+            if p.colocate:  # the peak of either phase, not their sum
+                memory = colocated_memory(memory, engine_memory(actor.node, memory), p.engine_is_policy,
+                                          p.offload_optimizer and not on_cpu, p.backend == "vllm" and not on_cpu)
         else:
-            ptp = p.producer_tensor_parallel_size if not on_cpu else 1
-            weights = DTYPE_BYTES[engine] * shape.params / ptp
-            kv = p.vllm_kv_cache_gb * GiB if on_cpu else p.vllm_gpu_memory_utilization * nodes[actor.node].memory - weights
-            memory = inferencer_memory(shape, p.backend, engine, ptp, kv, batch.inference_microbatch_size *
-                                       batch.num_generations, seq, config.sampling.max_new_tokens, on_cpu)
+            memory = engine_memory(actor.node)
         memory.pop("total", None)
-        memory["total"] = sum(memory.values())
+        if p.colocate and actor.name.startswith("trainer"):
+            memory["total"] = max(memory.values())
+        else:
+            memory["total"] = sum(memory.values())
         actor.memory = memory
 
 
@@ -187,6 +200,13 @@ def _parts(memory: dict) -> str:
     return ", ".join(f"{k} {v / GiB:.1f}" for k, v in memory.items() if k != "total" and v)
 
 
+def _generators(p) -> str:
+    if not p.colocate:
+        return f"{p.num_inferencers} {p.backend} inferencer(s), -ptp {p.producer_tensor_parallel_size}"
+    engine = "the trained module itself" if p.engine_is_policy else f"its own {p.backend} engine"
+    return f"colocated: every trainer rank generates with {engine}; per rank the larger phase counts, not the sum"
+
+
 def render(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: list[Node]) -> list[str]:
     p, b = config.parallel, config.batch
     gpu_text = f"{nodes[0].gpus} GPUs of {nodes[0].memory / 1e9:.0f} GB" if unit == "GPU" else \
@@ -194,8 +214,7 @@ def render(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: lis
     lines = [(f"plan: {len(nodes)} node(s) x {gpu_text}; model {shape.params / 1e9:.2f}B parameters "
              f"({shape.layers} layers, hidden {shape.hidden}, vocab {shape.vocab})"),
              (f"trainer group: {p.plugin_name}, -t {p.num_trainers} = TP {p.tensor_parallel_size} x PP "
-             f"{p.pipeline_parallel_size} x DP {p.dp_size}, -zero {p.zero_stage}, {p.precision}; "
-             f"{p.num_inferencers} {p.backend} inferencer(s), -ptp {p.producer_tensor_parallel_size}"),
+              f"{p.pipeline_parallel_size} x DP {p.dp_size}, -zero {p.zero_stage}, {p.precision}; {_generators(p)}"),
              (f"activations: micro-batches of {min(b.train_microbatch_size, b.train_batch_size * b.num_generations)}"
               f" samples x {config.data.max_prompt_tokens}+{config.sampling.max_new_tokens} tokens (-tmbs, -mpt + "
               f"-mnt: the longest a batch can be)"),
@@ -207,10 +226,12 @@ def render(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: lis
     return lines
 
 
-def build_plan(config, cluster: str | None = None) -> tuple[ModelShape, list[Actor], str, list[Node]]:
-    """(the model's shape, every actor placed with threads and memory, the unit, the nodes); PlanError when the
-    flags or the cluster description are wrong or the bundles cannot be placed."""
+def build_plan(config, cluster: str | None = None) -> tuple:
+    """(the config with the one-GPU colocation default decided, the line that says so or None, the model's shape,
+    every actor placed with threads and memory, the unit, the nodes); PlanError when the flags or the cluster
+    description are wrong or the bundles cannot be placed."""
     from coati.cluster.connect import cluster_address
+    from coati.config.colocation import choose_colocation
     from coati.rollout.reward_model import read_model_config
 
     model_config, problem = read_model_config(config.model.path, "-m/--model", "pass an HF model directory")
@@ -223,16 +244,17 @@ def build_plan(config, cluster: str | None = None) -> tuple[ModelShape, list[Act
     else:
         address, _ = cluster_address(config.run.master_address)
         nodes = running_cluster(address) if address else this_machine(p.num_trainers + p.num_inferencers)
+    config, line = choose_colocation(config, sum(node.gpus for node in nodes))
     actors, unit = place(config, nodes)
     assign_threads(config, actors, nodes)
     estimate(config, shape, actors, unit, nodes)
-    return shape, actors, unit, nodes
+    return config, line, shape, actors, unit, nodes
 
 
 def dry_run(config, cluster: str | None = None) -> tuple[list[str], str | None]:
     """The plan's lines and, when it cannot run, the one error line (PlanError for bad input)."""
-    shape, actors, unit, nodes = build_plan(config, cluster)
-    lines = render(config, shape, actors, unit, nodes)
+    config, line, shape, actors, unit, nodes = build_plan(config, cluster)
+    lines = ([line] if line else []) + render(config, shape, actors, unit, nodes)
     error = check_fit(config, shape, actors, unit, nodes)
     lines.append(f"does not fit: {error}" if error else "fits: every actor's estimate is within its device's memory")
     return lines, error

@@ -163,10 +163,11 @@ def check_inputs(config: RLConfig) -> None:
         require(len(train) >= round_size,
                  f"{config.data.train_path} has {len(train)} prompts: one round needs num_inferencer*ibs + "
                  f"--learner-chunk-size = {round_size}; lower -ibs or --learner-chunk-size, or add data")
-    per_producer = len(train) // config.parallel.num_inferencers
-    require(per_producer >= config.batch.inference_batch_size,
-             f"{config.data.train_path} has {len(train)} prompts: each of the {config.parallel.num_inferencers} "
-             f"inferencers needs at least -ibs={config.batch.inference_batch_size}; lower -ibs or add data")
+    sources = config.parallel.rollout_sources
+    generators = "trainer ranks (--colocate)" if config.parallel.colocate else "inferencers"
+    require(len(train) // sources >= config.batch.inference_batch_size,
+             f"{config.data.train_path} has {len(train)} prompts: each of the {sources} {generators} needs at "
+             f"least -ibs={config.batch.inference_batch_size}; lower -ibs or add data")
 
 
 def _check_env(spec: str) -> None:

@@ -21,6 +21,7 @@ from coati.cluster.schedule import node_cores, node_thread_budgets, thread_budge
 from coati.cluster.supervision import PRODUCER_OPTIONS, Supervisor
 from coati.cluster.trainer_group import TrainerGroup, join_trainer_group, start_trainer_group
 from coati.cluster.weight_sync import WeightStore
+from coati.config.colocation import choose_colocation
 from coati.config.tree import RLConfig
 from coati.launcher.eval_schedule import EvalSchedule
 from coati.rollout.producer import Producer
@@ -50,6 +51,9 @@ def run(config: RLConfig, log=print) -> RunResult:
     if log is print:  # lines printed while the progress bar is up go above it, not through it
         log = tqdm.write
     init_ray(config)
+    config, line = choose_colocation(config, ray.cluster_resources().get("GPU", 0))
+    if line:
+        log(line)
     reservation = reserve(config)  # before any actor: a cluster too small for the flags is one ClusterError line
     try:
         return _run(config, log, reservation, start)
@@ -172,7 +176,8 @@ def _open_outputs(config, log, producers, consumers, resume, state, evaluator_th
     """The run's metrics log, evaluation schedule (its first evaluation submitted, or restored when resuming)
     and rollout writer (-rsd)."""
     logger = MetricsLogger(config.run.run_dir, config.run.project, _jsonable(config), log, resume=bool(resume))
-    evals = EvalSchedule(config, producers[0], consumers, logger, gather, log, num_threads=evaluator_threads,
+    evals = EvalSchedule(config, producers[0] if producers else None, consumers, logger, gather, log,
+                         num_threads=evaluator_threads,
                          resume=bool(resume), actor_options=reservation.evaluator_options())
     rollouts = None
     if config.run.rollout_save_dir:
@@ -188,17 +193,16 @@ def _open_outputs(config, log, producers, consumers, resume, state, evaluator_th
 
 
 def _rounds_to_run(config, consumers, producers, log) -> int:
-    """Rounds of the whole run: the shortest shard's rounds per episode (producers', and with
-    --learner-chunk-size the sending trainer generator's) times the episodes."""
-    infos = ray.get([producer.info.remote() for producer in producers])
-    learner_infos = [info for info in ray.get([consumer.learner_info.remote() for consumer in consumers]) if info]
-    for info in learner_infos:
+    """Rounds of the whole run: the shortest shard's rounds per episode (producers', the sending trainer's with
+    --learner-chunk-size, every trainer rank's with --colocate) times the episodes."""
+    trainer = "learner" if config.algo.learner_chunk_size else "trainer rank"
+    infos = {f"inferencer {rank}": info for rank, info in enumerate(ray.get([p.info.remote() for p in producers]))}
+    infos.update({f"{trainer} {rank}": info for rank, info in
+                  enumerate(ray.get([consumer.learner_info.remote() for consumer in consumers])) if info})
+    for name, info in infos.items():
         if info["skipped_too_long"]:
-            log(f"learner: skipped {info['skipped_too_long']} prompts longer than -mpt tokens")
-    for rank, info in enumerate(infos):
-        if info["skipped_too_long"]:
-            log(f"inferencer {rank}: skipped {info['skipped_too_long']} prompts longer than -mpt tokens")
-    rounds = min(info["rounds_per_episode"] for info in infos + learner_infos) * config.run.num_episodes
+            log(f"{name}: skipped {info['skipped_too_long']} prompts longer than -mpt tokens")
+    rounds = min(info["rounds_per_episode"] for info in infos.values()) * config.run.num_episodes
     if rounds == 0:
         raise RuntimeError("no full inference batch of prompts fits -mpt; raise -mpt/--max-prompt-tokens or lower -ibs")
     return rounds

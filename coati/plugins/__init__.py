@@ -23,6 +23,9 @@ from coati.plugins.validation import ParallelLayout, validate_layout
 
 PLUGINS = ("single", "torch-ddp", "torch-fsdp2", "torch-tp", "torch-pp", "colossalai-ddp", "colossalai-zero",
            "colossalai-hybrid")
+# The plugins whose ``full_module()`` is the trained module on every rank (unsharded): a colocated transformers
+# engine generates with it instead of a copy.
+FULL_MODULE_PLUGINS = ("single", "torch-ddp")
 
 
 def make_plugin(name: str, tp_size: int = 1, pp_size: int = 1, zero_stage: int = 0, precision: str = "fp32",

@@ -83,6 +83,19 @@ class TrainerPlugin(ABC):
         Collective for sharded layouts: every rank must iterate it to the end (non-senders yield nothing).
         """
 
+    def named_full_tensors_everywhere(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full parameters on every rank, one at a time (a colocated rank's engine loads each as it comes, so the
+        peak is one tensor beyond the engine): the sender's gather, then a broadcast from it. Collective; layouts
+        whose gather already leaves the full tensor on every rank yield it directly."""
+        from coati.plugins.dist import broadcast_named_tensors
+
+        yield from broadcast_named_tensors(self.named_full_tensors(), self.is_weight_sender, self.device)
+
+    def full_module(self) -> torch.nn.Module | None:
+        """The trained HF module itself when this rank holds all of its weights unsharded (one process, DDP):
+        a colocated engine can generate with it, no copy and nothing to sync. None for sharded layouts."""
+        return None
+
     @property
     @abstractmethod
     def is_weight_sender(self) -> bool:

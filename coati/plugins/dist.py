@@ -158,3 +158,22 @@ def all_reduce_stats(totals: dict[str, float], mesh, summed=(), maxima=()) -> di
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         out.update({name: float(value) for name, value in zip(peaks, peak.cpu())})
     return out
+
+
+def broadcast_named_tensors(items, is_sender: bool, device: torch.device, src: int = 0):
+    """Yield on every rank the (name, tensor) pairs that ``items`` yields on the sender (global rank ``src``),
+    one tensor at a time: the names, shapes and dtypes first (one object broadcast), then each tensor. Every
+    rank must iterate it to the end; ``items`` is drained on every rank (its gathers are collective too).
+    Without a process group it is ``items`` itself."""
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        yield from items
+        return
+    sent = list(items)  # empty on non-senders, which still take part in the gathers
+    header = [[(name, tuple(t.shape), t.dtype) for name, t in sent] if is_sender else None]
+    dist.broadcast_object_list(header, src=src)
+    on = device if _group_uses_nccl() else torch.device("cpu")  # nccl moves device tensors only
+    for index, (name, shape, dtype) in enumerate(header[0]):
+        tensor = sent[index][1].to(on) if is_sender else torch.empty(shape, dtype=dtype, device=on)
+        dist.broadcast(tensor, src=src)
+        yield name, tensor
+

@@ -145,6 +145,13 @@ class TorchNativePlugin(TrainerPlugin):
             if self.is_weight_sender:
                 yield name, tensor.cpu()
 
+    def named_full_tensors_everywhere(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, param in self.module.named_parameters():
+            yield name, full_tensor(param)  # DTensor gathers leave the full value on every rank
+
+    def full_module(self) -> torch.nn.Module | None:
+        return self.module if self.kind == "ddp" else None
+
     def save_pretrained(self, path: str) -> None:
         state = dict(self.named_full_tensors())  # every rank takes part in the gathers
         if self.is_weight_sender:

@@ -51,6 +51,13 @@ class SingleProcessPlugin(TrainerPlugin):
         for name, param in self.model.named_parameters():
             yield name, param.detach().cpu()
 
+    def named_full_tensors_everywhere(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, param in self.model.named_parameters():
+            yield name, param.detach()
+
+    def full_module(self) -> torch.nn.Module:
+        return self.model
+
     @property
     def is_weight_sender(self) -> bool:
         return True

@@ -71,6 +71,9 @@ class VLLMEngineOptions:
     # another process, no engine processes left behind by a killed actor) and vLLM's default (on) on GPU.
     multiprocessing: bool | None = None
     cpu_threads: int | None = None  # CPU, in-process: torch threads for the model; None: torch's current setting
+    # GPU, --colocate: vLLM's sleep mode, so that the trainer gets the GPU back between generations (level 1:
+    # weights to host memory, KV cache dropped; level 2 would drop the weights, and the model's buffers with them)
+    sleep_mode: bool = False
 
 
 class CoatiWorkerExtension:
@@ -213,8 +216,10 @@ class VLLMBackend:
             engine_args["max_model_len"] = options.max_model_len
         if options.max_num_seqs is not None:
             engine_args["max_num_seqs"] = options.max_num_seqs
+        self.asleep: set[str] = set()  # sleep-mode tags (weights, kv_cache) now asleep
         if on_gpu:
             engine_args["gpu_memory_utilization"] = options.gpu_memory_utilization
+            engine_args["enable_sleep_mode"] = options.sleep_mode
             if options.tensor_parallel_size > 1:
                 # The inferencer's actor holds its -ptp GPUs as one placement-group bundle (placement.py): the
                 # tensor-parallel workers are its own child processes on them, not Ray actors that would each
@@ -315,6 +320,24 @@ class VLLMBackend:
         if any(count != expected for count in counts):
             raise RuntimeError(f"weight sync: workers loaded {counts} tensors, expected {expected}")
         self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
+
+    # -- memory hand-over with a colocated trainer (sleep mode on GPU; nothing to do otherwise) -------------
+    def sleep(self) -> None:
+        if self.options.sleep_mode and cuda_available() and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = {"weights", "kv_cache"}
+
+    def wake_up_weights(self) -> None:
+        """Only the weights (before loading new ones: the KV cache stays asleep, so old weights, new weights and
+        the KV cache are never on the GPU at once)."""
+        if "weights" in self.asleep:
+            self.llm.wake_up(tags=["weights"])
+            self.asleep.discard("weights")
+
+    def wake_up(self) -> None:
+        if self.asleep:
+            self.llm.wake_up(tags=sorted(self.asleep))
+            self.asleep = set()
 
     def close(self) -> None:
         """Stops the engine (its processes, or its in-process worker) and undoes vLLM's process-wide patch."""

@@ -46,13 +46,15 @@ PENDING = "pending_rollouts.json"
 TRAINER_STATE = "trainer_state"
 CONSUMER_STATE = "consumer_state"
 # Settings that shape producer rounds and the data order: a resumed run must use the same ones.
-ROUND_SETTINGS = ("num_inferencers", "inference_batch_size", "num_generations", "seed", "train_path")
+ROUND_SETTINGS = ("num_inferencers", "rollout_sources", "colocate", "inference_batch_size", "num_generations", "seed",
+                  "train_path")
 COUNTERS = ("step_count", "version", "drawn_total", "drawn_since_sync", "_draw_serial")
 
 
 def round_settings(config) -> dict:
     p, b = config.parallel, config.batch
-    return {"num_inferencers": p.num_inferencers, "inference_batch_size": b.inference_batch_size,
+    return {"num_inferencers": p.num_inferencers, "rollout_sources": p.rollout_sources, "colocate": bool(p.colocate),
+            "inference_batch_size": b.inference_batch_size,
             "num_generations": b.num_generations, "seed": config.run.seed,
             "learner_chunk_size": config.algo.learner_chunk_size,
             "train_path": os.path.abspath(config.data.train_path)}
@@ -89,8 +91,9 @@ def load_consumer(consumer, path: str) -> dict:
         consumer.publish_weights()
     for name, value in counters.items():
         setattr(consumer, name, value)
-    if consumer.learner is not None:  # it fills a round at the round's first draw
-        consumer.learner.last_round = consumer.version if consumer.drawn_since_sync > 0 else consumer.version - 1
+    for generator in (consumer.learner, consumer.colocated):  # each fills a round at the round's first draw
+        if generator is not None:
+            generator.last_round = consumer.version if consumer.drawn_since_sync > 0 else consumer.version - 1
     if os.path.isfile(own) and state["world_size"] == consumer.plugin.world_size:
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
@@ -99,9 +102,9 @@ def load_consumer(consumer, path: str) -> dict:
 
 
 # --- driver side ---
-def producer_rounds(rounds_put: dict, num_inferencers: int) -> list[int]:
-    """Each producer's next round from the buffer's per-source counts (a producer that put nothing: 0)."""
-    return [rounds_put.get(rank, 0) for rank in range(num_inferencers)]
+def producer_rounds(rounds_put: dict, num_sources: int) -> list[int]:
+    """Each generator's next round from the buffer's per-source counts (one that put nothing: 0)."""
+    return [rounds_put.get(rank, 0) for rank in range(num_sources)]
 
 
 def save_checkpoint(path: str, consumers, buffer, config, driver: dict, gather) -> str:
@@ -113,7 +116,7 @@ def save_checkpoint(path: str, consumers, buffer, config, driver: dict, gather) 
         with open(os.path.join(staging, PENDING), "w") as handle:
             json.dump([{"round": round_index, "slot": slot, "group": asdict(group)}
                        for round_index, slot, group in snapshot["items"]], handle)
-        next_rounds = producer_rounds(snapshot["rounds_put"], config.parallel.num_inferencers)
+        next_rounds = producer_rounds(snapshot["rounds_put"], config.parallel.rollout_sources)
         write_run_state(staging, {"format": FORMAT, **driver, "policy_version": counters["version"],
                                   "producer_rounds": next_rounds, "next_round": min(next_rounds),
                                   "pending_groups": len(snapshot["items"]), "next_draw": snapshot["next"],
@@ -181,6 +184,8 @@ def check_resume(config) -> str:
     if state.get("format") != FORMAT:
         raise ValueError(f"--resume {path}: checkpoint format {state.get('format')!r}, this version reads {FORMAT}")
     saved, now = state["round_settings"], round_settings(config)
+    # checkpoints written before colocation: their rounds came from the inferencers
+    saved = {"rollout_sources": saved.get("num_inferencers"), "colocate": False, **saved}
     changed = [f"{key} {saved.get(key)!r} -> {now[key]!r}" for key in ROUND_SETTINGS if saved.get(key) != now[key]]
     if changed:
         raise ValueError(f"--resume {path}: the run must keep the settings that shape producer rounds and the data "

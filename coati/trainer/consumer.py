@@ -31,6 +31,10 @@ Learner-side generation (``--learner-chunk-size N``, see learner_generation.py):
 groups of every round with the weights it has just published, puts them into the buffer before its first draw
 of the round, and refreshes its inference model from the tensors it gathers when publishing.
 
+Colocated generation (``--colocate``, see colocated.py): there are no producers; every rank generates its share
+of each round at the same point (before its first draw of the round), and a publish loads the new weights into
+every rank's own engine instead of sending them anywhere.
+
 ``set_total_groups`` tells the consumer how many groups the producers will make in all; ``step()`` returns
 None once they are all drawn and trained on. The algorithm's part of a step (selection, advantages, masks, the
 losses, extra roles such as PPO's critic) is the object its family names in ``STEP_ALGORITHMS``
@@ -85,6 +89,7 @@ class Consumer:
         self.publisher = None  # the sender's end of the weight sync (weight_sync.make_publisher)
         self._published_version = 0  # the newest published version (tracked on every rank)
         self.learner = None  # LearnerGenerator on the weight sender when --learner-chunk-size > 0
+        self.colocated = None  # ColocatedGenerator on every rank with --colocate
         self.algorithm: StepAlgorithm | None = None
         self.publish_s = 0.0  # seconds spent publishing weights since the last step's metrics
         self._staleness: list[int] = []  # per trained group of the current step: versions behind the trainer
@@ -112,7 +117,7 @@ class Consumer:
         self.roles[ACTOR] = TrainedModel.build(ACTOR, p, model, config.algo.learning_rate, self.loss_fn, model_config,
                                                mesh=self.mesh)
         self.plugin = self.roles[ACTOR].plugin  # the policy's: it sets the data-parallel shares and is published
-        if self.plugin.is_weight_sender:
+        if self.plugin.is_weight_sender and not p.colocate:
             self.publisher = make_publisher(config, self.weight_store)
         if config.algo.learner_chunk_size > 0 and self.plugin.is_weight_sender:
             from coati.trainer.learner_generation import LearnerGenerator
@@ -120,10 +125,17 @@ class Consumer:
             self.learner = LearnerGenerator(config)
         torch.manual_seed(config.run.seed + self.rank)
         self.algorithm = STEP_ALGORITHMS[estimator_family(config.algo.groups.advantage)](self)
+        if p.colocate:  # after the algorithm: its extra roles (PPO's critic) hand over memory too
+            from coati.trainer.colocated import ColocatedGenerator
+
+            self.colocated = ColocatedGenerator(config, self.rank, self.plugin, self.tokenizer,
+                                                [role.plugin for role in self.roles.values()])
 
     def learner_info(self) -> dict | None:
-        """The learner-side generator's shard (prompts, rounds per episode) on the rank that owns it, else None."""
-        return self.learner.info() if self.learner is not None else None
+        """This rank's own generator's shard (prompts, rounds per episode): the learner-side generator on the rank
+        that owns it, or this rank's colocated generator; else None."""
+        generator = self.learner or self.colocated
+        return generator.info() if generator is not None else None
 
     def add_role(self, name: str, model: torch.nn.Module, learning_rate: float, loss_fn) -> TrainedModel:
         """Train ``model`` beside the policy, on the same ranks and layout (collective: every rank adds it)."""
@@ -170,8 +182,9 @@ class Consumer:
             want = (target - len(kept)) if dynamic else (target - len(drawn))
             count = min(want, max_draw - len(drawn), schedule.draw_limit(self.drawn_since_sync),
                         remaining if remaining is not None else want)
-            if self.learner is not None:  # round `version` starts: add its learner groups (once)
-                self.learner.fill(self.buffer, self.version, self.version)
+            for generator in (self.learner, self.colocated):  # round `version` starts: add this rank's groups (once)
+                if generator is not None:
+                    generator.fill(self.buffer, self.version, self.version)
             groups = self._draw(count)
             drawn.extend(groups)
             survivors, stats = self.algorithm.select_groups(groups)
@@ -213,7 +226,9 @@ class Consumer:
         if groups is None:
             return None
         learner_s = self.learner.take_time() if self.learner is not None else 0.0
-        wait = time.perf_counter() - start - learner_s - self.publish_s  # mid-step publishes are not waiting
+        generate_s = self.colocated.take_time() if self.colocated is not None else 0.0
+        # neither mid-step publishes nor this rank's own generation are waiting
+        wait = time.perf_counter() - start - learner_s - generate_s - self.publish_s
         metrics: dict = {}
         if not groups:
             reason = (f"all {len(drawn)} groups drawn this step were filtered out"
@@ -224,6 +239,8 @@ class Consumer:
             share, padding = self._share(groups)
             batches = self.algorithm.build_batches(share, groups, padding)
             epochs = self.config.algo.ppo_epochs
+            if self.colocated is not None:
+                self.colocated.phases.train()
             train_start = time.perf_counter()
             totals, grad_norms = self._train_epochs(batches, epochs)
             totals, maxima = self._reduce_stats(totals), self.algorithm.max_stats
@@ -246,6 +263,8 @@ class Consumer:
                                                  *self.algorithm.rollout_tensors(groups))
         if self.config.algo.learner_chunk_size > 0:
             metrics.update(learner_groups=sum(g.learner for g in drawn), learner_gen_s=learner_s)
+        if self.colocated is not None:
+            metrics.update(generate_s=generate_s, **self.colocated.phases.take_peaks())
         metrics["weight_version"] = self.version
         self.algorithm.finish_step(metrics)
         return metrics
@@ -288,6 +307,9 @@ class Consumer:
         self.version += 1
         self.drawn_since_sync = 0
         self._published_version = self.version  # on every rank (the publisher lives on the sender only)
+        if self.colocated is not None:  # nobody else generates: the new weights go into each rank's own engine
+            self.colocated.load_weights()
+            return
         tensors = self.plugin.named_full_tensors()
         if not self.plugin.is_weight_sender:
             for _ in tensors:  # non-senders yield nothing but must run the gathers
@@ -314,6 +336,16 @@ class Consumer:
                 pass
             return self.version, None, on_sync
         return self.version, [ray.put(pack_named_tensors(tensors))], on_sync
+
+    def evaluate(self, path: str, params) -> dict | None:
+        """Collective (--colocate): the current weights into every rank's engine, then rank 0 evaluates a held-out
+        file with them (the result on rank 0, with ``on_sync``: whether they are exactly the newest published
+        version; None elsewhere)."""
+        self.colocated.load_weights()
+        if self.rank != 0:
+            return None
+        on_sync = self._published_version == self.version and self.drawn_since_sync == 0
+        return {**self.colocated.evaluate(path, params, self.version), "on_sync": on_sync}
 
     def save_pretrained(self, path: str) -> str:
         """Collective: the policy as an HF directory (the sender writes it, with the tokenizer)."""

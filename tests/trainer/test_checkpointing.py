@@ -5,7 +5,7 @@ import random
 from types import SimpleNamespace
 
 from coati.cluster.schedule import round_seed
-from coati.rollout.producer import Producer
+from coati.rollout.round_generator import RoundGenerator
 from coati.trainer.checkpointing import producer_rounds, trim_metrics
 
 
@@ -17,13 +17,13 @@ def test_round_seeds_are_deterministic_and_distinct():
 
 def test_resumed_producer_rebuilds_the_episode_order():
     """A producer restarted in episode e shuffles as the uninterrupted one did: cumulatively, once per episode."""
-    producer = Producer.__new__(Producer)
+    producer = RoundGenerator.__new__(RoundGenerator)
     producer.config = SimpleNamespace(run=SimpleNamespace(seed=5))
     producer.rank, producer.examples = 1, list(range(20))
     order = list(range(20))
     for episode in range(3):
         random.Random(5 * 7919 + episode * 31 + 1).shuffle(order)  # what run() did before resumable rounds
-        assert producer._episode_order(episode) == order
+        assert producer.episode_order(episode) == order
 
 
 def test_producer_rounds_from_the_buffer_counts():

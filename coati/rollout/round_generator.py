@@ -1,0 +1,96 @@
+"""One generator's rounds without Ray: its prompt shard and episode order, sampling and scoring a round's groups,
+and held-out evaluation, on an inference engine it is handed.
+
+Two owners run it: a producer actor (rollout/producer.py), which adds the weight receiving and the buffer, and a
+colocated trainer rank (``--colocate``, trainer/colocated.py), which generates its share of each round in its own
+process. Both are generator ``rank`` of ``ParallelConfig.rollout_sources`` in the schedule, so a colocated run
+samples, shard for shard and seed for seed, what a decoupled run with as many producers samples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+from coati.config.sampling import SamplingParams
+from coati.config.tree import RLConfig
+from coati.dataset.loader import load_examples
+from coati.rollout.env import load_env, make_env
+from coati.rollout.episode import episode_budget, episode_groups, episode_system_prompt
+from coati.rollout.evaluation import evaluate, evaluate_episodes
+from coati.rollout.generation import prompt_shard, rollout_groups, tokenise_prompts
+from coati.rollout.group import RolloutGroup
+from coati.rollout.reward_model import reward_model_scorer
+from rewards.scorer import RewardScorer
+
+
+class RoundGenerator:
+    def __init__(self, config: RLConfig, rank: int, backend):
+        self.config, self.rank, self.backend = config, rank, backend
+        self.tokenizer = backend.tokenizer
+        self.scorer = RewardScorer(**config.data.scorer_options())
+        # -a PPO: the reward model scores beside the engine: a forward pass per response costs less than
+        # generating it, and the scores travel with the groups (no extra actor, no second transfer of samples).
+        self.reward_model = reward_model_scorer(config.algo.ppo.reward_model, self.tokenizer,
+                                                config.batch.inference_microbatch_size,
+                                                config.parallel.model_placement("reward_model"))
+        self.env_class = load_env(config.episodes.env) if config.episodes.env else None
+        examples = load_examples(config.data.train_path, config.data.rows)
+        start, end = prompt_shard(len(examples), config.parallel.rollout_sources, config.batch.inference_batch_size,
+                                  config.algo.learner_chunk_size, rank)
+        self.examples, self.skipped_long = self.tokenise(examples[start:end])
+        self.rounds_per_episode = len(self.examples) // config.batch.inference_batch_size
+        self._order: list[int] = []
+        self._order_episode = -1
+
+    def tokenise(self, examples):
+        return tokenise_prompts(self.tokenizer, examples, episode_system_prompt(self.env_class, self.config),
+                                self.config.data.max_prompt_tokens)
+
+    def info(self) -> dict:
+        return {"prompts": len(self.examples), "skipped_too_long": self.skipped_long,
+                "rounds_per_episode": self.rounds_per_episode}
+
+    def episode_order(self, episode: int) -> list[int]:
+        """Prompt order of ``episode``: each episode reshuffles the previous one's order."""
+        order = list(range(len(self.examples)))
+        for past in range(episode + 1):
+            random.Random(self.config.run.seed * 7919 + past * 31 + self.rank).shuffle(order)
+        return order
+
+    def batch(self, round_index: int) -> list:
+        """The ``-ibs`` (example, text, ids) prompts of ``round_index``."""
+        ibs = self.config.batch.inference_batch_size
+        episode, position = divmod(round_index, self.rounds_per_episode)
+        if episode != self._order_episode:
+            self._order, self._order_episode = self.episode_order(episode), episode
+        return [self.examples[i] for i in self._order[position * ibs : (position + 1) * ibs]]
+
+    def round_params(self, round_index: int, chunk: int | None = None) -> SamplingParams:
+        """Sampling of ``round_index`` (of one ``-imbs`` chunk of it in async mode): its own seed from (seed, rank,
+        round), so a resumed sync run samples what the uninterrupted run did there."""
+        from coati.cluster.schedule import round_seed
+
+        seed = round_seed(self.config.run.seed, self.rank, round_index)
+        if chunk is not None:
+            seed = round_seed(seed, self.rank, chunk)
+        return dataclasses.replace(self.config.sampling, seed=seed)
+
+    def rollout(self, batch, params: SamplingParams, version: int) -> list[RolloutGroup]:
+        """G completions per prompt of ``batch``, scored, as groups tagged with weights ``version``."""
+        if self.env_class is not None:
+            return episode_groups(self.backend, lambda: make_env(self.env_class), batch, params,
+                                  episode_budget(self.config), version)
+        return rollout_groups(self.backend, self.scorer, batch, params, version, reward_model=self.reward_model)
+
+    def evaluate(self, path: str, params: SamplingParams, version: int) -> dict:
+        """Accuracy on a held-out file with the engine's current weights; records for the eval logs."""
+        examples, skipped = self.tokenise(load_examples(path, self.config.data.rows))
+        if self.env_class is not None:
+            result = evaluate_episodes(self.backend, self.env_class, examples, params, episode_budget(self.config))
+        else:
+            result = evaluate(self.backend, [ids for _, _, ids in examples], [e for e, _, _ in examples],
+                              self.scorer, params, prompt_texts=[text for _, text, _ in examples],
+                              reward_model=self.reward_model)
+        return {**result.summary(), "count": len(examples), "skipped_too_long": skipped, "version": version,
+                "records": result.records}
