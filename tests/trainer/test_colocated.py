@@ -3,7 +3,7 @@ plan, and trainer groups whose ranks generate themselves (real Ray actors, real 
 
 from __future__ import annotations
 
-import json
+import sys
 
 import pytest
 import ray
@@ -18,6 +18,9 @@ from coati.config.cli import build_parser, config_from_args
 from coati.config.colocation import choose_colocation
 from coati.config.errors import ConfigError
 from coati.trainer.consumer import Consumer
+
+# the functions below run inside the trainer actors (__ray_call__), whose workers cannot import this test module
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 BASE = ["-ibs", "8", "-imbs", "8", "-g", "4", "-tbs", "4", "-tMbs", "4", "-tmbs", "8", "-e", "1", "-mnt", "6",
         "--no-progress"]
@@ -97,7 +100,7 @@ def test_dry_run_on_one_gpu_plans_colocation(demo_assets, capsys):
     assert out.startswith("one GPU: the trainer generates on it too (--colocate)")
     assert "colocated: every trainer rank generates with the trained module itself" in out
     assert "train_phase" in out and "generate_phase" in out and "inferencer" not in out.split("actor")[-1]
-    assert rl_example.main(["--dry-run", "--dry-run-cluster", "1x1x80", "-i", "1", "-t", "1"]) == 1
+    assert rl_example.main(["--dry-run", "--dry-run-cluster", "1x1x80", "-i", "1", "-t", "1"]) == 2
     assert capsys.readouterr().err.strip().endswith("--colocate -t 1")
 
 
@@ -155,7 +158,9 @@ def engine_state(consumer) -> dict:
 def run_group(demo_assets, data, flags):
     """Train a colocated group on ``data`` (2 rounds of 2 steps); after each step every rank's engine weights,
     the trainer's full weights (rank 0's gather) and the recorded phases."""
-    argv = ["-m", demo_assets.model_dir, "-d", data, *BASE, "--colocate", *flags]
+    # the demo's own settings for its model (boxed answers, no system prompt, 8 new tokens, its learning rate)
+    argv = ["-m", demo_assets.model_dir, "-d", data, *BASE, "-rt", "boxed", "-s", "", "-mnt", "8", "-lr", "3e-4",
+            "--colocate", *flags]
     config = config_of(argv)
     buffer = ray.remote(RolloutBuffer).options(num_cpus=0).remote(config.schedule.buffer_capacity,
                                                                    config.schedule.slots())
@@ -198,8 +203,8 @@ def test_each_rank_generates_with_the_newest_trained_weights(local_ray, demo_ass
     """After each publish (a round's last step) every rank's engine holds exactly (bitwise, fp32) the weights the
     trainer group holds; in the middle of a round they are the round's start weights, so they differ."""
     steps, phases = run_group(demo_assets, data, flags)
-    per_round = 2 if "-pp" not in flags else 1
-    assert len(steps) == 4 // per_round * per_round and steps
+    per_round = 2  # 2 ranks x 8 prompts a round; 8 groups a step (dp 2 x -tbs 4, or PP's dp 1 x -tbs 8)
+    assert len(steps) == 4  # 32 prompts: 2 rounds
     for index, (metrics, engines, trainer) in enumerate(steps):
         assert metrics["generate_s"] >= 0 and "skipped" not in metrics
         round_end = (index + 1) % per_round == 0
@@ -208,7 +213,7 @@ def test_each_rank_generates_with_the_newest_trained_weights(local_ray, demo_ass
             same = all(torch.equal(engine[name], trainer[name]) for name in trainer)
             assert same == round_end, f"step {index + 1}, rank {rank}: engine equal to the trainer: {same}"
     for rank_phases in phases:
-        assert rank_phases.count("generate") == len(steps) // per_round + 0  # one generation per round
+        assert rank_phases.count("generate") == len(steps) // per_round  # one generation per round
         assert phase_order_problem(rank_phases, loads=True) is None
 
 
@@ -218,4 +223,5 @@ def test_one_process_generates_with_the_trained_module(local_ray, demo_assets, d
     for metrics, engines, trainer in steps:
         assert all(torch.equal(engines[0][name], trainer[name]) for name in trainer)  # always: it is the module
     assert phases[0].count("load") == 0 and phase_order_problem(phases[0], loads=False) is None
-    assert [m["weight_version"] for m, _, _ in steps] == [0, 1, 1, 2]
+    # 32 prompts of one generator: 4 rounds of 2 steps, a publish after each round's last step
+    assert [m["weight_version"] for m, _, _ in steps] == [0, 1, 1, 2, 2, 3, 3, 4]
