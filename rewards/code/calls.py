@@ -30,11 +30,10 @@ import math
 from typing import Any
 
 _DRIVER = '''
-import ctypes, json, os, select, sys
+import ctypes, json, os, select, sys, traceback, types
 
 def _call_solution(report):
     args = json.loads(sys.stdin.read())
-    import types
     module = types.ModuleType("solution")
     sys.modules["solution"] = module
     namespace = module.__dict__
@@ -79,13 +78,19 @@ def _collect(pid, read_end):
     status = os.waitpid(pid, 0)[1]
     return b"".join(chunks), status
 
-ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: the child cannot ptrace this process or open its fds
+if ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE 0: the child cannot ptrace this or open its fds
+    sys.exit("the driver cannot make itself undumpable (prctl PR_SET_DUMPABLE failed)")
 _read_end, _write_end = os.pipe()
 _pid = os.fork()
 if _pid == 0:
     os.close(_read_end)
     os.dup2(2, 1)
-    _call_solution(_write_end)
+    try:
+        _call_solution(_write_end)
+    except BaseException:  # sys.exit included: the function did not return
+        traceback.print_exc()
+        os._exit(1)
+    os._exit(0)  # what the solution left to run at exit cannot change what it handed over
 else:
     os.close(_write_end)
     _report, _status = _collect(_pid, _read_end)
@@ -93,11 +98,14 @@ else:
         os._exit(128 + os.WTERMSIG(_status))
     if os.waitstatus_to_exitcode(_status) != 0:
         os._exit(os.waitstatus_to_exitcode(_status))
+    if not _report:
+        sys.exit("the solution's process exited before its function returned")
     try:
         json.loads(_report)
     except ValueError:
         sys.exit("the solution's report is not one JSON value: it wrote into the driver's pipe")
     os.write(1, _report + b"\\n")
+    os._exit(0)
 '''
 
 

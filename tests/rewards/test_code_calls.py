@@ -144,6 +144,14 @@ def test_an_integer_answer_off_by_one_in_a_float_fails(scorer):
     assert not scorer.score(fenced("def mod_answer(n):\n    return 1000000007.5\n"), cases).correct
 
 
+def test_exiting_early_or_running_out_of_time(scorer):
+    cases = {"fn_name": "add", "inputs": [[1, 2]], "outputs": [3]}
+    exits = scorer.score(fenced("import sys\n\ndef add(a, b):\n    sys.exit(0)\n"), cases)
+    assert exits.reason == "runtime error on case 0 (0/1 passed)"
+    loops = scorer.score(fenced("def add(a, b):\n    while True:\n        pass\n"), cases)
+    assert loops.reason == "timeout on case 0 (0/1 passed)"  # the CPU limit kills the solution's process
+
+
 def test_a_typing_name_is_not_the_response_function(scorer):
     result = scorer.score(fenced("x = 1\n"), {"fn_name": "cast", "inputs": [["int", 1]], "outputs": [1]})
     assert result.reason == "runtime error on case 0 (0/1 passed)"
