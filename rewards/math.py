@@ -244,7 +244,7 @@ class GoldAnswer:
     def __init__(self, text: str, fast_path: bool = True):
         self.text = text
         parts = answer_parts(text) if text.count(_BOXED) > 1 else []
-        # a gold of several boxes (``\\boxed{1}\\boxed{2}``, ``\\boxed{1} papers and \\boxed{2} bins``) is the list of them
+        # a gold of several boxes (``\\boxed{1}\\boxed{2}``, ``\\boxed{1} papers and \\boxed{2} bins``) is their list
         self.reading = ", ".join(parts) if len(parts) > 1 else text
         self.fast_path = fast_path
         self.number = plain_number(self.reading) if fast_path else None

@@ -72,7 +72,8 @@ def test_function_missing_raising_or_printing(scorer, rows):
     chatty = rows[0][1] + "print('[1, 7]')\nif __name__ == '__main__':\n    input()\n"
     assert scorer.score(fenced(chatty), cases).correct
     # a Solution method wins over a top-level function of the same name (LeetCode rows are methods)
-    both = "class Solution:\n" + "".join(f"    {line}\n" for line in rows[0][1].replace("(ints", "(self, ints").splitlines())
+    method = rows[0][1].replace("(ints", "(self, ints")
+    both = "class Solution:\n" + "".join(f"    {line}\n" for line in method.splitlines())
     both += "def sum_pairs(ints, s):\n    return None\n"
     assert scorer.score(fenced(both), cases).correct
 
@@ -132,7 +133,8 @@ RIGHT = [
 ]
 
 
-@pytest.mark.parametrize("why, fn_name, code, inputs, outputs", RIGHT, ids=["dataclass", "dunder_stdout", "fd1_and_atexit", "typing_name", "integral_float"])
+@pytest.mark.parametrize("why, fn_name, code, inputs, outputs", RIGHT,
+                         ids=["dataclass", "dunder_stdout", "fd1_and_atexit", "typing_name", "integral_float"])
 def test_right_answers_pass(scorer, why, fn_name, code, inputs, outputs):
     result = scorer.score(fenced(code), {"fn_name": fn_name, "inputs": inputs, "outputs": outputs})
     assert (result.correct, result.reason) == (True, "ok"), why

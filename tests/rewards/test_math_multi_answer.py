@@ -114,7 +114,8 @@ def test_a_math_solution_ending_in_listed_boxes_is_a_list_gold():
 
 
 def test_answer_parts():
-    assert answer_parts(r"\boxed{1}\boxed{2}") == ["1", "2"] and answer_parts(r"\boxed{1} no no no no no \boxed{2}") == ["2"]
+    assert answer_parts(r"\boxed{1}\boxed{2}") == ["1", "2"]
+    assert answer_parts(r"\boxed{1} no no no no no \boxed{2}") == ["2"]  # 10 characters or more, no separator
     assert answer_parts(r"\boxed{1} papers and \boxed{2} bins") == ["1", "2"]  # under 70 characters with "and"
     assert answer_parts(r"\boxed{1}" + " and" + " x" * 40 + r"\boxed{2}") == ["2"]  # 70 or more: not a part
     assert answer_parts(r"\boxed{a} \boxed{b}, \boxed{b}") == ["a", "b"] and answer_parts("none") == []
