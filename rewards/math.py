@@ -5,14 +5,18 @@ Two formats (``--reward-type``):
   before it are joined to it only by a listing (``\\boxed{-2} \\text{ and } \\boxed{1}``: commas, "and",
   "or", spacing, ``$``), they are all the answer (``final_boxes``): for a gold of several values (a list or
   set, ``1, -2``) read together as that set, order-free; for a one-value gold every one of them must be right,
-  so listing several candidates never wins.
+  so listing several candidates never wins. A gold of several values is also matched by the boxes math-verify
+  reads as one answer's parts (``answer_parts``: near each other, or joined by "and", "or", "," or ";"), so
+  parts given apart (``\\boxed{(3, 3)} \\text{ for part (a) and } \\boxed{(1, 1)}``) count; a one-value gold
+  keeps the last-box rule.
 - ``think_answer_tags``: the response is ``<think>...</think><answer>...</answer>`` (each tag exactly once,
   nothing but whitespace around them); the answer tag's content is the answer, with or without ``\\boxed``.
 
 Equivalence is math-verify's (``1/2`` equals ``\\frac{1}{2}`` and ``0.5``), never string equality.
 
 Reading an answer: gold answers (``gt_answer``) and the model's answers are read the same way, as LaTeX the
-way MATH's own answers are written: the last ``\\boxed{}`` when the text has one, the delimited math when it
+way MATH's own answers are written: the last ``\\boxed{}`` when the text has one (a gold whose last boxes are
+several parts, ``\\boxed{1}\\boxed{2}``, is the list of them), the delimited math when it
 has ``$...$``, ``\\(...\\)`` or ``\\[...\\]``, else the whole text as if it stood in a box. Only when that
 finds nothing does math-verify's plain-text extraction get a go. Reading bare text with the plain-text
 extractor first would take a prefix: "4" of ``4\\pi``, "3" of ``3\\sqrt{2}``.
@@ -48,6 +52,8 @@ _BOXED = "\\boxed{"
 _TEXT_COMMAND = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
 _LIST_MARKUP = re.compile(r"\$|\\[()\[\]\\]|\\(?:quad|qquad|[,;:! ])|~|[,;.&]|\b[A-Za-z]\s*=")
 _LIST_WORDS = re.compile(r"\b(?:and|or)\b")
+# What math-verify accepts between the boxes of one answer of several parts (see ``answer_parts``).
+_PART_SEPARATOR = re.compile(r"\b(?:and|or)\b|[,;]")
 _THINK_ANSWER = re.compile(r"^\s*<think>(?P<think>.*?)</think>\s*<answer>(?P<answer>.*?)</answer>\s*$", re.DOTALL)
 _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 # An unescaped $ (``\$`` is a dollar sign), or \( or \[: the text marks its own math.
@@ -109,6 +115,22 @@ def final_boxes(text: str) -> list[str]:
     run = [boxes[-1]]
     for box in reversed(boxes[:-1]):
         if not _joins_boxes(text[box[1] : run[0][0]]):
+            break
+        run.insert(0, box)
+    return list(dict.fromkeys(content for _, _, content in run))
+
+
+def answer_parts(text: str) -> list[str]:
+    """The boxes math-verify reads as the parts of one answer: the last box and, going back from it, each box
+    separated from the next part by fewer than 10 characters, or by fewer than 70 among which is "and", "or", a
+    comma or a semicolon (``\\boxed{1} papers and \\boxed{2} bins``). Each distinct content once, in order."""
+    boxes = _top_level_boxes(text)
+    if not boxes:
+        return []
+    run = [boxes[-1]]
+    for box in reversed(boxes[:-1]):
+        between = text[box[1] : run[0][0]]
+        if len(between) >= 10 and (len(between) >= 70 or not _PART_SEPARATOR.search(between)):
             break
         run.insert(0, box)
     return list(dict.fromkeys(content for _, _, content in run))
@@ -221,15 +243,18 @@ class GoldAnswer:
 
     def __init__(self, text: str, fast_path: bool = True):
         self.text = text
+        parts = answer_parts(text) if text.count(_BOXED) > 1 else []
+        # a gold of several boxes (``\\boxed{1}\\boxed{2}``, ``\\boxed{1} papers and \\boxed{2} bins``) is their list
+        self.reading = ", ".join(parts) if len(parts) > 1 else text
         self.fast_path = fast_path
-        self.number = plain_number(text) if fast_path else None
+        self.number = plain_number(self.reading) if fast_path else None
         self._parsed: list | None = None  # parsed on first need: plain-number groups may never need it
         self._self_match: bool | None = None  # math-verify's verdict on the gold's own text as an answer
 
     @property
     def parsed(self) -> list:
         if self._parsed is None:
-            self._parsed = parse_math(self.text)
+            self._parsed = parse_math(self.reading)
         return self._parsed
 
     @property
@@ -260,7 +285,7 @@ class GoldAnswer:
             verdict = numbers_verdict(self.number, number)
             if verdict is not None:
                 return verdict
-        if self.fast_path and answer == self.text:
+        if self.fast_path and answer == self.reading:
             # the same text parses the same: math-verify's verdict is the gold's against itself, asked once
             if self._self_match is None:
                 self._self_match = bool(self.parsed) and self._verify(self.parsed)
@@ -287,9 +312,23 @@ MATH_FORMATS = {
 }
 
 
+def _verdict(gold: GoldAnswer, answer: str, final: list[str], parts: list[str]) -> RewardResult:
+    """The answer is the final listed boxes (``final``, when several) or else the extracted ``answer``. A gold of
+    several values is also matched by the parts math-verify reads together (``parts``, see ``answer_parts``),
+    so parts given apart ("\\boxed{(3, 3)} for part (a) and \\boxed{(1, 1)}") count; ``parts`` is empty for a
+    one-value gold, which keeps the last-box rule."""
+    readings = [final if len(final) > 1 else [answer]]
+    if len(parts) > 1 and parts != readings[0]:
+        readings.append(parts)
+    for reading in readings:
+        if gold.matches_boxes(reading) if len(reading) > 1 else gold.matches(reading[0]):
+            return RewardResult(combine(True, 1.0), True, True, ", ".join(reading), "ok")
+    return RewardResult(combine(True, 0.0), False, True, ", ".join(readings[0]), "wrong answer")
+
+
 def score_group(responses: list[str], gold: GoldAnswer, reward_type: str) -> list[RewardResult]:
     """One result per response; each distinct answer of the group is checked once. A response (boxed) or an
-    answer tag (think_answer_tags) with several different boxes is checked by ``GoldAnswer.matches_boxes``."""
+    answer tag (think_answer_tags) with several boxes is checked by ``_verdict``."""
     extract, format_reason = MATH_FORMATS[reward_type]
     by_answer: dict[str | tuple, RewardResult] = {}
     results = []
@@ -298,13 +337,13 @@ def score_group(responses: list[str], gold: GoldAnswer, reward_type: str) -> lis
         if answer is None:
             results.append(RewardResult(0.0, False, False, None, format_reason))
             continue
-        boxes = final_boxes(response if reward_type == "boxed" else answer) if response.count(_BOXED) > 1 else []
-        key = tuple(boxes) if len(boxes) > 1 else answer
+        source = response if reward_type == "boxed" else answer
+        several_boxes = source.count(_BOXED) > 1
+        final = final_boxes(source) if several_boxes else []
+        parts = answer_parts(source) if several_boxes and gold.several else []
+        key = (answer, tuple(final), tuple(parts)) if several_boxes else answer
         if key not in by_answer:
-            correct = gold.matches_boxes(boxes) if len(boxes) > 1 else gold.matches(answer)
-            by_answer[key] = RewardResult(combine(True, float(correct)), correct, True,
-                                          ", ".join(boxes) if len(boxes) > 1 else answer,
-                                          "ok" if correct else "wrong answer")
+            by_answer[key] = _verdict(gold, answer, final, parts)
         results.append(by_answer[key])
     return results
 
