@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", **defaults)
             demo = ensure_assets()
         config = config_from_args(args, demo, given=parser.given)
         if dry_run or dry_run_cluster:
+            # a described cluster's engines are not this machine's: its vLLM is not asked for here
+            check_inputs(config, engine=not dry_run_cluster)
             return print_plan(config, dry_run_cluster)
         check_inputs(config)
     except ConfigError as err:
@@ -87,15 +89,18 @@ def print_tool_use(metrics_path: str, last_step: int) -> None:
 def add_dry_run_flags(parser) -> None:
     group = parser.add_argument_group("plan")
     group.add_argument("--dry-run", action="store_true",
-                       help="print where every actor would go, its threads and its memory estimate, and whether it "
-                            "fits, then exit without starting any actor")
+                       help="check every input a start checks (files, keys, reward functions, --resume, the model), "
+                            "then print where every actor would go, its threads and its memory estimate, and whether "
+                            "it fits, and exit without starting any actor")
     group.add_argument("--dry-run-cluster", metavar="NODESxGPUSxGB[xCPUS]",
                        help="--dry-run on a described cluster instead of the running one or this machine, e.g. "
                             "4x8x80 (4 nodes x 8 GPUs of 80 GB) or 1x0x24x2 (one CPU node, 24 GB RAM, 2 cores)")
 
 
 def print_plan(config, cluster: str | None) -> int:
-    """``--dry-run``: the plan's lines; 1 with the one error line when it cannot fit, 2 for bad input."""
+    """``--dry-run``: the plan's lines; 1 with the one error line when it cannot fit or the cluster cannot be
+    joined, 2 for bad input."""
+    from coati.cluster.connect import ClusterError
     from coati.launcher.plan import PlanError, dry_run
 
     try:
@@ -103,6 +108,9 @@ def print_plan(config, cluster: str | None) -> int:
     except PlanError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except ClusterError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     print("\n".join(lines))
     if error:
         print(f"error: {error}", file=sys.stderr)

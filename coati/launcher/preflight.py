@@ -118,9 +118,11 @@ def check_user_rewards(config: RLConfig, first) -> None:
         raise ConfigError(str(err)) from None
 
 
-def check_inputs(config: RLConfig) -> None:
-    """Checks that open files: the model directory and every dataset (parsed in full, line by line)."""
-    check_engine(config)
+def check_inputs(config: RLConfig, engine: bool = True) -> None:
+    """Checks that open files: the model directory and every dataset (parsed in full, line by line); with
+    ``engine``, the inference engine this machine would start."""
+    if engine:
+        check_engine(config)
     from coati.dataset.loader import DatasetError, load_examples
 
     path = config.model.path
