@@ -227,7 +227,8 @@ def build_plan(config, cluster: str | None = None) -> tuple[ModelShape, list[Act
         nodes = parse_cluster(cluster)
     else:
         address, source = cluster_address(config.run.master_address)
-        nodes = running_cluster(address, source, config.run.ray_dir) if address else this_machine(p.num_trainers + p.num_inferencers)
+        nodes = (running_cluster(address, source, config.run.ray_dir) if address
+                 else this_machine(p.num_trainers + p.num_inferencers))
     actors, unit = place(config, nodes)
     assign_threads(config, actors, nodes)
     estimate(config, shape, actors, unit, nodes)
