@@ -12,16 +12,18 @@ from __future__ import annotations
 import sys
 
 
-def main(argv: list[str] | None = None, prog: str = "rl_example.py", **defaults) -> int:
-    """``defaults``: fields' defaults this command changes (``coati ppo``), below --config and the flags."""
-    from coati.config.cli import build_parser, config_from_args
+def main(argv: list[str] | None = None, prog: str = "rl_example.py", description: str | None = None,
+         **defaults) -> int:
+    """``description``: this command's --help text (default: coati train's); ``defaults``: fields' defaults this
+    command changes (``coati ppo``), below --config and the flags."""
+    from coati.config.cli import DESCRIPTION, build_parser, config_from_args
     from coati.config.env import TOOL_DEMO_ENVS
     from coati.config.errors import ConfigError
     from coati.launcher.preflight import check_engine, check_inputs, check_paths
     from coati.utils.dataclass_cli import ConfigFileError
 
     try:
-        parser = build_parser(prog, **defaults)
+        parser = build_parser(prog, description or DESCRIPTION, **defaults)
         add_dry_run_flags(parser)
         args = parser.parse_args(argv)
     except ConfigFileError as err:
@@ -120,7 +122,9 @@ def print_plan(config, cluster: str | None) -> int:
 
 def ppo_main(argv: list[str] | None = None, prog: str = "coati ppo") -> int:
     """``coati ppo``: ``coati train`` with ``-a PPO`` as the default algorithm (``--config ppo.yaml`` works)."""
-    return main(argv, prog, algo="PPO")
+    from coati.config.cli import PPO_DESCRIPTION
+
+    return main(argv, prog, PPO_DESCRIPTION, algo="PPO")
 
 
 def placeholder_demo():

@@ -13,6 +13,7 @@ precedence, the situation's defaults and the checks are the same.
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 
 from coati.config.algo import AlgoConfig
@@ -54,6 +55,13 @@ DESCRIPTION = ("Distributed RL post-training (GRPO, DAPO, PG, RLOO; PPO with a c
                "with only --env tool_demo: the tool demo (a tiny model learns to call a multiply tool for 3-digit "
                "products; --env tool_demo_off is its control, whose tool always fails).")
 
+PPO_DESCRIPTION = ("RLHF-PPO over Ray: coati train with -a PPO as the default. The policy (-m/--model) is trained on "
+                   "-d/--dataset against a reward model's score (--reward-model DIR, a `coati rm` output) and/or the "
+                   "-rt verifiable reward (--verifiable-reward-weight > 0), with a critic (--critic-model) and a KL "
+                   "penalty to the initial policy. There is no demo without arguments: PPO needs one of those "
+                   "scores (without -m/-d it trains the embedded addition model, e.g. --verifiable-reward-weight 1); "
+                   "`coati rlhf --dummy` runs sft -> rm -> ppo on generated data.")
+
 
 @dataclass(frozen=True)
 class RLOptions(RLConfig):
@@ -66,12 +74,10 @@ class RLOptions(RLConfig):
 dataclass_cli.options(RLOptions)  # a flag clash between two config fields fails here, at import
 
 
-def build_parser(prog: str = "rl_example.py", **defaults) -> argparse.ArgumentParser:
+def build_parser(prog: str = "rl_example.py", description: str = DESCRIPTION, **defaults) -> argparse.ArgumentParser:
     """rl_example.py's parser; ``defaults`` replace fields' defaults (``coati ppo``: ``algo="PPO"``), below
-    ``--config`` and the flags."""
-    parser = dataclass_cli.build_parser(RLOptions, prog, DESCRIPTION)
-    parser.set_defaults(**defaults)
-    return parser
+    ``--config`` and the flags, and --help names them as the command's."""
+    return dataclass_cli.build_parser(RLOptions, prog, description, defaults)
 
 
 def config_from_args(args: argparse.Namespace, demo=None, given: set[str] | None = None) -> RLConfig:
@@ -118,6 +124,8 @@ def _situation(values: dict, demo) -> tuple[bool, dict, dict]:
         eval_paths = {"code" if code else "multiply" if tool else "addition": demo.eval_path}
     if values["system_prompt"] is None:
         values["system_prompt"] = "" if embedded else default_system_prompt(reward_type)
+    if values["project"] is None:
+        values["project"] = "demo" if embedded else run_name(values["model"])
     grpo_overrides = parse_grpo_config(values["grpo_config"])
     situation = ((CODE_DEMO_DEFAULTS if code else TOOL_DEMO_DEFAULTS if tool else DEMO_DEFAULTS) if embedded
                  else MODEL_DEFAULTS)
@@ -126,6 +134,11 @@ def _situation(values: dict, demo) -> tuple[bool, dict, dict]:
         if values[key] is None and not (key == "ppo_epochs" and key in grpo_overrides):
             values[key] = default
     return embedded, eval_paths, grpo_overrides
+
+
+def run_name(model: str) -> str:
+    """A user's run is named after its model (a directory's last part, a hub name's model part), else ``run``."""
+    return os.path.basename(os.path.normpath(model)) if model.strip("/. ") else "run"
 
 
 def config_from_values(values: dict, demo=None, given: set[str] | None = None) -> RLConfig:

@@ -126,6 +126,8 @@ def check_inputs(config: RLConfig, engine: bool = True) -> None:
     from coati.dataset.loader import DatasetError, load_examples
 
     path = config.model.path
+    require(not os.path.isfile(path), f"-m/--model {path} is a file: pass the directory that holds it and the "
+                                      "model's config.json (written by save_pretrained)")
     require(os.path.isdir(path), f"model directory not found: {path} (pass -m/--model a local HF model directory)")
     require(os.path.isfile(os.path.join(path, "config.json")),
              f"{path} has no config.json: pass -m/--model a directory written by save_pretrained")
@@ -169,6 +171,19 @@ def check_inputs(config: RLConfig, engine: bool = True) -> None:
     require(per_producer >= config.batch.inference_batch_size,
              f"{config.data.train_path} has {len(train)} prompts: each of the {config.parallel.num_inferencers} "
              f"inferencers needs at least -ibs={config.batch.inference_batch_size}; lower -ibs or add data")
+    _check_positions(config)
+
+
+def _check_positions(config: RLConfig) -> None:
+    """-mpt + -mnt within the model's positions (max_position_embeddings in its config.json, when it says)."""
+    import json
+
+    with open(os.path.join(config.model.path, "config.json")) as handle:
+        positions = json.load(handle).get("max_position_embeddings")
+    prompt, new = config.data.max_prompt_tokens, config.sampling.max_new_tokens
+    require(not isinstance(positions, int) or prompt + new <= positions,
+            f"-mpt {prompt} + -mnt {new} = {prompt + new} tokens exceed the model's {positions} positions "
+            f"(max_position_embeddings in {config.model.path}/config.json): lower -mnt or -mpt")
 
 
 def _check_env(spec: str) -> None:

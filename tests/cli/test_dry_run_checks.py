@@ -67,3 +67,16 @@ def test_wait_for_nodes_states_its_default_and_reports_progress(capsys):
     assert err[0] == f"waiting up to 3 s for 2 alive node(s) at 127.0.0.1:{port}"
     assert err[1].startswith(f"no head answers yet at 127.0.0.1:{port} (0 s of 3 s)")
     assert err[-1].startswith(f"error: no Ray head answers at 127.0.0.1:{port} after 3 s")
+
+
+def test_a_model_file_says_it_is_a_file(small, tiny_model_dir, capsys):
+    weights = f"{tiny_model_dir}/config.json"
+    assert main([*small, "-m", weights, "--dry-run"]) == 2
+    assert one_error_line(capsys) == (f"error: -m/--model {weights} is a file: pass the directory that holds it and "
+                                      "the model's config.json (written by save_pretrained)")
+
+
+def test_lengths_beyond_the_models_positions_are_refused_before_a_start(small, tiny_model_dir, capsys):
+    assert main([*small, "-mpt", "512", "-mnt", "1600"]) == 2  # the tiny model has 2048 positions
+    assert one_error_line(capsys) == (f"error: -mpt 512 + -mnt 1600 = 2112 tokens exceed the model's 2048 positions "
+                                      f"(max_position_embeddings in {tiny_model_dir}/config.json): lower -mnt or -mpt")
