@@ -17,9 +17,8 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", description
     """``description``: this command's --help text (default: coati train's); ``defaults``: fields' defaults this
     command changes (``coati ppo``), below --config and the flags."""
     from coati.config.cli import DESCRIPTION, build_parser, config_from_args
-    from coati.config.env import TOOL_DEMO_ENVS
     from coati.config.errors import ConfigError
-    from coati.launcher.preflight import check_engine, check_inputs, check_paths
+    from coati.launcher.preflight import check_engine, check_inputs, check_paths, resolve_model_names
     from coati.utils.dataclass_cli import ConfigFileError
 
     try:
@@ -32,18 +31,15 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", description
     dry_run, dry_run_cluster = args.__dict__.pop("dry_run"), args.__dict__.pop("dry_run_cluster")
     demo = None
     try:
+        vars(args).update(resolve_model_names(vars(args)))
+        if args.resume is not None:
+            restore_options(args, parser.given)
         if args.model is None:
             # reject bad flags, missing files and a missing engine before building anything
             placeholder = config_from_args(args, demo=placeholder_demo(), given=parser.given)
             check_paths(placeholder)
             check_engine(placeholder)
-            if args.reward_type == "code":
-                from coati.demo.code_demo import ensure_code_demo_assets as ensure_assets
-            elif args.env in TOOL_DEMO_ENVS:
-                from coati.demo.tool_demo import ensure_tool_demo_assets as ensure_assets
-            else:
-                from coati.demo.math_demo import ensure_demo_assets as ensure_assets
-            demo = ensure_assets()
+            demo = ensure_demo(args.reward_type, args.env)
         config = config_from_args(args, demo, given=parser.given)
         if dry_run or dry_run_cluster:
             # a described cluster's engines are not this machine's: its vLLM is not asked for here
@@ -71,6 +67,41 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", description
         print(f"held-out accuracy {key}: {before:.3f} -> {after:.3f} ({100 * (after - before):+.1f} points)")
     print_tool_use(result.metrics_path, result.steps)
     return 0
+
+
+def restore_options(args, given: set[str]) -> None:
+    """--resume: the checkpoint's saved options below the flags given again, which one line lists; a different
+    -m is refused (the checkpoint's weights are of its model)."""
+    import os
+
+    from coati.config.cli import resumed_values, run_name
+    from coati.config.errors import ConfigError
+    from coati.trainer.checkpointing import read_run_state
+    from coati.utils.checkpoint import resolve_resume
+
+    project = args.project or ("demo" if args.model is None else run_name(args.model))
+    try:
+        path = resolve_resume(args.resume, os.path.join(args.save_dir, project))
+    except FileNotFoundError as err:
+        raise ConfigError(str(err)) from None
+    try:
+        saved = read_run_state(path).get("options")
+    except (OSError, ValueError):
+        return  # check_resume says what is wrong with the checkpoint
+    if not saved:
+        return
+    if "model" in given and not _same_model(saved.get("model"), args.model):
+        raise ConfigError(f"--resume {path}: it trained {saved.get('model') or 'the embedded demo model'}; "
+                          f"-m {args.model} cannot continue it: drop -m, or drop --resume to start a new run")
+    values, changed = resumed_values(saved, vars(args), given)
+    vars(args).update(values)
+    print(f"--resume {path}: the run's saved options" + (f"; given again: {', '.join(changed)}" if changed else ""))
+
+
+def _same_model(saved: str | None, given: str | None) -> bool:
+    import os
+
+    return (saved is None) == (given is None) and (saved is None or os.path.normpath(saved) == os.path.normpath(given))
 
 
 def print_tool_use(metrics_path: str, last_step: int) -> None:
@@ -125,6 +156,19 @@ def ppo_main(argv: list[str] | None = None, prog: str = "coati ppo") -> int:
     from coati.config.cli import PPO_DESCRIPTION
 
     return main(argv, prog, PPO_DESCRIPTION, algo="PPO")
+
+
+def ensure_demo(reward_type: str, env: str | None):
+    """The assets of the demo these options run without -m (built once, cached): code, tool use or addition."""
+    from coati.config.env import TOOL_DEMO_ENVS
+
+    if reward_type == "code":
+        from coati.demo.code_demo import ensure_code_demo_assets as ensure_assets
+    elif env in TOOL_DEMO_ENVS:
+        from coati.demo.tool_demo import ensure_tool_demo_assets as ensure_assets
+    else:
+        from coati.demo.math_demo import ensure_demo_assets as ensure_assets
+    return ensure_assets()
 
 
 def placeholder_demo():

@@ -136,6 +136,24 @@ def _situation(values: dict, demo) -> tuple[bool, dict, dict]:
     return embedded, eval_paths, grpo_overrides
 
 
+def resumed_values(saved: dict, values: dict, given: set[str]) -> tuple[dict, list[str]]:
+    """--resume: (the checkpoint's option values with the ones ``given`` again on top, the long flags given again
+    with a different value as "FLAG OLD -> NEW"). ``--resume`` itself is always this run's."""
+    flags = {opt.dest: opt.long for opt in dataclass_cli.options(RLOptions)}
+    merged = {**values, **{dest: value for dest, value in saved.items() if dest in flags}}
+    changed = []
+    for dest in sorted(given):
+        merged[dest] = values[dest]
+        if dest != "resume" and dest in saved and _plain(saved[dest]) != _plain(values[dest]):
+            changed.append(f"{flags.get(dest, dest)} {saved[dest]!r} -> {values[dest]!r}")
+    merged["resume"] = values["resume"]
+    return merged, changed
+
+
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
 def run_name(model: str) -> str:
     """A user's run is named after its model (a directory's last part, a hub name's model part), else ``run``."""
     return os.path.basename(os.path.normpath(model)) if model.strip("/. ") else "run"
@@ -145,6 +163,7 @@ def config_from_values(values: dict, demo=None, given: set[str] | None = None) -
     """The checked RLConfig of option values by dest (flags, --config, defaults all applied); ``given``: the dests
     the user set, checked against the algorithm's options."""
     values = dict(values)
+    options = {dest: values[dest] for dest in dataclass_cli.defaults(RLOptions)}
     embedded, eval_paths, grpo_overrides = _situation(values, demo)
     max_new_tokens, stops = values["max_new_tokens"], STOP_STRINGS[values["reward_type"]]
     flags = {key: values[knob.dest] for key, knob in grpo_keys(AlgoConfig).items() if knob.is_flag}
@@ -160,6 +179,7 @@ def config_from_values(values: dict, demo=None, given: set[str] | None = None) -
             ("sampled", SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, stop_strings=stops)),
             ("greedy", SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_strings=stops)),
         ),
+        options=options,
     )
     validate(config)
     if given:

@@ -18,6 +18,25 @@ from coati.config.tree import RLConfig
 PLACEHOLDER = "<demo>"
 
 
+MODEL_OPTIONS = {"model": "-m/--model", "reward_model": "--reward-model", "critic_model": "--critic-model"}
+
+
+def resolve_model_names(values: dict) -> dict:
+    """Option values (by dest) with every hub name among the models (ORG/NAME, with --revision for -m) replaced
+    by its local snapshot directory: done once, before the config is built, so the policy, reference, reward
+    model, critic, vLLM and actors on other nodes are all handed that directory."""
+    from coati.utils.hub import HubError, resolve_model
+
+    values = dict(values)
+    for dest, flag in MODEL_OPTIONS.items():
+        if values.get(dest):
+            try:
+                values[dest] = resolve_model(values[dest], values.get("revision") if dest == "model" else None, flag)
+            except HubError as err:
+                raise ConfigError(str(err)) from None
+    return values
+
+
 def check_paths(config: RLConfig, models: bool = True) -> None:
     """Every data file (and with ``models`` every model directory) the options name exists: one line naming the
     flag, before the demo's assets or any model is built (check_inputs then reads them in full)."""
@@ -128,7 +147,8 @@ def check_inputs(config: RLConfig, engine: bool = True) -> None:
     path = config.model.path
     require(not os.path.isfile(path), f"-m/--model {path} is a file: pass the directory that holds it and the "
                                       "model's config.json (written by save_pretrained)")
-    require(os.path.isdir(path), f"model directory not found: {path} (pass -m/--model a local HF model directory)")
+    require(os.path.isdir(path), f"model directory not found: {path} (pass -m/--model a local HF model directory "
+                                 "or a hub name ORG/NAME)")
     require(os.path.isfile(os.path.join(path, "config.json")),
              f"{path} has no config.json: pass -m/--model a directory written by save_pretrained")
     if config.data.reward_type == "code":
