@@ -144,10 +144,18 @@ def resumed_values(saved: dict, values: dict, given: set[str]) -> tuple[dict, li
     changed = []
     for dest in sorted(given):
         merged[dest] = values[dest]
-        if dest != "resume" and dest in saved and _plain(saved[dest]) != _plain(values[dest]):
-            changed.append(f"{flags.get(dest, dest)} {saved[dest]!r} -> {values[dest]!r}")
+        # where the checkpoint was found is not a change of the run
+        if dest not in LOCATES_RUN and dest in saved and _plain(saved[dest]) != _plain(values[dest]):
+            changed.append(f"{flags.get(dest, dest)} {_shown(saved[dest])} -> {_shown(values[dest])}")
     merged["resume"] = values["resume"]
     return merged, changed
+
+
+LOCATES_RUN = ("resume", "save_dir", "project")
+
+
+def _shown(value) -> str:
+    return "default" if value is None else repr(value)
 
 
 def _plain(value):
