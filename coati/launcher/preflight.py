@@ -25,9 +25,12 @@ def resolve_model_names(values: dict) -> dict:
     """Option values (by dest) with every hub name among the models (ORG/NAME, with --revision for -m) replaced
     by its local snapshot directory: done once, before the config is built, so the policy, reference, reward
     model, critic, vLLM and actors on other nodes are all handed that directory."""
-    from coati.utils.hub import HubError, resolve_model
+    from coati.config.cli import run_name
+    from coati.utils.hub import HubError, is_hub_name, resolve_model
 
     values = dict(values)
+    if values.get("model") and values.get("project") is None and is_hub_name(values["model"]):
+        values["project"] = run_name(values["model"])  # the name the user gave, not its snapshot's commit
     for dest, flag in MODEL_OPTIONS.items():
         if values.get(dest):
             try:
