@@ -79,6 +79,8 @@ def restore_options(args, given: set[str]) -> None:
     from coati.trainer.checkpointing import read_run_state
     from coati.utils.checkpoint import resolve_resume
 
+    if args.resume != "latest" and not os.path.exists(args.resume):
+        return  # check_paths names the flag
     project = args.project or ("demo" if args.model is None else run_name(args.model))
     try:
         path = resolve_resume(args.resume, os.path.join(args.save_dir, project))
