@@ -29,6 +29,10 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", description
         print(f"error: {err}", file=sys.stderr)
         return 2
     dry_run, dry_run_cluster = args.__dict__.pop("dry_run"), args.__dict__.pop("dry_run_cluster")
+    unreachable = probe_cluster(args.master_address, args.ray_dir) if dry_run and not dry_run_cluster else None
+    if unreachable:
+        print(f"error: {unreachable}", file=sys.stderr)
+        return 1
     demo = None
     try:
         vars(args).update(resolve_model_names(vars(args)))
@@ -67,6 +71,24 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", description
         print(f"held-out accuracy {key}: {before:.3f} -> {after:.3f} ({100 * (after - before):+.1f} points)")
     print_tool_use(result.metrics_path, result.steps)
     return 0
+
+
+def probe_cluster(master_address: str | None, ray_dir: str | None) -> str | None:
+    """--dry-run against a running cluster: its head is asked before any other check, so a wrong address is one
+    line in seconds; the line, or None (no cluster to join, or it answers)."""
+    from coati.cluster.connect import ClusterError, cluster_address, probe
+
+    try:
+        address, source = cluster_address(master_address)
+    except ValueError:
+        return None  # the flag's own check names the problem
+    if address is None or address == "auto" or "://" in address:
+        return None
+    try:
+        probe(address, source, ray_dir)
+    except ClusterError as err:
+        return str(err)
+    return None
 
 
 def restore_options(args, given: set[str]) -> None:

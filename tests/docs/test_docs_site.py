@@ -67,7 +67,7 @@ def github_anchor(heading: str) -> str:
 def test_github_anchors_follow_githubs_rule():
     assert github_anchor("The plan before launch: `--dry-run`") == "the-plan-before-launch---dry-run"
     assert github_anchor("2 nodes x 8 GPUs") == "2-nodes-x-8-gpus"
-    assert github_anchor("Acceptance run on GPUs: `scripts/gpu_check.sh`") == "acceptance-run-on-gpus-scriptsgpu_checksh"
+    assert github_anchor("Run on GPUs: `scripts/gpu_check.sh`") == "run-on-gpus-scriptsgpu_checksh"
 
 
 def test_every_anchor_link_works_on_github_and_in_the_site():

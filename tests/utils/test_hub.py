@@ -39,7 +39,8 @@ def test_a_cached_name_resolves_offline_and_an_uncached_one_is_one_line(tmp_path
     assert found.returncode == 0, found.stderr
     assert found.stdout.strip() == snapshot
     refuse = ("from coati.launcher.preflight import resolve_model_names; import sys\n"
-              "try:\n    resolve_model_names({'model': sys.argv[1]})\nexcept ValueError as err:\n    sys.exit(str(err))")
+              "try:\n    resolve_model_names({'model': sys.argv[1]})\n"
+              "except ValueError as err:\n    sys.exit(str(err))")
     missing = offline(tmp_path, "-c", refuse, "coati-test/absent")
     err = missing.stderr.strip()
     assert missing.returncode == 1 and "\n" not in err, err
