@@ -20,8 +20,8 @@ def test_given_flags_win_over_the_saved_ones_and_are_listed():
 
 
 def test_the_config_keeps_the_option_values_it_was_built_from():
-    config = config_from_args(build_parser().parse_args(["-g", "2", "-lr", "0.01"]), placeholder_demo())
-    assert config.options["num_generations"] == 2 and config.options["learning_rate"] == 0.01
+    config = config_from_args(build_parser().parse_args(["-e", "2", "-lr", "0.01"]), placeholder_demo())
+    assert config.options["num_episodes"] == 2 and config.options["learning_rate"] == 0.01
     assert config.options["model"] is None  # before the situation's defaults: a resume re-resolves them
 
 
