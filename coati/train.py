@@ -12,38 +12,42 @@ from __future__ import annotations
 import sys
 
 
-def main(argv: list[str] | None = None, prog: str = "rl_example.py", **defaults) -> int:
-    """``defaults``: fields' defaults this command changes (``coati ppo``), below --config and the flags."""
-    from coati.config.cli import build_parser, config_from_args
-    from coati.config.env import TOOL_DEMO_ENVS
+def main(argv: list[str] | None = None, prog: str = "rl_example.py", description: str | None = None,
+         **defaults) -> int:
+    """``description``: this command's --help text (default: coati train's); ``defaults``: fields' defaults this
+    command changes (``coati ppo``), below --config and the flags."""
+    from coati.config.cli import DESCRIPTION, build_parser, config_from_args
     from coati.config.errors import ConfigError
-    from coati.launcher.preflight import check_engine, check_inputs, check_paths
+    from coati.launcher.preflight import check_engine, check_inputs, check_paths, resolve_model_names
     from coati.utils.dataclass_cli import ConfigFileError
 
     try:
-        parser = build_parser(prog, **defaults)
+        parser = build_parser(prog, description or DESCRIPTION, **defaults)
         add_dry_run_flags(parser)
         args = parser.parse_args(argv)
     except ConfigFileError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     dry_run, dry_run_cluster = args.__dict__.pop("dry_run"), args.__dict__.pop("dry_run_cluster")
+    unreachable = probe_cluster(args.master_address, args.ray_dir) if dry_run and not dry_run_cluster else None
+    if unreachable:
+        print(f"error: {unreachable}", file=sys.stderr)
+        return 1
     demo = None
     try:
+        vars(args).update(resolve_model_names(vars(args)))
+        if args.resume is not None:
+            restore_options(args, parser.given)
         if args.model is None:
             # reject bad flags, missing files and a missing engine before building anything
             placeholder = config_from_args(args, demo=placeholder_demo(), given=parser.given)
             check_paths(placeholder)
             check_engine(placeholder)
-            if args.reward_type == "code":
-                from coati.demo.code_demo import ensure_code_demo_assets as ensure_assets
-            elif args.env in TOOL_DEMO_ENVS:
-                from coati.demo.tool_demo import ensure_tool_demo_assets as ensure_assets
-            else:
-                from coati.demo.math_demo import ensure_demo_assets as ensure_assets
-            demo = ensure_assets()
+            demo = ensure_demo(args.reward_type, args.env)
         config = config_from_args(args, demo, given=parser.given)
         if dry_run or dry_run_cluster:
+            # a described cluster's engines are not this machine's: its vLLM is not asked for here
+            check_inputs(config, engine=not dry_run_cluster)
             return print_plan(config, dry_run_cluster)
         check_inputs(config)
     except ConfigError as err:
@@ -69,6 +73,61 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", **defaults)
     return 0
 
 
+def probe_cluster(master_address: str | None, ray_dir: str | None) -> str | None:
+    """--dry-run against a running cluster: its head is asked before any other check, so a wrong address is one
+    line in seconds; the line, or None (no cluster to join, or it answers)."""
+    from coati.cluster.connect import ClusterError, cluster_address, probe
+
+    try:
+        address, source = cluster_address(master_address)
+    except ValueError:
+        return None  # the flag's own check names the problem
+    if address is None or address == "auto" or "://" in address:
+        return None
+    try:
+        probe(address, source, ray_dir)
+    except ClusterError as err:
+        return str(err)
+    return None
+
+
+def restore_options(args, given: set[str]) -> None:
+    """--resume: the checkpoint's saved options below the flags given again, which one line lists; a different
+    -m is refused (the checkpoint's weights are of its model)."""
+    import os
+
+    from coati.config.cli import resumed_values, run_name
+    from coati.config.errors import ConfigError
+    from coati.trainer.checkpointing import read_run_state
+    from coati.utils.checkpoint import resolve_resume
+
+    if args.resume != "latest" and not os.path.exists(args.resume):
+        return  # check_paths names the flag
+    project = args.project or ("demo" if args.model is None else run_name(args.model))
+    try:
+        path = resolve_resume(args.resume, os.path.join(args.save_dir, project))
+    except FileNotFoundError as err:
+        raise ConfigError(str(err)) from None
+    try:
+        saved = read_run_state(path).get("options")
+    except (OSError, ValueError):
+        return  # check_resume says what is wrong with the checkpoint
+    if not saved:
+        return
+    if "model" in given and not _same_model(saved.get("model"), args.model):
+        raise ConfigError(f"--resume {path}: it trained {saved.get('model') or 'the embedded demo model'}; "
+                          f"-m {args.model} cannot continue it: drop -m, or drop --resume to start a new run")
+    values, changed = resumed_values(saved, vars(args), given)
+    vars(args).update(values)
+    print(f"--resume {path}: the run's saved options" + (f"; given again: {', '.join(changed)}" if changed else ""))
+
+
+def _same_model(saved: str | None, given: str | None) -> bool:
+    import os
+
+    return (saved is None) == (given is None) and (saved is None or os.path.normpath(saved) == os.path.normpath(given))
+
+
 def print_tool_use(metrics_path: str, last_step: int) -> None:
     """With --env: the held-out tool-use rate before and after, from the run's eval rows."""
     import json
@@ -87,15 +146,18 @@ def print_tool_use(metrics_path: str, last_step: int) -> None:
 def add_dry_run_flags(parser) -> None:
     group = parser.add_argument_group("plan")
     group.add_argument("--dry-run", action="store_true",
-                       help="print where every actor would go, its threads and its memory estimate, and whether it "
-                            "fits, then exit without starting any actor")
+                       help="check every input a start checks (files, keys, reward functions, --resume, the model), "
+                            "then print where every actor would go, its threads and its memory estimate, and whether "
+                            "it fits, and exit without starting any actor")
     group.add_argument("--dry-run-cluster", metavar="NODESxGPUSxGB[xCPUS]",
                        help="--dry-run on a described cluster instead of the running one or this machine, e.g. "
                             "4x8x80 (4 nodes x 8 GPUs of 80 GB) or 1x0x24x2 (one CPU node, 24 GB RAM, 2 cores)")
 
 
 def print_plan(config, cluster: str | None) -> int:
-    """``--dry-run``: the plan's lines; 1 with the one error line when it cannot fit, 2 for bad input."""
+    """``--dry-run``: the plan's lines; 1 with the one error line when it cannot fit or the cluster cannot be
+    joined, 2 for bad input."""
+    from coati.cluster.connect import ClusterError
     from coati.launcher.plan import PlanError, dry_run
 
     try:
@@ -103,6 +165,9 @@ def print_plan(config, cluster: str | None) -> int:
     except PlanError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except ClusterError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     print("\n".join(lines))
     if error:
         print(f"error: {error}", file=sys.stderr)
@@ -112,7 +177,22 @@ def print_plan(config, cluster: str | None) -> int:
 
 def ppo_main(argv: list[str] | None = None, prog: str = "coati ppo") -> int:
     """``coati ppo``: ``coati train`` with ``-a PPO`` as the default algorithm (``--config ppo.yaml`` works)."""
-    return main(argv, prog, algo="PPO")
+    from coati.config.cli import PPO_DESCRIPTION
+
+    return main(argv, prog, PPO_DESCRIPTION, algo="PPO")
+
+
+def ensure_demo(reward_type: str, env: str | None):
+    """The assets of the demo these options run without -m (built once, cached): code, tool use or addition."""
+    from coati.config.env import TOOL_DEMO_ENVS
+
+    if reward_type == "code":
+        from coati.demo.code_demo import ensure_code_demo_assets as ensure_assets
+    elif env in TOOL_DEMO_ENVS:
+        from coati.demo.tool_demo import ensure_tool_demo_assets as ensure_assets
+    else:
+        from coati.demo.math_demo import ensure_demo_assets as ensure_assets
+    return ensure_assets()
 
 
 def placeholder_demo():

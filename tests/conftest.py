@@ -41,12 +41,13 @@ def tool_demo_assets(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    """A fresh random tiny Qwen2 (not warm-started) saved as an HF directory."""
+    """A fresh random tiny Qwen2 (not warm-started) saved as an HF directory, with positions for a user's default
+    -mpt + -mnt (RoPE: the count changes no weight)."""
     from coati.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model, save_tiny
 
     path = str(tmp_path_factory.mktemp("tiny_model"))
     tokenizer = build_char_tokenizer()
-    save_tiny(build_tiny_model(TinyModelSpec(), tokenizer, seed=1), tokenizer, path)
+    save_tiny(build_tiny_model(TinyModelSpec(max_positions=2048), tokenizer, seed=1), tokenizer, path)
     return path
 
 

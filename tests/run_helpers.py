@@ -72,3 +72,29 @@ def timed_cli(argv: list[str], env: dict, tmp_path) -> tuple[list[str], float]:
     seconds = float(timing.read_text())
     print(f"{output[0][:60]}...: {seconds:.1f} s")
     return output, seconds
+
+
+def fill_hub_cache(hf_home, repo: str, model_dir: str) -> str:
+    """``model_dir``'s files as huggingface_hub caches a download of ``repo`` under ``hf_home``
+    (hub/models--ORG--NAME/: blobs named by content hash, snapshots/<commit>/ links to them, refs/main naming the
+    commit); the snapshot directory."""
+    import hashlib
+
+    cache = os.path.join(str(hf_home), "hub", "models--" + repo.replace("/", "--"))
+    commit = hashlib.sha1(repo.encode()).hexdigest()
+    snapshot = os.path.join(cache, "snapshots", commit)
+    os.makedirs(os.path.join(cache, "blobs"), exist_ok=True)
+    os.makedirs(os.path.join(cache, "refs"), exist_ok=True)
+    for root, _, files in os.walk(model_dir):
+        for name in files:
+            source = os.path.join(root, name)
+            data = open(source, "rb").read()
+            blob = os.path.join(cache, "blobs", hashlib.sha256(data).hexdigest())
+            with open(blob, "wb") as handle:
+                handle.write(data)
+            link = os.path.join(snapshot, os.path.relpath(source, model_dir))
+            os.makedirs(os.path.dirname(link), exist_ok=True)
+            os.symlink(os.path.relpath(blob, os.path.dirname(link)), link)
+    with open(os.path.join(cache, "refs", "main"), "w") as handle:
+        handle.write(commit)
+    return snapshot

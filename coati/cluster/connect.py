@@ -276,37 +276,54 @@ def where(actor_self) -> dict:
             "gpus": [str(gpu) for gpu in context.get_accelerator_ids().get("GPU", [])]}
 
 
+def wait_for_nodes(address: str, wanted: int, timeout_s: float, log, every_s: float = 10.0) -> tuple[list, str]:
+    """(the alive nodes once ``wanted`` are up or ``timeout_s`` has passed, "host:port"); ``log`` gets a line
+    when waiting starts, whenever the count changes and every ``every_s`` seconds, so a wait is never silent."""
+    import time
+
+    host, port = parse_address(address, "HEAD[:PORT]")
+    target = f"{host}:{port}"
+    start = time.time()
+    last: tuple | None = None
+    log(f"waiting up to {timeout_s:g} s for {wanted} alive node(s) at {target}")
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
+            nodes, state = _gcs_nodes(target, "HEAD[:PORT]", PROBE_TIMEOUT_S), None
+        except TokenError:
+            raise
+        except (OSError, ClusterError) as err:  # the head may still be starting
+            nodes, state = None, err
+        waited = time.time() - start
+        if nodes is not None and (len(nodes) >= wanted or waited > timeout_s):
+            return nodes, target
+        if nodes is None and waited > timeout_s:
+            raise ClusterError(f"no Ray head answers at {target} after {timeout_s:g} s ({state})")
+        now = ("no head answers yet" if nodes is None else f"{len(nodes)} of {wanted} node(s) alive",
+               int(waited // every_s))
+        if now != last:
+            log(f"{now[0]} at {target} ({waited:.0f} s of {timeout_s:g} s)")
+            last = now
+        time.sleep(2)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m coati.cluster.connect HEAD[:PORT] --nodes N``: wait until the cluster has N nodes."""
     import argparse
     import sys
-    import time
 
     parser = argparse.ArgumentParser(prog="python -m coati.cluster.connect",
                                      description="Wait until the Ray cluster at HEAD[:PORT] has --nodes alive nodes "
-                                                 "(the head's GCS is asked directly; RAY_AUTH_* as for training).")
+                                                 "(the head's GCS is asked directly; RAY_AUTH_* as for training); "
+                                                 "progress goes to stderr while it waits.")
     parser.add_argument("address", metavar="HEAD[:PORT]")
-    parser.add_argument("--nodes", type=int, default=1, help="alive nodes to wait for")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait")
+    parser.add_argument("--nodes", type=int, default=1, help="alive nodes to wait for (default: %(default)s)")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="seconds to wait before giving up (default: %(default)g)")
     args = parser.parse_args(argv)
-    deadline = time.time() + args.timeout
     try:
-        host, port = parse_address(args.address, "HEAD[:PORT]")
-        target = f"{host}:{port}"
-        while True:
-            try:
-                socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
-                nodes = _gcs_nodes(target, "HEAD[:PORT]", PROBE_TIMEOUT_S)
-            except TokenError:
-                raise
-            except (OSError, ClusterError) as err:  # the head may still be starting
-                if time.time() > deadline:
-                    raise ClusterError(f"no Ray head answers at {target} after {args.timeout:g} s ({err})") from None
-                time.sleep(2)
-                continue
-            if len(nodes) >= args.nodes or time.time() > deadline:
-                break
-            time.sleep(2)
+        nodes, target = wait_for_nodes(args.address, args.nodes, args.timeout,
+                                       lambda line: print(line, file=sys.stderr, flush=True))
     except (ClusterError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -13,6 +13,7 @@ precedence, the situation's defaults and the checks are the same.
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 
 from coati.config.algo import AlgoConfig
@@ -54,6 +55,13 @@ DESCRIPTION = ("Distributed RL post-training (GRPO, DAPO, PG, RLOO; PPO with a c
                "with only --env tool_demo: the tool demo (a tiny model learns to call a multiply tool for 3-digit "
                "products; --env tool_demo_off is its control, whose tool always fails).")
 
+PPO_DESCRIPTION = ("RLHF-PPO over Ray: coati train with -a PPO as the default. The policy (-m/--model) is trained on "
+                   "-d/--dataset against a reward model's score (--reward-model DIR, a `coati rm` output) and/or the "
+                   "-rt verifiable reward (--verifiable-reward-weight > 0), with a critic (--critic-model) and a KL "
+                   "penalty to the initial policy. There is no demo without arguments: PPO needs one of those "
+                   "scores (without -m/-d it trains the embedded addition model, e.g. --verifiable-reward-weight 1); "
+                   "`coati rlhf --dummy` runs sft -> rm -> ppo on generated data.")
+
 
 @dataclass(frozen=True)
 class RLOptions(RLConfig):
@@ -66,12 +74,10 @@ class RLOptions(RLConfig):
 dataclass_cli.options(RLOptions)  # a flag clash between two config fields fails here, at import
 
 
-def build_parser(prog: str = "rl_example.py", **defaults) -> argparse.ArgumentParser:
+def build_parser(prog: str = "rl_example.py", description: str = DESCRIPTION, **defaults) -> argparse.ArgumentParser:
     """rl_example.py's parser; ``defaults`` replace fields' defaults (``coati ppo``: ``algo="PPO"``), below
-    ``--config`` and the flags."""
-    parser = dataclass_cli.build_parser(RLOptions, prog, DESCRIPTION)
-    parser.set_defaults(**defaults)
-    return parser
+    ``--config`` and the flags, and --help names them as the command's."""
+    return dataclass_cli.build_parser(RLOptions, prog, description, defaults)
 
 
 def config_from_args(args: argparse.Namespace, demo=None, given: set[str] | None = None) -> RLConfig:
@@ -118,6 +124,8 @@ def _situation(values: dict, demo) -> tuple[bool, dict, dict]:
         eval_paths = {"code" if code else "multiply" if tool else "addition": demo.eval_path}
     if values["system_prompt"] is None:
         values["system_prompt"] = "" if embedded else default_system_prompt(reward_type)
+    if values["project"] is None:
+        values["project"] = "demo" if embedded else run_name(values["model"])
     grpo_overrides = parse_grpo_config(values["grpo_config"])
     situation = ((CODE_DEMO_DEFAULTS if code else TOOL_DEMO_DEFAULTS if tool else DEMO_DEFAULTS) if embedded
                  else MODEL_DEFAULTS)
@@ -140,10 +148,42 @@ def _colocation(values: dict, given: set[str]) -> None:
         values["colocate"] = False
 
 
+def resumed_values(saved: dict, values: dict, given: set[str]) -> tuple[dict, list[str]]:
+    """--resume: (the checkpoint's option values with the ones ``given`` again on top, the long flags given again
+    with a different value as "FLAG OLD -> NEW"). ``--resume`` itself is always this run's."""
+    flags = {opt.dest: opt.long for opt in dataclass_cli.options(RLOptions)}
+    merged = {**values, **{dest: value for dest, value in saved.items() if dest in flags}}
+    changed = []
+    for dest in sorted(given):
+        merged[dest] = values[dest]
+        # where the checkpoint was found is not a change of the run
+        if dest not in LOCATES_RUN and dest in saved and _plain(saved[dest]) != _plain(values[dest]):
+            changed.append(f"{flags.get(dest, dest)} {_shown(saved[dest])} -> {_shown(values[dest])}")
+    merged["resume"] = values["resume"]
+    return merged, changed
+
+
+LOCATES_RUN = ("resume", "save_dir", "project")
+
+
+def _shown(value) -> str:
+    return "default" if value is None else repr(value)
+
+
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def run_name(model: str) -> str:
+    """A user's run is named after its model (a directory's last part, a hub name's model part), else ``run``."""
+    return os.path.basename(os.path.normpath(model)) if model.strip("/. ") else "run"
+
+
 def config_from_values(values: dict, demo=None, given: set[str] | None = None) -> RLConfig:
     """The checked RLConfig of option values by dest (flags, --config, defaults all applied); ``given``: the dests
     the user set, checked against the algorithm's options."""
     values = dict(values)
+    options = {dest: values[dest] for dest in dataclass_cli.defaults(RLOptions)}
     embedded, eval_paths, grpo_overrides = _situation(values, demo)
     _colocation(values, given or set())
     max_new_tokens, stops = values["max_new_tokens"], STOP_STRINGS[values["reward_type"]]
@@ -160,6 +200,7 @@ def config_from_values(values: dict, demo=None, given: set[str] | None = None) -
             ("sampled", SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, stop_strings=stops)),
             ("greedy", SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_strings=stops)),
         ),
+        options=options,
     )
     validate(config)
     if given:

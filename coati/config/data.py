@@ -15,8 +15,10 @@ from rewards import REWARD_TYPES
 
 @dataclass(frozen=True)
 class ModelConfig:
-    path: str = option(MISSING, "local HF model directory (default: the embedded demo model)", "-m", flag="--model",
+    path: str = option(MISSING, "HF model: a local directory or a hub name ORG/NAME, taken from the Hugging Face "
+                                "cache or downloaded into it (default: the embedded demo model)", "-m", flag="--model",
                        resolved=True)
+    revision: str | None = option(None, "with -m ORG/NAME: the hub revision, a branch, tag or commit (default: main)")
     is_embedded_demo: bool = False
 
 

@@ -71,10 +71,10 @@ class ParallelConfig(TrainerLayout):
         "-nb", "--n-behind", metavar="S")
     weight_sync: str = option(
         "object-store", "how new weights reach the inferencers. object-store: one ray.put per version, read "
-                        "zero-copy by every inferencer on the node (fastest on one machine). collective: a "
+                        "zero-copy by every inferencer on the node; the one for a single machine. collective: a "
                         "torch.distributed group of the sending trainer rank and every inferencer (gloo on CPU, "
                         "nccl on GPU), weights broadcast in buckets and checked by checksum after every sync (see "
-                        "docs/gpu.md, Weight sync, for which is faster where)", choices=tuple(WEIGHT_SYNC))
+                        "docs/gpu.md, Weight sync)", choices=tuple(WEIGHT_SYNC))
     weight_sync_bucket_mb: float = option(
         128.0, "--weight-sync collective: MiB per broadcast (a larger tensor goes alone); on GPU also the temporary "
                "device memory each inferencer needs")

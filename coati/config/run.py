@@ -15,8 +15,9 @@ SAVE_INTERVAL = 50
 @dataclass(frozen=True)
 class RunConfig:
     project: str = option("demo", "run name: outputs go to <save-dir>/<project>/ (metrics.jsonl always); also the "
-                                  "wandb project, logged offline unless WANDB_MODE=online, when wandb is installed",
-                          "-p")
+                                  "wandb project, logged offline unless WANDB_MODE=online, when wandb is installed "
+                                  "(default: demo for the demos, else the -m model directory's name)", "-p",
+                          resolved=True)
     num_episodes: int = option(1, "passes over the training set; default: 3 for the addition demo, 2 for the code "
                                   "demo, else 1", "-e", "--epochs", resolved=True)
     seed: int = option(42, "seed for sampling, data order and initialisation")

@@ -26,6 +26,9 @@ class RLConfig:
     episodes: EnvConfig = EnvConfig()  # multi-turn episodes with an environment (--env); off by default
     # Sampling used for held-out evaluation: (name, params) pairs, all scored with the training reward.
     eval_sampling: tuple[tuple[str, SamplingParams], ...] = field(default=())
+    # The option values by dest it was built from (flags, --config, defaults; before the situation's defaults):
+    # a checkpoint stores them, so that --resume rebuilds this config with only the flags given again changed.
+    options: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def steps_per_sync(self) -> int:

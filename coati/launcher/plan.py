@@ -75,10 +75,15 @@ def this_machine(actors: int) -> list[Node]:
     return [Node(0, max(actors, os.cpu_count() or 1), psutil.virtual_memory().total)]
 
 
-def running_cluster(address: str) -> list[Node]:
-    """The alive nodes of the Ray cluster at ``address`` (joined as a driver; no actor is started)."""
+def running_cluster(address: str, source: str, ray_dir: str | None = None) -> list[Node]:
+    """The alive nodes of the Ray cluster at ``address`` (probed, then joined as a driver; no actor is started):
+    connect.ClusterError in seconds when no head answers there."""
     import ray
 
+    from coati.cluster.connect import probe
+
+    if address != "auto" and "://" not in address:
+        probe(address, source, ray_dir)
     ray.init(address=address, include_dashboard=False, logging_level="ERROR")
     try:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
@@ -242,8 +247,9 @@ def build_plan(config, cluster: str | None = None) -> tuple:
     if cluster:
         nodes = parse_cluster(cluster)
     else:
-        address, _ = cluster_address(config.run.master_address)
-        nodes = running_cluster(address) if address else this_machine(p.num_trainers + p.num_inferencers)
+        address, source = cluster_address(config.run.master_address)
+        nodes = (running_cluster(address, source, config.run.ray_dir) if address
+                 else this_machine(p.num_trainers + p.num_inferencers))
     config, line = choose_colocation(config, sum(node.gpus for node in nodes))
     actors, unit = place(config, nodes)
     assign_threads(config, actors, nodes)

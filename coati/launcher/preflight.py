@@ -18,6 +18,28 @@ from coati.config.tree import RLConfig
 PLACEHOLDER = "<demo>"
 
 
+MODEL_OPTIONS = {"model": "-m/--model", "reward_model": "--reward-model", "critic_model": "--critic-model"}
+
+
+def resolve_model_names(values: dict) -> dict:
+    """Option values (by dest) with every hub name among the models (ORG/NAME, with --revision for -m) replaced
+    by its local snapshot directory: done once, before the config is built, so the policy, reference, reward
+    model, critic, vLLM and actors on other nodes are all handed that directory."""
+    from coati.config.cli import run_name
+    from coati.utils.hub import HubError, is_hub_name, resolve_model
+
+    values = dict(values)
+    if values.get("model") and values.get("project") is None and is_hub_name(values["model"]):
+        values["project"] = run_name(values["model"])  # the name the user gave, not its snapshot's commit
+    for dest, flag in MODEL_OPTIONS.items():
+        if values.get(dest):
+            try:
+                values[dest] = resolve_model(values[dest], values.get("revision") if dest == "model" else None, flag)
+            except HubError as err:
+                raise ConfigError(str(err)) from None
+    return values
+
+
 def check_paths(config: RLConfig, models: bool = True) -> None:
     """Every data file (and with ``models`` every model directory) the options name exists: one line naming the
     flag, before the demo's assets or any model is built (check_inputs then reads them in full)."""
@@ -118,13 +140,18 @@ def check_user_rewards(config: RLConfig, first) -> None:
         raise ConfigError(str(err)) from None
 
 
-def check_inputs(config: RLConfig) -> None:
-    """Checks that open files: the model directory and every dataset (parsed in full, line by line)."""
-    check_engine(config)
+def check_inputs(config: RLConfig, engine: bool = True) -> None:
+    """Checks that open files: the model directory and every dataset (parsed in full, line by line); with
+    ``engine``, the inference engine this machine would start."""
+    if engine:
+        check_engine(config)
     from coati.dataset.loader import DatasetError, load_examples
 
     path = config.model.path
-    require(os.path.isdir(path), f"model directory not found: {path} (pass -m/--model a local HF model directory)")
+    require(not os.path.isfile(path), f"-m/--model {path} is a file: pass the directory that holds it and the "
+                                      "model's config.json (written by save_pretrained)")
+    require(os.path.isdir(path), f"model directory not found: {path} (pass -m/--model a local HF model directory "
+                                 "or a hub name ORG/NAME)")
     require(os.path.isfile(os.path.join(path, "config.json")),
              f"{path} has no config.json: pass -m/--model a directory written by save_pretrained")
     if config.data.reward_type == "code":
@@ -168,6 +195,19 @@ def check_inputs(config: RLConfig) -> None:
     require(len(train) // sources >= config.batch.inference_batch_size,
              f"{config.data.train_path} has {len(train)} prompts: each of the {sources} {generators} needs at "
              f"least -ibs={config.batch.inference_batch_size}; lower -ibs or add data")
+    _check_positions(config)
+
+
+def _check_positions(config: RLConfig) -> None:
+    """-mpt + -mnt within the model's positions (max_position_embeddings in its config.json, when it says)."""
+    import json
+
+    with open(os.path.join(config.model.path, "config.json")) as handle:
+        positions = json.load(handle).get("max_position_embeddings")
+    prompt, new = config.data.max_prompt_tokens, config.sampling.max_new_tokens
+    require(not isinstance(positions, int) or prompt + new <= positions,
+            f"-mpt {prompt} + -mnt {new} = {prompt + new} tokens exceed the model's {positions} positions "
+            f"(max_position_embeddings in {config.model.path}/config.json): lower -mnt or -mpt")
 
 
 def _check_env(spec: str) -> None:

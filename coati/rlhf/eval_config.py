@@ -21,7 +21,8 @@ class EvalConfig:
     retired_flags = {"--micro-batch-size": "in coati sft/rm that is the training micro-batch; here "
                                            "-imbs/--inference-microbatch-size sets prompts per generate call"}
 
-    model: str | None = option(None, "checkpoint: an HF causal-LM directory (default: the embedded demo model)", "-m")
+    model: str | None = option(None, "checkpoint: an HF causal-LM directory or a hub name ORG/NAME (default: the "
+                                     "embedded demo model)", "-m")
     dataset: str | None = option(None, "eval prompts: {\"prompt\": ...} rows or math/code rows (.jsonl, .json list, "
                                        ".parquet, save_to_disk); required with -m", "-d")
     reward_type: str = option("boxed", "verifiable reward of the rows that have answers", "-rt", choices=REWARD_TYPES)

@@ -200,11 +200,25 @@ def format_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def resolve_hub_names(config):
+    """-m / -rm given as hub names ORG/NAME: their cached snapshot directories (coati/utils/hub.py)."""
+    import dataclasses
+
+    from coati.utils.hub import HubError, resolve_model
+
+    try:
+        return dataclasses.replace(config, **{name: resolve_model(getattr(config, name), flag=flag)
+                                              for name, flag in (("model", "-m"), ("reward_model", "-rm"))
+                                              if getattr(config, name)})
+    except HubError as err:
+        raise ConfigError(str(err)) from None
+
+
 def main(argv: list[str] | None = None, prog: str = "coati evaluate") -> int:
     from coati.dataset.rows import DatasetError
 
     try:
-        config = parse(EvalConfig, argv, prog, DESCRIPTION)
+        config = resolve_hub_names(parse(EvalConfig, argv, prog, DESCRIPTION))
         inputs = check_inputs(config)
         tokenizer = tokenizers(config, inputs)
         plan = prepare(config, inputs, tokenizer)

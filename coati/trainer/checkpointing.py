@@ -10,7 +10,8 @@
 - ``pending_rollouts.json``: the groups producers had put into the buffer that were not drawn yet, with their
   (round, slot) places in the draw order;
 - ``run_state.json``: the driver's step and skipped-step counts, the weight version, each producer's next round,
-  the held-out results before training, and the settings a resumed run must share;
+  the held-out results before training, the settings a resumed run must share, and the option values the run
+  was built from (``RLConfig.options``: ``--resume`` rebuilds the config from them, flags given again on top);
 - ``checkpoint_complete.json``, written last; the directory is staged beside its final name and renamed into
   place only when all of this is on disk (``coati.utils.checkpoint.atomic_directory``), so a crash mid-save
   leaves the previous checkpoint as the newest complete one.
@@ -121,7 +122,8 @@ def save_checkpoint(path: str, consumers, buffer, config, driver: dict, gather) 
                                   "producer_rounds": next_rounds, "next_round": min(next_rounds),
                                   "pending_groups": len(snapshot["items"]), "next_draw": snapshot["next"],
                                   "consumer": counters,
-                                  "layout": _layout(config), "round_settings": round_settings(config)})
+                                  "layout": _layout(config), "round_settings": round_settings(config),
+                                  "options": config.options})
         with open(os.path.join(staging, COMPLETE_MARKER), "w") as handle:
             json.dump({"step": driver["step"], "policy_version": counters["version"]}, handle)
     return path

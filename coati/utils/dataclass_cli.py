@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import types
 import typing
 from typing import Any
@@ -108,7 +109,7 @@ class Option:
     def help_text(self) -> str:
         """The help with one "(default: ...)": added unless the help already says what the default is."""
         text = self.field.metadata["help"]
-        if "default" in text.lower() or self.shown_default is dataclasses.MISSING:
+        if re.search(r"\bdefault\b", text, re.IGNORECASE) or self.shown_default is dataclasses.MISSING:
             return text
         return f"{text} (default: {self.shown_default})"
 
@@ -186,9 +187,11 @@ def options(cls) -> tuple[Option, ...]:
     return found
 
 
-def build_parser(cls, prog: str, description: str) -> argparse.ArgumentParser:
+def build_parser(cls, prog: str, description: str, defaults: dict | None = None) -> argparse.ArgumentParser:
     """The parser of ``cls``'s options; ``cls.retired_flags`` ({flag: what to use instead}) names flags another
-    command spells the same way with another meaning."""
+    command spells the same way with another meaning. ``defaults`` (by dest): this command's own defaults, below
+    ``--config`` and the flags, and named in their options' help."""
+    defaults = defaults or {}
     parser = _ConfigFileParser(cls, prog=prog, description=f"{description} {UNDERSCORES_NOTE}".strip(),
                                retired=getattr(cls, "retired_flags", {}))
     parser.add_argument("--config", default=None, metavar="FILE.yaml",
@@ -199,7 +202,9 @@ def build_parser(cls, prog: str, description: str) -> argparse.ArgumentParser:
         if opt.path not in groups:  # a nested dataclass's flags are listed under its place in the tree
             groups[opt.path] = parser.add_argument_group(".".join(opt.path))
         meta = opt.field.metadata
-        common = dict(dest=opt.dest, default=opt.parser_default, help=opt.help_text.replace("%", "%%"))
+        text = opt.help_text if opt.dest not in defaults else \
+            f"{meta['help']} (default for {prog}: {defaults[opt.dest]})"
+        common = dict(dest=opt.dest, default=defaults.get(opt.dest, opt.parser_default), help=text.replace("%", "%%"))
         if opt.kind is bool:
             groups[opt.path].add_argument(*opt.flags, action=RecordedBool, **common)
         elif meta.get("repeat"):

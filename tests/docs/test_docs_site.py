@@ -55,3 +55,38 @@ def test_readme_anchors_into_guides_exist():
             if anchor not in slugs:
                 bad.append(target)
     assert not bad, f"README.md anchors that name no heading: {bad}"
+
+
+def github_anchor(heading: str) -> str:
+    """The id GitHub gives a heading: its text as rendered (link text, code without backticks), lower case,
+    every character but letters, digits, ``_``, ``-`` and spaces dropped, each space a hyphen (none collapsed)."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "").strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def test_github_anchors_follow_githubs_rule():
+    assert github_anchor("The plan before launch: `--dry-run`") == "the-plan-before-launch---dry-run"
+    assert github_anchor("2 nodes x 8 GPUs") == "2-nodes-x-8-gpus"
+    assert github_anchor("Run on GPUs: `scripts/gpu_check.sh`") == "run-on-gpus-scriptsgpu_checksh"
+
+
+def test_every_anchor_link_works_on_github_and_in_the_site():
+    """A link to page.md#anchor (or #anchor on the same page), in README.md, launch/README.md or a guide, names a
+    heading by GitHub's id and by the site's (mkdocs: python-markdown's slugify), which differ on punctuation."""
+    from markdown.extensions.toc import slugify
+
+    pages = ["README.md", "launch/README.md"] + [f"docs/{name}" for name in sorted(os.listdir(f"{ROOT}/docs"))
+                                                 if name.endswith(".md")]
+    bad = []
+    for page in pages:
+        for target in relative_links(os.path.join(ROOT, page)):
+            name, _, anchor = target.partition("#")
+            if not anchor:
+                continue
+            linked = os.path.normpath(os.path.join(os.path.dirname(page), name)) if name else page
+            with open(os.path.join(ROOT, linked)) as f:
+                text = re.sub(r"```.*?```", "", f.read(), flags=re.DOTALL)
+            headings = [h.strip() for h in re.findall(r"^#+ (.*)$", text, flags=re.MULTILINE)]
+            if anchor not in {github_anchor(h) for h in headings} or anchor not in {slugify(h, "-") for h in headings}:
+                bad.append(f"{page}: {target}")
+    assert not bad, f"anchors that GitHub or the site does not have: {bad}"

@@ -19,8 +19,8 @@ def seven_b(tmp_path):
     model = tmp_path / "qwen7b"
     model.mkdir()
     (model / "config.json").write_text(json.dumps(QWEN7))
-    data = tmp_path / "rows.jsonl"
-    data.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n")
+    data = tmp_path / "rows.jsonl"  # one full inference batch for each of 16 inferencers, as a start checks
+    data.write_text((json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n") * 16 * 64)
     return ["-m", str(model), "-d", str(data), "--input-key", "question", "--label-key", "answer"]
 
 

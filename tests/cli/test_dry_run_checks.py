@@ -1,0 +1,82 @@
+"""``--dry-run`` checks every input a real start checks (files, keys, reward functions, --resume, the model) and
+probes a cluster it is pointed at, so a plan that says "fits" is a run that starts. ``python -m
+coati.cluster.connect`` says its default wait and reports progress while it waits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from coati.cluster import connect
+from coati.train import main
+from tests.ray_nodes import free_port
+
+
+def rows(path, n=64):
+    path.write_text("".join(json.dumps({"messages": {"role": "user", "content": f"{i}+1="}, "gt_answer": str(i + 1)})
+                            + "\n" for i in range(n)))
+    return str(path)
+
+
+@pytest.fixture
+def small(tiny_model_dir, tmp_path, monkeypatch):
+    """A user's model and data with batches the data holds; the run directory under tmp_path."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return ["-m", tiny_model_dir, "-d", rows(tmp_path / "d.jsonl"), "-ibs", "8", "-imbs", "8", "-tbs", "8", "-tMbs",
+            "8", "-g", "2", "-tmbs", "16", "-mnt", "8", "-sd", str(tmp_path / "runs")]
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    return err
+
+
+def test_dry_run_of_good_inputs_fits(small, capsys):
+    assert main([*small, "--dry-run"]) == 0
+    assert "fits:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["-d", "nothing.jsonl"], "nothing.jsonl"),
+    (["--reward-fn", "no_such_file.py:fn"], "no_such_file.py"),
+    (["--resume", "latest"], "--resume latest: no complete checkpoint under"),
+    (["-ibs", "128", "-imbs", "128"], "each of the 1 inferencers needs at least -ibs=128"),
+])
+def test_dry_run_refuses_what_a_start_refuses(small, extra, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main([*small, *extra, "--dry-run"]) == 2
+    assert message in one_error_line(capsys)
+
+
+def test_dry_run_against_a_closed_port_is_the_probe_line(small, capsys):
+    port = free_port()  # free now: nothing listens there
+    assert main([*small, "--master_address", f"127.0.0.1:{port}", "--dry-run"]) == 1
+    assert one_error_line(capsys).startswith(f"error: no Ray head at 127.0.0.1:{port} (--master_address): nothing "
+                                             "listens there")
+
+
+def test_wait_for_nodes_states_its_default_and_reports_progress(capsys):
+    with pytest.raises(SystemExit):
+        connect.main(["--help"])
+    assert "(default: 300)" in " ".join(capsys.readouterr().out.split())
+    port = free_port()
+    assert connect.main([f"127.0.0.1:{port}", "--nodes", "2", "--timeout", "3"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"waiting up to 3 s for 2 alive node(s) at 127.0.0.1:{port}"
+    assert err[1].startswith(f"no head answers yet at 127.0.0.1:{port} (0 s of 3 s)")
+    assert err[-1].startswith(f"error: no Ray head answers at 127.0.0.1:{port} after 3 s")
+
+
+def test_a_model_file_says_it_is_a_file(small, tiny_model_dir, capsys):
+    weights = f"{tiny_model_dir}/config.json"
+    assert main([*small, "-m", weights, "--dry-run"]) == 2
+    assert one_error_line(capsys) == (f"error: -m/--model {weights} is a file: pass the directory that holds it and "
+                                      "the model's config.json (written by save_pretrained)")
+
+
+def test_lengths_beyond_the_models_positions_are_refused_before_a_start(small, tiny_model_dir, capsys):
+    assert main([*small, "-mpt", "512", "-mnt", "1600"]) == 2  # the tiny model has 2048 positions
+    assert one_error_line(capsys) == (f"error: -mpt 512 + -mnt 1600 = 2112 tokens exceed the model's 2048 positions "
+                                      f"(max_position_embeddings in {tiny_model_dir}/config.json): lower -mnt or -mpt")
