@@ -139,11 +139,13 @@ def init_group(layouts: list[str], rank: int, world_size: int) -> None:
             launch_colossalai()
 
 
-def record_forward_dtypes(model) -> set:
-    """The dtypes the outputs of ``model``'s linear layers come out in, filled as it runs (forward hooks)."""
-    seen: set = set()
+def record_forward_dtypes(model, seen: set | None = None) -> set:
+    """The dtypes the outputs of ``model``'s linear layers (any module class named ``*Linear*``, so ColossalAI's
+    sharded replacements too) come out in, filled as it runs (forward hooks, once per module)."""
+    seen = set() if seen is None else seen
     for module in model.modules():
-        if isinstance(module, torch.nn.Linear):
+        if "Linear" in type(module).__name__ and not getattr(module, "_dtype_hook", False):
+            module._dtype_hook = True
             module.register_forward_hook(lambda _module, _inputs, output: seen.add(str(output.dtype)))
     return seen
 
@@ -163,6 +165,8 @@ def run_step(layout: str, lr: float = 1e-4, micro_batch_size: int = 2, max_grad_
     forward_dtypes = record_forward_dtypes(model)
     plugin = make_layout_plugin(layout)
     plugin.setup(model, lr, gradient_checkpointing=bool(options.get("gc", 0)))
+    if isinstance(getattr(plugin, "model", None), torch.nn.Module):  # layers ColossalAI's shardformer replaced
+        record_forward_dtypes(plugin.model, forward_dtypes)
     seen = set()  # devices of what loss_fn is handed (this rank runs no loss_fn off a pipeline's last stage)
 
     def loss_fn(logits, micro_batch):
