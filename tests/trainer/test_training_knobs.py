@@ -3,11 +3,12 @@ mode), and the schedule across a resume.
 
 The data plan of tests/trainer/test_resume.py: 32 prompts, -ibs 8 x -g 4, 4 groups per step -> 4 rounds of 2
 steps, 8 steps; --max-steps 6 ends the run after round 2 (producers generate 3 rounds), -si 3 checkpoints at
-step 3 (mid-round) and the end.
+step 3 (mid-round) and the end; the first run evaluates on the training rows before and after.
 """
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -31,7 +32,7 @@ def data(demo_assets, tmp_path_factory):
 @pytest.fixture(scope="module")
 def knob_run(demo_assets, data, tmp_path_factory):
     save_dir = tmp_path_factory.mktemp("knobs")
-    result = launch(demo_assets, data, save_dir, "knobs", *KNOBS)
+    result = launch(demo_assets, data, save_dir, "knobs", *KNOBS, "-ed", json.dumps({"add": data}))
     return result, os.path.join(save_dir, "knobs")
 
 
@@ -41,7 +42,7 @@ def test_max_steps_ends_the_run_with_evaluation_and_a_final_checkpoint(knob_run)
     assert sorted(train_rows(run_dir)) == [1, 2, 3, 4, 5, 6]
     assert [step for step, _ in list_checkpoints(run_dir)] == [3, 6]
     assert result.final_model_dir == os.path.join(run_dir, "step_6")
-    assert result.eval_after and result.eval_before
+    assert set(result.eval_before) == set(result.eval_after) == {"add/sampled", "add/greedy"}
 
 
 def test_the_logged_learning_rate_follows_the_cosine_schedule(knob_run):
