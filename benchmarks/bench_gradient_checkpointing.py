@@ -49,12 +49,13 @@ def measure(checkpointing: bool, steps: int) -> dict:
     for step in range(steps + 1):
         start = time.perf_counter()
         plugin.forward_backward([micro], loss_fn)
-        plugin.optimizer_step(1.0)
+        plugin.optimizer_step(1.0)  # returns the norm as a float: the step has finished on a GPU too
         if step:  # the first step warms up
             times.append(time.perf_counter() - start)
     rss_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
+    gpu_gib = torch.cuda.max_memory_allocated() / 2**30 if plugin.device.type == "cuda" else 0.0
     return {"checkpointing": checkpointing, "step_s": statistics.median(times), "peak_rss_gib": rss_gib,
-            "params": sum(p.numel() for p in model.parameters())}
+            "peak_gpu_gib": gpu_gib, "device": str(plugin.device), "params": sum(p.numel() for p in model.parameters())}
 
 
 def planned_activations(checkpointing: bool) -> float:
@@ -83,8 +84,10 @@ def main() -> None:
         out = subprocess.run([sys.executable, __file__, "--child", mode, "--steps", str(args.steps),
                               "--threads", str(args.threads)], env=env, capture_output=True, text=True, check=True)
         results[mode] = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"checkpointing {mode:3s}: {results[mode]['step_s']:.2f} s/step, peak RSS "
-              f"{results[mode]['peak_rss_gib']:.2f} GiB (planned activations {planned_activations(mode == 'on'):.3f} GiB)")
+        gpu = f", peak GPU {results[mode]['peak_gpu_gib']:.3f} GiB" if results[mode]["peak_gpu_gib"] else ""
+        print(f"checkpointing {mode:3s} on {results[mode]['device']}: {results[mode]['step_s']:.3f} s/step, peak RSS "
+              f"{results[mode]['peak_rss_gib']:.2f} GiB{gpu} (planned activations "
+              f"{planned_activations(mode == 'on'):.3f} GiB)")
     on, off = results["on"], results["off"]
     print(f"{off['params'] / 1e6:.1f}M parameters, {BATCH} x {SEQ} tokens, {args.threads} thread(s): "
           f"on/off step time {on['step_s'] / off['step_s']:.2f}x, peak RSS {on['peak_rss_gib'] / off['peak_rss_gib']:.2f}x")
