@@ -4,17 +4,13 @@ values and transformers' own, which parameters get weight decay, and one AdamW s
 from __future__ import annotations
 
 import math
-import sys
-import os
 
 import pytest
 import torch
+from equivalence import grpo_batch, grpo_loss_fn, rank_micro_batches, tiny_model
 
 from coati.plugins import make_plugin
 from coati.plugins.optim import decays, lr_multiplier, warmup_steps
-
-sys.path.insert(0, os.path.dirname(__file__))
-from equivalence import grpo_batch, grpo_loss_fn, rank_micro_batches, tiny_model  # noqa: E402
 
 # total 10 steps, warm-up 2: step -> multiplier, by hand
 HAND = {
