@@ -1,14 +1,19 @@
 """Memory each actor of a run needs, from the model's shape and the flags (pure arithmetic, bytes).
 
-Trainer rank (no activation checkpointing; Adam):
-- parameters P/mp per rank (mp = tp x pp), in the trainer precision; mixed precision adds fp32 master weights;
-- gradients as the parameters; Adam's two fp32 states (8 bytes per parameter);
-- sharding over dp: torch FSDP2 (-zero >= 1) shards parameters, gradients and states, and holds the full
-  parameters of this rank's layers from forward to backward (-zero 1/2) or one layer's at a time (-zero 3);
-  ColossalAI LowLevelZero / Hybrid: stage 1 shards states and master weights, stage 2 also gradients;
-- activations kept for backward, per token per layer 8H + (4 kv_dim + 4I)/tp elements (the tensors a Qwen2/Llama
-  block saves: norms, q/k/v, attention output, gate/up/act/product), for micro-batch x sequence tokens (pp:
-  the first stage holds pp micro-batches); the logits at 3 x tokens x V/tp fp32 (logits, log-softmax, gradient);
+Trainer rank (Adam):
+- parameters P/mp per rank (mp = tp x pp): fp32; mixed precision (bf16/fp16) adds a compute-dtype copy (autocast's
+  cast weights, ColossalAI's working weights beside its fp32 masters);
+- gradients fp32 (for the fp32 masters; in fp32 runs the parameters' dtype); Adam's two fp32 states (8 bytes
+  per parameter);
+- sharding over dp: torch FSDP2 (-zero >= 1) shards the fp32 parameters, gradients and states, and holds the
+  full parameters (in the compute dtype) of this rank's layers from forward to backward (-zero 1/2) or one
+  layer's at a time (-zero 3); ColossalAI LowLevelZero / Hybrid: stage 1 shards states and master weights,
+  stage 2 also gradients;
+- activations kept for backward in the compute dtype, per token per layer 8H + (4 kv_dim + 4I)/tp elements (the
+  tensors a Qwen2/Llama block saves: norms, q/k/v, attention output, gate/up/act/product), for micro-batch x
+  sequence tokens (pp: the first stage holds pp micro-batches); with gradient checkpointing only each layer's
+  input (H per token) is kept, plus one layer's full set while it is recomputed; the logits at
+  3 x tokens x V/tp fp32 (logits, log-softmax, gradient);
 - the reference model (KL > 0) whole on every rank; the process's own runtime (CPU: Python, torch, Ray).
 Inferencer: weights / ptp, the KV cache (vLLM: its budget; transformers: the generate cache and kept logits),
 the received weight version (a CPU copy: object store or collective staging), the runtime. The sending trainer
@@ -71,6 +76,7 @@ class TrainerLayout:
     dp: int = 1
     zero: int = 0
     precision: str = "fp32"
+    checkpointing: bool = False  # gradient (activation) checkpointing of the decoder layers
 
 
 def trainer_states(shape: ModelShape, layout: TrainerLayout) -> dict[str, float]:
@@ -79,11 +85,11 @@ def trainer_states(shape: ModelShape, layout: TrainerLayout) -> dict[str, float]
     b = DTYPE_BYTES[layout.precision]
     mixed = layout.precision != "fp32"
     dp, zero = layout.dp, layout.zero
-    if layout.plugin == "torch" and zero >= 1:  # FSDP2: everything sharded; full parameters while computing
+    if layout.plugin == "torch" and zero >= 1:  # FSDP2: fp32 shards; full parameters (compute dtype) while computing
         gathered = local if zero < 3 else 2 * shape.layer_params / layout.tp  # this layer's and the prefetched one
-        return {"weights": b * local / dp + b * gathered, "gradients": b * local / dp, "optimizer": 8 * local / dp}
+        return {"weights": 4 * local / dp + b * gathered, "gradients": 4 * local / dp, "optimizer": 8 * local / dp}
     master = 4 * local / (dp if zero >= 1 else 1) if mixed else 0.0
-    grads = 4 * local if mixed else b * local  # ColossalAI's mixed precision keeps fp32 gradients for the masters
+    grads = 4 * local  # fp32 gradients: of the fp32 parameters, or for ColossalAI's fp32 masters
     return {"weights": b * local + master, "gradients": grads / (dp if zero >= 2 else 1),
             "optimizer": 8 * local / (dp if zero >= 1 else 1)}
 
@@ -94,7 +100,8 @@ def activation_bytes(shape: ModelShape, layout: TrainerLayout, micro_batch: int,
     tokens = micro_batch * seq_len
     per_layer = 8 * shape.hidden + (4 * shape.kv_dim + 4 * shape.intermediate) / layout.tp
     layers = shape.layers / layout.pp * layout.pp  # the first stage holds pp micro-batches of its layers
-    return {"activations": b * tokens * per_layer * layers, "logits": 3 * 4 * tokens * shape.vocab / layout.tp}
+    kept = shape.hidden * layers + per_layer if layout.checkpointing else per_layer * layers
+    return {"activations": b * tokens * kept, "logits": 3 * 4 * tokens * shape.vocab / layout.tp}
 
 
 def trainer_memory(shape: ModelShape, layout: TrainerLayout, micro_batch: int, seq_len: int,

@@ -3,7 +3,7 @@
 A preset is a row of changes to the fields' defaults, in --grpo-config keys (coati/config/grpo_config.py makes
 the keys from the fields). A new algorithm adds a row here and registers its functions
 (advantage.register_adv_est, loss.register_policy_loss); a new knob is one field of PolicyLossConfig,
-GroupConfig or AlgoConfig (``grpo_key=True``).
+GroupConfig, OptimConfig (optim.py) or AlgoConfig (``grpo_key=True``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from coati.algorithm.advantage import get_adv_estimator
 from coati.algorithm.loss import PolicyLossConfig
+from coati.config.optim import OptimConfig
 from coati.config.ppo import PPOConfig
 from coati.utils.dataclass_cli import option, setting
 
@@ -83,6 +84,7 @@ class AlgoConfig:
     max_grad_norm: float = option(1.0, "gradient clipping (0: off)")
     loss: PolicyLossConfig = PolicyLossConfig()
     groups: GroupConfig = GroupConfig()
+    optim: OptimConfig = OptimConfig()  # schedule, weight decay, gradient checkpointing, max steps
     ppo_epochs: int = option(1, "optimizer passes over every rollout batch (default 1; 4 for the code demo)",
                              resolved=True, grpo_key=True)
     learner_chunk_size: int = option(

@@ -1,4 +1,4 @@
-"""--grpo-config: its keys, their types and help, all made from the fields of AlgoConfig's ``loss`` and ``groups``
+"""--grpo-config: its keys, their types and help, all made from the fields of AlgoConfig's ``loss``, ``groups``, ``optim``
 (and AlgoConfig's own fields marked ``grpo_key=True``), and the algorithm config built from preset < overrides <
 dedicated flags. A new knob is one field: it is then a key here, and a flag too when it is an ``option()``.
 """
@@ -27,7 +27,7 @@ from coati.utils.dataclass_cli import (
     kind_name,
 )
 
-SECTIONS = ("loss", "groups")  # AlgoConfig's fields whose every field is a key
+SECTIONS = ("loss", "groups", "optim")  # AlgoConfig's fields whose every field is a key
 
 
 @dataclass(frozen=True)

@@ -49,8 +49,9 @@ class ParallelConfig(TrainerLayout):
     plugin: str = option("torch", "trainer plugin family. torch: single process, DDP, FSDP2 (-zero), DTensor TP "
                                   "(-tp), pipelining (-pp). colossalai: Booster TorchDDP, LowLevelZero (-zero 1/2), "
                                   "HybridParallel (-tp/-pp, x -zero)", choices=PLUGIN_FAMILIES)
-    precision: str = option("fp32", "trainer precision; bf16/fp16 (mixed, fp32 master weights) need --plugin "
-                                    "colossalai", choices=("fp32", "bf16", "fp16"))
+    precision: str = option("fp32", "trainer compute precision, mixed: fp32 master weights and optimizer states, "
+                                    "bf16/fp16 forward and backward (bf16: every plugin; fp16 needs a loss scaler: "
+                                    "--plugin colossalai with -zero or -tp/-pp)", choices=("fp32", "bf16", "fp16"))
     model_dtype: str = option(
         "auto", "dtype of the models that are not trained (inference engines, evaluator, reference, reward model): "
                 "auto = fp32 on the CPU, bf16 on granted GPUs (fp16 with --precision fp16)",

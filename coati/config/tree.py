@@ -45,6 +45,15 @@ class RLConfig:
         """
         return self.parallel.rollout_sources * self.batch.inference_batch_size + self.algo.learner_chunk_size
 
+    def run_length(self, rounds: int) -> tuple[int, int]:
+        """(rounds the producers generate, groups the trainer group draws in all) for a data plan of ``rounds``
+        rounds: all of them, or with --max-steps only the groups of that many steps and the rounds holding them."""
+        groups = rounds * self.groups_per_sync
+        max_steps = self.algo.optim.max_steps
+        if max_steps > 0:
+            groups = min(groups, max_steps * self.parallel.dp_size * self.batch.train_batch_size)
+        return min(rounds, -(-groups // self.groups_per_sync)), groups
+
     @property
     def schedule(self):
         """The rollout protocol (coati.cluster.schedule): which version a round needs, when to publish."""

@@ -9,6 +9,7 @@ from coati.algorithm.advantage import adv_estimator_names
 from coati.algorithm.loss import CORRECTIONS, LOSS_VARIATIONS, POLICY_LOSSES
 from coati.config.algo import ALGO_PRESETS, GroupConfig, estimator_family, presets_of
 from coati.config.errors import require
+from coati.plugins.optim import LR_SCHEDULES
 from coati.utils.dataclass_cli import options
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ def validate_algo(config: RLConfig) -> None:
     require(loss.skip_threshold is None or loss.skip_threshold > 1,
             f"{key} skip_threshold must be > 1 (or null to turn it off), got {loss.skip_threshold}")
     _validate_groups(config)
+    _validate_optim(config)
     require(a.ppo_epochs >= 1, f"--ppo-epochs must be at least 1, got {a.ppo_epochs}")
     require(a.learner_chunk_size >= 0, f"--learner-chunk-size must be >= 0 (0: off), got {a.learner_chunk_size}")
     require(loss.correction in CORRECTIONS,
@@ -99,6 +101,20 @@ def _validate_groups(config: RLConfig) -> None:
     G = config.batch.num_generations
     require(g.topk_samples is None or 1 <= g.topk_samples <= G,
             f"--topk-samples must lie in [1, -g={G}] (samples kept per group), got {g.topk_samples}")
+
+
+def _validate_optim(config: RLConfig) -> None:
+    """--lr-scheduler, the warm-up, --weight-decay, --max-steps, --gradient-checkpointing against the plugin."""
+    o = config.algo.optim
+    require(o.lr_scheduler in LR_SCHEDULES,
+            f"--lr-scheduler must be one of {', '.join(LR_SCHEDULES)}, got {o.lr_scheduler!r}")
+    require(o.lr_warmup_steps >= 0, f"--lr-warmup-steps must be >= 0, got {o.lr_warmup_steps}")
+    require(0 <= o.lr_warmup_ratio < 1, f"--lr-warmup-ratio must lie in [0, 1), got {o.lr_warmup_ratio}")
+    require(o.weight_decay >= 0, f"--weight-decay must be >= 0, got {o.weight_decay}")
+    require(o.max_steps >= 0, f"--max-steps must be >= 0 (0: the epochs decide), got {o.max_steps}")
+    require(not (o.gradient_checkpointing and config.parallel.plugin_name == "colossalai-hybrid"),
+            "--gradient-checkpointing is not available with colossalai-hybrid (its shardformer replaces the layers' "
+            "forward): drop it, or use --plugin torch")
 
 
 def _validate_ppo(config: RLConfig) -> None:

@@ -136,7 +136,7 @@ def estimate(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: l
     p, batch, on_cpu = config.parallel, config.batch, unit == "CPU"
     gpus = () if on_cpu else (0,)
     layout = TrainerLayout(p.plugin, p.tensor_parallel_size, p.pipeline_parallel_size, p.dp_size, p.zero_stage,
-                           p.precision)
+                           p.precision, config.algo.optim.gradient_checkpointing)
     seq = config.data.max_prompt_tokens + config.sampling.max_new_tokens
     micro = min(batch.train_microbatch_size, batch.train_batch_size * batch.num_generations)
     uses_reference = config.algo.loss.kl_loss_coef > 0 or config.algo.uses_critic
@@ -222,7 +222,9 @@ def render(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: lis
               f"{p.pipeline_parallel_size} x DP {p.dp_size}, -zero {p.zero_stage}, {p.precision}; {_generators(p)}"),
              (f"activations: micro-batches of {min(b.train_microbatch_size, b.train_batch_size * b.num_generations)}"
               f" samples x {config.data.max_prompt_tokens}+{config.sampling.max_new_tokens} tokens (-tmbs, -mpt + "
-              f"-mnt: the longest a batch can be)"),
+              f"-mnt: the longest a batch can be)"
+              + ("; gradient checkpointing keeps each layer's input only" if config.algo.optim.gradient_checkpointing
+                 else "")),
              f"{'actor':<16} {'node':>4}  {'where':<14} {'thr':>3}  {'GiB':>6}  memory (GiB)"]
     for actor in actors:
         where = f"GPU {','.join(map(str, actor.units))}" if actor.units else "1 CPU slot"

@@ -103,11 +103,11 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, evaluat
     from tqdm import tqdm
 
     join_trainer_group(TrainerGroup(consumers), supervisor.gather)
-    rounds = _rounds_to_run(config, consumers, producers, log)
-    # Every trainer rank draws its share of all rounds; a step returns None once its share is used up.
-    # Without filtering that is exactly rounds * steps_per_sync steps; with it (DAPO), fewer.
-    max_steps = rounds * config.steps_per_sync
-    supervisor.gather([consumer.set_total_groups.remote(rounds * config.groups_per_sync) for consumer in consumers])
+    rounds, total_groups = config.run_length(_rounds_to_run(config, consumers, producers, log))
+    # Every trainer rank draws its share of all rounds (or of --max-steps steps); a step returns None once its
+    # share is used up. Without filtering that is exactly total_groups / (dp * tbs) steps; with it (DAPO), fewer.
+    max_steps = total_groups // (config.parallel.dp_size * config.batch.train_batch_size)
+    supervisor.gather([consumer.set_total_groups.remote(total_groups) for consumer in consumers])
 
     resume = check_resume(config) if config.run.resume else None
     state = restore_run(resume, consumers, buffer, supervisor.gather) if resume else None

@@ -13,6 +13,8 @@
 
 Every multi-rank plugin reads its sizes, coordinates and sub-groups from one ``TrainerMesh`` (``coati.plugins.mesh``).
 Multi-rank plugins need ``torch.distributed`` initialised first (``coati.plugins.dist.init_trainer_group``).
+Mixed precision (``precision`` bf16: fp32 masters, bf16 compute): ``coati.plugins.precision``; AdamW, weight decay,
+learning-rate schedules and gradient checkpointing: ``coati.plugins.optim``.
 Trainer-state checkpoints (``save_state`` / ``load_state``, resumable in other layouts): ``coati.plugins.state``.
 """
 
@@ -46,7 +48,7 @@ def make_plugin(name: str, tp_size: int = 1, pp_size: int = 1, zero_stage: int =
     if name == "single":
         if tp_size != 1 or pp_size != 1 or zero_stage != 0:
             raise ValueError(f"plugin 'single' has no tp/pp/zero (got tp={tp_size}, pp={pp_size}, zero={zero_stage})")
-        return SingleProcessPlugin()
+        return SingleProcessPlugin(layout)
     if name in ("torch-ddp", "torch-fsdp2", "torch-tp"):
         from coati.plugins.torch_native import TorchNativePlugin
 

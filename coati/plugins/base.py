@@ -45,11 +45,14 @@ class TrainerPlugin(ABC):
 
     @abstractmethod
     def setup(self, model: torch.nn.Module, learning_rate: float, betas: tuple[float, float] = (0.9, 0.99),
-              weight_decay: float = 0.0) -> None:
-        """Take ownership of ``model`` (full weights on CPU, identical on every rank) and build the optimizer.
+              weight_decay: float = 0.0, gradient_checkpointing: bool = False) -> None:
+        """Take ownership of ``model`` (full fp32 weights on CPU, identical on every rank) and build the optimizer
+        (``coati.plugins.optim.make_adamw``: no decay on biases and norms).
 
         The model (or this rank's part of it) moves to ``device`` before it is wrapped or sharded. Multi-rank
-        plugins shard/wrap the model over the default process group here (collective).
+        plugins shard/wrap the model over the default process group here (collective). The layout's
+        ``precision`` is the compute dtype (``coati.plugins.precision``); master weights stay fp32.
+        ``gradient_checkpointing``: HF activation checkpointing of the decoder layers.
         """
 
     @abstractmethod
@@ -68,6 +71,14 @@ class TrainerPlugin(ABC):
         Collective, like ``forward_backward``; layouts whose forward is split over ranks (pipeline stages) do
         not offer it."""
         raise NotImplementedError(f"{type(self).__name__} has no forward-only pass")
+
+    optimizer = None  # the torch optimizer (or a wrapper with ``param_groups``), built in ``setup``
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        """The learning rate of the next optimizer steps (a schedule sets it before each step)."""
+        from coati.plugins.optim import set_learning_rate
+
+        set_learning_rate(self.optimizer, learning_rate)
 
     @abstractmethod
     def optimizer_step(self, max_grad_norm: float | None) -> float:

@@ -34,9 +34,8 @@ from coati.plugins import colossal_cpu_compat
 from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin
 from coati.plugins.dist import trainer_device, world
 from coati.plugins.mesh import TrainerMesh
+from coati.plugins.precision import autocast
 from coati.plugins.validation import ParallelLayout, validate_layout
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def launch_colossalai() -> list[str]:
@@ -111,8 +110,10 @@ class ColossalPlugin(TrainerPlugin):
             kwargs.update(microbatch_size=1)
         return HybridParallelPlugin(**kwargs)
 
-    def setup(self, model, learning_rate, betas=(0.9, 0.99), weight_decay=0.0) -> None:
+    def setup(self, model, learning_rate, betas=(0.9, 0.99), weight_decay=0.0, gradient_checkpointing=False) -> None:
         from colossalai.booster import Booster
+
+        from coati.plugins.optim import enable_gradient_checkpointing, make_adamw
 
         config = getattr(model, "config", None)
         validate_layout(f"colossalai-{self.kind}", world()[1], self.layout, config)
@@ -126,8 +127,11 @@ class ColossalPlugin(TrainerPlugin):
         if self.kind == "hybrid":
             check_same_mesh(self.plugin, self.mesh)
         self.booster = Booster(plugin=self.plugin)
-        model = model.to(DTYPES[self.layout.precision]) if self.kind == "ddp" else model
-        optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, betas=betas, weight_decay=weight_decay)
+        if gradient_checkpointing:
+            enable_gradient_checkpointing(model)
+        # TorchDDPPlugin keeps the fp32 model: bf16 is autocast in forward (coati.plugins.precision); the ZeRO and
+        # hybrid optimizers keep fp32 masters of their bf16/fp16 working weights themselves
+        optimizer = make_adamw(model, learning_rate, betas, weight_decay)
         self.model, self.optimizer, *_ = self.booster.boost(model.train(), optimizer)
         placed = next(iter(self._local_named().values())).device
         if placed != self.device:
@@ -145,9 +149,7 @@ class ColossalPlugin(TrainerPlugin):
             context = self.booster.no_sync(self.model) if (self.kind == "ddp" and not last and self.world_size > 1) \
                 else _null()
             with context:
-                logits = self.model(input_ids=micro_batch["input_ids"],
-                                    attention_mask=micro_batch["attention_mask"]).logits
-                loss, micro_stats = loss_fn(logits.float(), micro_batch)
+                loss, micro_stats = loss_fn(self._logits(micro_batch), micro_batch)
                 self.booster.backward(loss, self.optimizer)
             stats.append(micro_stats)
         return stats
@@ -156,8 +158,13 @@ class ColossalPlugin(TrainerPlugin):
     def forward_only(self, micro_batches: list[MicroBatch], fn):
         if self.pp_size > 1:
             raise NotImplementedError("colossalai-hybrid with pipeline stages has no forward-only pass")
-        return [fn(self.model(input_ids=m["input_ids"], attention_mask=m["attention_mask"]).logits.float(), m)
-                for m in self._on_device(micro_batches)]
+        return [fn(self._logits(m), m) for m in self._on_device(micro_batches)]
+
+    def _logits(self, micro_batch: MicroBatch) -> torch.Tensor:
+        precision = self.layout.precision if self.kind == "ddp" else "fp32"  # the others cast their weights
+        with autocast(self.device, precision):
+            return self.model(input_ids=micro_batch["input_ids"],
+                              attention_mask=micro_batch["attention_mask"]).logits.float()
 
     def _pipeline_step(self, micro_batches: list[MicroBatch], loss_fn: LossFn):
         """All micro-batches of the call become one pipeline batch; each is a pipeline micro-batch."""

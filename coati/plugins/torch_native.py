@@ -9,6 +9,9 @@ Layouts over the default process group of ``world_size`` ranks, as a 2-D DeviceM
 - ``tp``: ``parallelize_module`` on every decoder block (q/k/v/gate/up column-wise, o/down row-wise);
   embeddings, norms and the LM head stay replicated, so ``loss_fn`` sees full logits. With dp > 1 the TP
   model is also ``fully_shard``-ed over the dp mesh dimension (the usual 2-D FSDP2 + TP).
+
+Precision bf16 (``coati.plugins.precision``): FSDP2-sharded models (fsdp2, tp over dp > 1) gather bf16
+parameters through ``MixedPrecisionPolicy`` and reduce fp32 gradients; ddp and tp over one dp rank autocast.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch.distributed as dist
 from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin
 from coati.plugins.dist import clip_grads_, full_tensor, grad_norm_sq, trainer_device, world
 from coati.plugins.mesh import TrainerMesh
+from coati.plugins.precision import autocast, fsdp_policy
 from coati.plugins.validation import ParallelLayout, validate_layout
 
 # Module paths inside one Llama-family decoder block (Qwen2, Llama, Mistral share them).
@@ -47,13 +51,15 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh) -> None:
         parallelize_module(layer, tp_mesh, plan)
 
 
-def apply_fsdp2(model: torch.nn.Module, dp_mesh, zero_stage: int) -> None:
+def apply_fsdp2(model: torch.nn.Module, dp_mesh, zero_stage: int, precision: str = "fp32") -> None:
     from torch.distributed.fsdp import fully_shard
 
     reshard = zero_stage >= 3
+    policy = fsdp_policy(precision)
+    kwargs = {"mp_policy": policy} if policy is not None else {}
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=dp_mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard)
+        fully_shard(layer, mesh=dp_mesh, reshard_after_forward=reshard, **kwargs)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, **kwargs)
 
 
 class TorchNativePlugin(TrainerPlugin):
@@ -78,13 +84,18 @@ class TorchNativePlugin(TrainerPlugin):
     def is_weight_sender(self) -> bool:
         return self.rank == 0
 
-    def setup(self, model, learning_rate, betas=(0.9, 0.99), weight_decay=0.0) -> None:
+    def setup(self, model, learning_rate, betas=(0.9, 0.99), weight_decay=0.0, gradient_checkpointing=False) -> None:
+        from coati.plugins.optim import enable_gradient_checkpointing, make_adamw
+
         validate_layout(f"torch-{self.kind}", world()[1], self.layout, getattr(model, "config", None))
         self._resolve_mesh()
         self.device = trainer_device()
         # the full model on every rank's device first: DDP, fully_shard and parallelize_module all expect the
         # parameters (and buffers such as rotary frequencies) on the mesh's device
         self.module = model.to(self.device).train()
+        if gradient_checkpointing:
+            enable_gradient_checkpointing(model)
+        self._sharded = False
         if self.kind == "ddp":
             if self.world_size > 1:
                 from torch.nn.parallel import DistributedDataParallel
@@ -98,10 +109,16 @@ class TorchNativePlugin(TrainerPlugin):
             if self.tp_size > 1:
                 apply_tensor_parallel(model, device_mesh["tp"])
             if self.kind == "fsdp2" or self.dp_size > 1:
-                apply_fsdp2(model, device_mesh["dp"], self.layout.zero_stage)
+                apply_fsdp2(model, device_mesh["dp"], self.layout.zero_stage, self.layout.precision)
+                self._sharded = True
             self.wrapped = model
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, betas=betas,
-                                           weight_decay=weight_decay)
+        self.optimizer = make_adamw(model, learning_rate, betas, weight_decay)
+
+    def _forward(self, micro_batch: MicroBatch) -> torch.Tensor:
+        """The logits of ``micro_batch``; autocast unless FSDP2's policy already computes in the precision."""
+        precision = "fp32" if self._sharded else self.layout.precision
+        with autocast(self.device, precision):
+            return self.wrapped(input_ids=micro_batch["input_ids"], attention_mask=micro_batch["attention_mask"]).logits
 
     # --- training ---
     def _sync_context(self, last: bool):
@@ -116,9 +133,7 @@ class TorchNativePlugin(TrainerPlugin):
         stats = []
         for index, micro_batch in enumerate(self._on_device(micro_batches)):
             with self._sync_context(index == len(micro_batches) - 1):
-                logits = self.wrapped(input_ids=micro_batch["input_ids"],
-                                      attention_mask=micro_batch["attention_mask"]).logits
-                loss, micro_stats = loss_fn(logits, micro_batch)
+                loss, micro_stats = loss_fn(self._forward(micro_batch), micro_batch)
                 loss.backward()
             stats.append(micro_stats)
         return stats
@@ -126,8 +141,7 @@ class TorchNativePlugin(TrainerPlugin):
     @torch.no_grad()
     def forward_only(self, micro_batches: list[MicroBatch], fn):
         # the wrapped module: FSDP2 gathers its shards in forward; DDP's forward without grad reduces nothing
-        return [fn(self.wrapped(input_ids=m["input_ids"], attention_mask=m["attention_mask"]).logits, m)
-                for m in self._on_device(micro_batches)]
+        return [fn(self._forward(m), m) for m in self._on_device(micro_batches)]
 
     def optimizer_step(self, max_grad_norm):
         params = [p for p in self.module.parameters() if p.grad is not None]
@@ -164,7 +178,7 @@ class TorchNativePlugin(TrainerPlugin):
         from coati.plugins.state import layout_manifest
 
         return layout_manifest(f"torch-{self.kind}", self.world_size, tp_size=self.tp_size,
-                               zero_stage=self.layout.zero_stage)
+                               zero_stage=self.layout.zero_stage, precision=self.layout.precision)
 
     def save_state(self, path: str) -> None:
         from coati.plugins.state import save_dcp

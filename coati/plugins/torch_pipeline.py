@@ -11,6 +11,7 @@ Tied embeddings (Qwen2 small models): the first and last stages each keep a copy
 summed over a first/last process group before the optimizer step, so the copies stay identical; the copy
 counts once in the gradient norm and is published once (as ``model.embed_tokens.weight``).
 Data parallelism: gradients are averaged over the ranks holding the same stage, once per optimizer step.
+Precision bf16: each stage's forward runs under autocast (fp32 parameters; coati.plugins.precision).
 
 A schedule (``PipelineStage`` + ``ScheduleGPipe``) is built per (micro-batch count, shape) and cached (8 at
 most); building one runs torch's metadata inference (one extra forward/backward of a micro-batch), so
@@ -28,6 +29,7 @@ import torch.distributed as dist
 from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin
 from coati.plugins.dist import clip_grads_, trainer_device, world
 from coati.plugins.mesh import TrainerMesh
+from coati.plugins.precision import autocast
 from coati.plugins.validation import ParallelLayout, validate_layout
 
 
@@ -42,9 +44,11 @@ class DecoderStage(torch.nn.Module):
     Parameter names match the full HF model (``model.layers.3.mlp.up_proj.weight``...).
     """
 
-    def __init__(self, model: torch.nn.Module, start: int, end: int, first: bool, last: bool):
+    def __init__(self, model: torch.nn.Module, start: int, end: int, first: bool, last: bool,
+                 precision: str = "fp32"):
         super().__init__()
         self.config = model.config
+        self.precision = precision
         self.first, self.last = first, last
         inner = torch.nn.Module()
         inner.layers = torch.nn.ModuleDict({str(i): model.model.layers[i] for i in range(start, end)})
@@ -58,6 +62,10 @@ class DecoderStage(torch.nn.Module):
             self.lm_head = model.lm_head
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        with autocast(x.device, self.precision):
+            return self._layers(x, attention_mask)
+
+    def _layers(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         from transformers.masking_utils import create_causal_mask
 
         hidden = self.model.embed_tokens(x) if self.first else x
@@ -97,8 +105,12 @@ class TorchPipelinePlugin(TrainerPlugin):
     def is_weight_sender(self) -> bool:
         return self.rank == 0
 
-    def setup(self, model, learning_rate, betas=(0.9, 0.99), weight_decay=0.0) -> None:
+    def setup(self, model, learning_rate, betas=(0.9, 0.99), weight_decay=0.0, gradient_checkpointing=False) -> None:
+        from coati.plugins.optim import enable_gradient_checkpointing, make_adamw
+
         validate_layout("torch-pp", world()[1], self.layout, model.config)
+        if gradient_checkpointing:  # on the decoder layers, which the stages call directly
+            enable_gradient_checkpointing(model)
         mesh = self._resolve_mesh()
         self.pp_group, self.dp_group = mesh.group("pp", single=True), mesh.group("dp")
         self._hf_names = [name for name, _ in model.named_parameters()]
@@ -108,13 +120,13 @@ class TorchPipelinePlugin(TrainerPlugin):
             self.tie_group = mesh.stage_ends_group()
         pp = self.pp_size
         start, end = stage_bounds(model.config.num_hidden_layers, pp, self.stage)
-        self.stage_module = DecoderStage(model.train(), start, end, self.stage == 0, self.stage == pp - 1)
+        self.stage_module = DecoderStage(model.train(), start, end, self.stage == 0, self.stage == pp - 1,
+                                         self.layout.precision)
         if self._tied and self.stage == pp - 1:  # own copy of the tied weight on the last stage
             self.stage_module.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
         self.device = trainer_device()
         self.stage_module.to(self.device)  # this stage's layers only: the rest of the model stays on the CPU
-        self.optimizer = torch.optim.AdamW(self.stage_module.parameters(), lr=learning_rate, betas=betas,
-                                           weight_decay=weight_decay)
+        self.optimizer = make_adamw(self.stage_module, learning_rate, betas, weight_decay)
         local = dict(self.stage_module.named_parameters())
         mine = {name: self.rank for name in self._hf_names if name in local} if self.dp_rank == 0 else {}
         tables: list = [None] * self.world_size
@@ -234,7 +246,7 @@ class TorchPipelinePlugin(TrainerPlugin):
         as a full model stores it: both stages write, and read, one tensor)."""
         from coati.plugins.state import layout_manifest
 
-        manifest = layout_manifest("torch-pp", self.world_size, pp_size=self.pp_size)
+        manifest = layout_manifest("torch-pp", self.world_size, pp_size=self.pp_size, precision=self.layout.precision)
         last_copy = self._tied and self.stage == self.pp_size - 1
         return manifest, ({"lm_head.weight": "model.embed_tokens.weight"} if last_copy else {})
 

@@ -1,4 +1,4 @@
-"""One process, no parallelism: the reference layout every other plugin must agree with."""
+"""One process, no parallelism: the reference layout every other plugin must agree with (bf16: autocast)."""
 
 from __future__ import annotations
 
@@ -7,35 +7,43 @@ from typing import Iterator
 import torch
 
 from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin
+from coati.plugins.precision import autocast
+from coati.plugins.validation import ParallelLayout
 
 
 class SingleProcessPlugin(TrainerPlugin):
-    def __init__(self):
+    def __init__(self, layout: ParallelLayout | None = None):
+        self.layout = layout or ParallelLayout()
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
 
-    def setup(self, model, learning_rate, betas=(0.9, 0.99), weight_decay=0.0) -> None:
+    def setup(self, model, learning_rate, betas=(0.9, 0.99), weight_decay=0.0, gradient_checkpointing=False) -> None:
         from coati.plugins.dist import trainer_device
+        from coati.plugins.optim import enable_gradient_checkpointing, make_adamw
+        from coati.plugins.validation import validate_layout
 
+        validate_layout("single", 1, self.layout)
         self.device = trainer_device()
         self.model = model.to(self.device).train()
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, betas=betas,
-                                           weight_decay=weight_decay)
+        if gradient_checkpointing:
+            enable_gradient_checkpointing(model)
+        self.optimizer = make_adamw(model, learning_rate, betas, weight_decay)
+
+    def _logits(self, micro_batch: MicroBatch) -> torch.Tensor:
+        with autocast(self.device, self.layout.precision):
+            return self.model(input_ids=micro_batch["input_ids"], attention_mask=micro_batch["attention_mask"]).logits
 
     def forward_backward(self, micro_batches: list[MicroBatch], loss_fn: LossFn):
         stats = []
         for micro_batch in self._on_device(micro_batches):
-            logits = self.model(input_ids=micro_batch["input_ids"],
-                                attention_mask=micro_batch["attention_mask"]).logits
-            loss, micro_stats = loss_fn(logits, micro_batch)
+            loss, micro_stats = loss_fn(self._logits(micro_batch), micro_batch)
             loss.backward()
             stats.append(micro_stats)
         return stats
 
     @torch.no_grad()
     def forward_only(self, micro_batches: list[MicroBatch], fn):
-        return [fn(self.model(input_ids=m["input_ids"], attention_mask=m["attention_mask"]).logits, m)
-                for m in self._on_device(micro_batches)]
+        return [fn(self._logits(m), m) for m in self._on_device(micro_batches)]
 
     def optimizer_step(self, max_grad_norm):
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -69,7 +77,7 @@ class SingleProcessPlugin(TrainerPlugin):
     def _manifest(self) -> dict:
         from coati.plugins.state import layout_manifest
 
-        return layout_manifest("single", world_size=1)
+        return layout_manifest("single", world_size=1, precision=self.layout.precision)
 
     def save_state(self, path: str) -> None:
         from coati.plugins.state import save_dcp

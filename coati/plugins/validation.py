@@ -15,6 +15,7 @@ TORCH_PP_FAMILIES = ("qwen2", "llama")
 COLOSSAL_PP_FAMILIES = ("qwen2",)  # our own shardformer policy (transformers 5); see colossal_policies.py
 COLOSSAL_TP_FAMILIES = ("qwen2",)  # ColossalAI 0.5.0's llama policy fails to import under transformers 5
 PRECISIONS = ("fp32", "bf16", "fp16")
+TORCH_PLUGINS = ("single", "torch-ddp", "torch-fsdp2", "torch-tp", "torch-pp")
 
 
 @dataclass(frozen=True)
@@ -62,9 +63,9 @@ def validate_layout(plugin: str, world_size: int, layout: ParallelLayout, model_
                          "or use colossalai-zero (LowLevelZeroPlugin trains fp32)")
     if plugin == "colossalai-hybrid" and pp > 1 and layout.zero_stage > 1:
         raise ValueError("ColossalAI pipeline parallelism supports zero stage 0 or 1 only (got 2)")
-    if plugin.startswith("torch-") and layout.precision != "fp32":
-        raise ValueError(f"torch-native plugins train in fp32 (got {layout.precision}); "
-                         "use a colossalai plugin for mixed precision")
+    if plugin in TORCH_PLUGINS + ("colossalai-ddp",) and layout.precision == "fp16":
+        raise ValueError(f"{plugin} trains in fp32 or bf16 (fp16 needs a loss scaler it does not have); "
+                         "use --precision bf16, or colossalai-zero/colossalai-hybrid for fp16")
     if model_config is not None:
         validate_model(plugin, layout, model_config)
 

@@ -54,7 +54,8 @@ class StageConfig(TrainerLayout):
     pipeline_parallel_size: int = option(1, "trainer pipeline parallelism", "-pp")
     zero_stage: int = option(0, "ZeRO stage: torch = FSDP2, colossalai = LowLevelZero 1/2", "-zero")
     plugin: str = option("torch", "trainer plugin family", choices=PLUGIN_FAMILIES)
-    precision: str = option("fp32", "trainer precision (bf16/fp16 need --plugin colossalai)",
+    precision: str = option("fp32", "trainer compute precision (fp32 masters; fp16 needs --plugin colossalai with "
+                                    "-zero or -tp/-pp)",
                             choices=("fp32", "bf16", "fp16"))
     progress_bar: bool = option(True, "a progress bar while training", "--progress-bar", flag="--progress")
 

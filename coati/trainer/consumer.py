@@ -115,7 +115,7 @@ class Consumer:
         self.mesh = TrainerMesh.build(p.tensor_parallel_size, p.pipeline_parallel_size)
         model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=p.model_placement("policy").dtype)
         self.roles[ACTOR] = TrainedModel.build(ACTOR, p, model, config.algo.learning_rate, self.loss_fn, model_config,
-                                               mesh=self.mesh)
+                                               mesh=self.mesh, optim=config.algo.optim)
         self.plugin = self.roles[ACTOR].plugin  # the policy's: it sets the data-parallel shares and is published
         if self.plugin.is_weight_sender and not p.colocate:
             self.publisher = make_publisher(config, self.weight_store)
@@ -139,7 +139,8 @@ class Consumer:
 
     def add_role(self, name: str, model: torch.nn.Module, learning_rate: float, loss_fn) -> TrainedModel:
         """Train ``model`` beside the policy, on the same ranks and layout (collective: every rank adds it)."""
-        self.roles[name] = TrainedModel.build(name, self.config.parallel, model, learning_rate, loss_fn, mesh=self.mesh)
+        self.roles[name] = TrainedModel.build(name, self.config.parallel, model, learning_rate, loss_fn, mesh=self.mesh,
+                                              optim=self.config.algo.optim)
         return self.roles[name]
 
     def loss_fn(self, logits: torch.Tensor, micro_batch: dict) -> tuple[torch.Tensor, dict]:
@@ -241,6 +242,7 @@ class Consumer:
             epochs = self.config.algo.ppo_epochs
             if self.colocated is not None:
                 self.colocated.phases.train()
+            metrics.update(self._schedule_learning_rates())
             train_start = time.perf_counter()
             totals, grad_norms = self._train_epochs(batches, epochs)
             totals, maxima = self._reduce_stats(totals), self.algorithm.max_stats
@@ -268,6 +270,16 @@ class Consumer:
         metrics["weight_version"] = self.version
         self.algorithm.finish_step(metrics)
         return metrics
+
+    def _schedule_learning_rates(self) -> dict[str, float]:
+        """Every role's learning rate for this step, over the planned steps (--max-steps or the groups the run
+        draws); nothing changes while the total is unknown."""
+        if self.total_groups is None:
+            return {}
+        planned = self.total_groups // (self._dp_size * self.config.batch.train_batch_size)
+        total = self.config.algo.optim.schedule_horizon(planned)
+        rates = {name: role.schedule_learning_rate(self.step_count, total) for name, role in self.roles.items()}
+        return {("lr" if name == ACTOR else f"{name}_lr"): rate for name, rate in rates.items()}
 
     def _train_epochs(self, batches: list[dict], epochs: int) -> tuple[dict[str, float], dict[str, list[float]]]:
         """Train every role for ``epochs`` optimizer steps on ``batches``; (this rank's summed statistics, each

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
+from coati.config.optim import OptimConfig
 from coati.plugins import make_plugin
 from coati.plugins.base import LossFn, TrainerPlugin
+from coati.plugins.optim import lr_multiplier, warmup_steps
 from coati.plugins.mesh import TrainerMesh
 from coati.plugins.state import MANIFEST
 
@@ -29,18 +31,29 @@ class TrainedModel:
     name: str
     plugin: TrainerPlugin
     loss_fn: LossFn
+    learning_rate: float = 0.0  # the base rate the schedule scales
+    optim: OptimConfig = OptimConfig()
 
     @classmethod
     def build(cls, name: str, parallel, model: torch.nn.Module, learning_rate: float, loss_fn: LossFn,
-              model_config=None, mesh: TrainerMesh | None = None) -> "TrainedModel":
+              model_config=None, mesh: TrainerMesh | None = None, optim: OptimConfig = OptimConfig()) -> "TrainedModel":
         """Lay ``model`` out as the group's ``parallel`` config says, on the group's ``mesh`` (collective: every
-        rank builds it)."""
+        rank builds it), with ``optim``'s weight decay and gradient checkpointing."""
         plugin = make_plugin(parallel.plugin_name, parallel.tensor_parallel_size, parallel.pipeline_parallel_size,
                              parallel.zero_stage, parallel.precision, world_size=parallel.num_trainers,
                              model_config=model_config if model_config is not None else getattr(model, "config", None),
                              mesh=mesh)
-        plugin.setup(model, learning_rate)
-        return cls(name, plugin, loss_fn)
+        plugin.setup(model, learning_rate, weight_decay=optim.weight_decay,
+                     gradient_checkpointing=optim.gradient_checkpointing)
+        return cls(name, plugin, loss_fn, learning_rate, optim)
+
+    def schedule_learning_rate(self, step: int, total_steps: int) -> float:
+        """Set the learning rate of the run's 0-based step ``step`` of ``total_steps`` (the schedule is a pure
+        function of the step, so a resumed run, whose step counter the checkpoint holds, continues it exactly)."""
+        warmup = warmup_steps(total_steps, self.optim.lr_warmup_steps, self.optim.lr_warmup_ratio)
+        rate = self.learning_rate * lr_multiplier(step, total_steps, warmup, self.optim.lr_scheduler)
+        self.plugin.set_learning_rate(rate)
+        return rate
 
     def accumulate(self, micro_batches: list[dict]) -> list[dict]:
         """Forward and backward every micro-batch with this role's loss; its statistics per micro-batch."""

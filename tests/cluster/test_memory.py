@@ -65,3 +65,22 @@ def test_inferencer_and_publish():
     hf = inferencer_memory(shape, "transformers", "bf16", sequences=8, seq_len=100, new_tokens=32, on_cpu=False)
     assert hf["kv_cache"] == 12288 * 800 and hf["logits"] == 4 * 8 * 32 * 151936
     assert publish_bytes(shape, "object-store", 128) == publish_bytes(shape, "collective", 512) == 8 * P
+
+
+def test_gradient_checkpointing_keeps_each_layers_input_and_one_layer():
+    shape = ModelShape.from_config(QWEN05)
+    out = activation_bytes(shape, TrainerLayout(checkpointing=True), micro_batch=4, seq_len=104)
+    per_token_layer = 8 * 896 + 4 * 128 + 4 * 4864
+    assert out["activations"] == 4 * 416 * (896 * 24 + per_token_layer) == 80_936_960  # 13x less
+    assert out["logits"] == 3 * 4 * 416 * 151936  # the logits are not checkpointed
+
+
+def test_torch_mixed_precision_keeps_fp32_parameters():
+    """Autocast (single/DDP/TP/PP) keeps fp32 parameters and gradients beside the bf16 copies; FSDP2's mixed
+    precision keeps fp32 shards and fp32 gradients, gathering bf16 full parameters."""
+    shape = ModelShape.from_config(QWEN05)
+    P = shape.params
+    assert trainer_states(shape, TrainerLayout(precision="bf16")) == {"weights": 6 * P, "gradients": 4 * P,
+                                                                      "optimizer": 8 * P}
+    assert trainer_states(shape, TrainerLayout(dp=2, zero=2, precision="bf16")) == {
+        "weights": 2 * P + 2 * P, "gradients": 2 * P, "optimizer": 4 * P}

@@ -118,3 +118,22 @@ def test_coati_ppo_is_train_with_ppo_as_the_default_algorithm(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main(["ppo", "--help"])
     assert "usage: coati ppo" in capsys.readouterr().out
+
+
+def test_optimizer_knobs_are_flags_yaml_keys_and_grpo_config_keys(tmp_path):
+    """Each of AlgoConfig's optim fields: a flag, a --config key and a --grpo-config key; preset < --grpo-config <
+    flag, and the field's default when none is given."""
+    default = config_for().algo.optim
+    assert (default.lr_scheduler, default.lr_warmup_steps, default.weight_decay, default.gradient_checkpointing,
+            default.max_steps) == ("constant", 0, 0.0, False, 0)
+    flags = config_for("--lr-scheduler", "cosine", "--lr-warmup-steps", "3", "--lr-warmup-ratio", "0.1",
+                       "--weight-decay", "0.01", "--gradient-checkpointing", "--max-steps", "7").algo.optim
+    assert (flags.lr_scheduler, flags.lr_warmup_steps, flags.lr_warmup_ratio, flags.weight_decay,
+            flags.gradient_checkpointing, flags.max_steps) == ("cosine", 3, 0.1, 0.01, True, 7)
+    yaml_file = tmp_path / "run.yaml"
+    yaml_file.write_text("lr-scheduler: linear\nweight_decay: 0.05\nmax_steps: 4\n")
+    from_yaml = config_for("--config", str(yaml_file)).algo.optim
+    assert (from_yaml.lr_scheduler, from_yaml.weight_decay, from_yaml.max_steps) == ("linear", 0.05, 4)
+    grpo = '{"weight_decay": 0.2, "lr_scheduler": "linear", "gradient_checkpointing": true}'
+    mixed = config_for("--grpo-config", grpo, "--weight-decay", "0.3").algo.optim
+    assert (mixed.weight_decay, mixed.lr_scheduler, mixed.gradient_checkpointing) == (0.3, "linear", True)

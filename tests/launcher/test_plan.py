@@ -89,3 +89,25 @@ def test_vllm_weights_that_leave_no_kv_cache(seven_b):
     assert error.startswith("inferencer 0: vLLM's weights") and "raise -ptp or the utilization" in error
     assert 0.15 * 80e9 < 2 * 7_615_616_512  # bf16 weights over the budget: no KV cache at all
     assert "kv_cache -" in next(line for line in lines if line.startswith("inferencer 0 "))
+
+
+def test_gradient_checkpointing_shrinks_the_planned_activations(seven_b):
+    torch_tp = ["-b", "vllm", "-i", "16", "-t", "16", "-tp", "4", "-zero", "1", "--precision", "bf16", "-tmbs", "4",
+                "-mnt", "1024"]
+    rank0 = {}
+    for extra in ([], ["--gradient-checkpointing"]):
+        lines, _ = dry_run(config_of([*seven_b, *torch_tp, *extra]), "4x8x80")
+        rank0[bool(extra)] = next(line for line in lines if line.startswith("trainer rank 0 "))
+    # 4 x 1536 tokens x 28 layers x (8 x 3584 + (4 x 512 + 4 x 18944) / 4) x 2 bytes
+    assert "activations 15.4" in rank0[False]
+    # 4 x 1536 tokens x (3584 x 28 layer inputs + one layer's 8 x 3584 + (4 x 512 + 4 x 18944) / 4) x 2 bytes
+    assert "activations 1.7" in rank0[True]
+    assert any("gradient checkpointing keeps each layer's input only" in line for line in lines)
+
+
+def test_a_single_bf16_trainer_is_planned_as_it_trains(seven_b):
+    """-t 1 --precision bf16 (the single plugin) autocasts: fp32 weights plus their bf16 copies, fp32 gradients."""
+    lines, _ = dry_run(config_of([*seven_b, "-t", "1", "-i", "1", "--precision", "bf16"]), "1x8x80")
+    assert any("trainer group: single" in line and "bf16" in line for line in lines)
+    rank0 = next(line for line in lines if line.startswith("trainer rank 0 "))
+    assert "weights 42.6, gradients 28.4, optimizer 56.7" in rank0  # 6, 4 and 8 bytes x 7.62B parameters

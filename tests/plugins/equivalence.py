@@ -7,7 +7,10 @@ gradient norm and full weights after the step. The process ends with ``os._exit`
 sometimes hang in interpreter shutdown).
 
 Layout names: a plugin name with options, e.g. ``colossalai-hybrid:tp=2``, ``torch-fsdp2:zero=3``,
-``colossalai-zero:zero=2:precision=bf16``, ``torch-pp:pp=2:arch=llama`` (tiny Llama instead of Qwen2).
+``colossalai-zero:zero=2:precision=bf16``, ``torch-pp:pp=2:arch=llama`` (tiny Llama instead of Qwen2),
+``torch-ddp:gc=1`` (gradient checkpointing). Each result also records the dtypes the model's linear layers
+computed in on rank 0 (``forward_dtypes``) and the dtypes of the parameters the optimizer updates
+(``master_dtypes``).
 """
 
 from __future__ import annotations
@@ -136,13 +139,34 @@ def init_group(layouts: list[str], rank: int, world_size: int) -> None:
             launch_colossalai()
 
 
+def record_forward_dtypes(model, seen: set | None = None) -> set:
+    """The dtypes the outputs of ``model``'s linear layers (any module class named ``*Linear*``, so ColossalAI's
+    sharded replacements too) come out in, filled as it runs (forward hooks, once per module)."""
+    seen = set() if seen is None else seen
+    for module in model.modules():
+        if "Linear" in type(module).__name__ and not getattr(module, "_dtype_hook", False):
+            module._dtype_hook = True
+            module.register_forward_hook(lambda _module, _inputs, output: seen.add(str(output.dtype)))
+    return seen
+
+
+def master_dtypes(plugin) -> list[str]:
+    """The dtypes of the parameters ``plugin``'s optimizer updates (for a ColossalAI wrapper: its inner one's)."""
+    optimizer = getattr(plugin.optimizer, "optim", plugin.optimizer)
+    return sorted({str(param.dtype) for group in optimizer.param_groups for param in group["params"]})
+
+
 def run_step(layout: str, lr: float = 1e-4, micro_batch_size: int = 2, max_grad_norm: float = 1.0,
              batch_kwargs: dict | None = None, save_dir: str | None = None) -> dict:
     """One optimizer step of ``layout`` in this process (a rank of the current group)."""
-    model, tokenizer = tiny_model(arch=parse_layout(layout)[1].get("arch", "qwen2"))
+    options = parse_layout(layout)[1]
+    model, tokenizer = tiny_model(arch=options.get("arch", "qwen2"))
     batch = grpo_batch(model.config.vocab_size, tokenizer.pad_token_id, **(batch_kwargs or {}))
+    forward_dtypes = record_forward_dtypes(model)
     plugin = make_layout_plugin(layout)
-    plugin.setup(model, lr)
+    plugin.setup(model, lr, gradient_checkpointing=bool(options.get("gc", 0)))
+    if isinstance(getattr(plugin, "model", None), torch.nn.Module):  # layers ColossalAI's shardformer replaced
+        record_forward_dtypes(plugin.model, forward_dtypes)
     seen = set()  # devices of what loss_fn is handed (this rank runs no loss_fn off a pipeline's last stage)
 
     def loss_fn(logits, micro_batch):
@@ -156,7 +180,8 @@ def run_step(layout: str, lr: float = 1e-4, micro_batch_size: int = 2, max_grad_
     result = {"layout": layout, "loss": loss, "grad_norm": grad_norm, "weights": weights,
               "step_s": step_s, "world_size": plugin.world_size, "dp_size": plugin.dp_size,
               "stats_len": len(stats), "sender": plugin.is_weight_sender, "device": str(plugin.device),
-              "loss_fn_devices": sorted(seen), "weight_devices": sorted({str(w.device) for w in weights.values()})}
+              "loss_fn_devices": sorted(seen), "weight_devices": sorted({str(w.device) for w in weights.values()}),
+              "forward_dtypes": sorted(forward_dtypes), "master_dtypes": master_dtypes(plugin)}
     if save_dir:  # save_pretrained (collective), then the sender reloads it with from_pretrained
         path = os.path.join(save_dir, layout.replace(":", "_"))
         plugin.save_pretrained(path)

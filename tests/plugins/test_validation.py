@@ -25,7 +25,8 @@ LLAMA = LlamaConfig(num_attention_heads=4, num_key_value_heads=2, num_hidden_lay
     ("colossalai-hybrid", 2, ParallelLayout(tp_size=2), LLAMA, "no working policy for 'llama'"),
     ("colossalai-zero", 2, ParallelLayout(zero_stage=0), QWEN, "needs zero stage 1 or 2"),
     ("colossalai-zero", 2, ParallelLayout(zero_stage=2, tp_size=2), QWEN, "data parallel only"),
-    ("torch-ddp", 2, ParallelLayout(precision="bf16"), QWEN, "train in fp32"),
+    ("torch-ddp", 2, ParallelLayout(precision="fp16"), QWEN, "fp16 needs a loss scaler"),
+    ("torch-pp", 2, ParallelLayout(pp_size=2, precision="bf16"), QWEN, None),
     ("single", 2, ParallelLayout(), None, "trains in one process"),
     ("torch-pp", 2, ParallelLayout(pp_size=2), LLAMA, None),  # torch-pp builds Llama stages too
     ("colossalai-zero", 2, ParallelLayout(zero_stage=2), QWEN, None),  # LowLevelZero trains fp32

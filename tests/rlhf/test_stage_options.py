@@ -59,7 +59,7 @@ def run(argv, capsys):
     (["sft", "--eval-fraction", "1"], "--eval-fraction must lie in [0, 1)"),
     (["rm", "-t", "2", "-pp", "2", "-bs", "8", "-tmbs", "2"], "only know the LM head, not its scalar head: drop -tp/-pp"),
     (["rm", "-t", "2", "-tp", "2"], "only know the LM head, not its scalar head: drop -tp/-pp"),
-    (["sft", "-t", "2", "-zero", "2", "--precision", "bf16"], "torch-native plugins train in fp32"),
+    (["sft", "-t", "2", "-zero", "2", "--precision", "fp16"], "torch-fsdp2 trains in fp32 or bf16 (fp16 needs a loss scaler"),
     (["sft", "--config", "missing.yaml"], "--config file not found: missing.yaml"),
     (["rm", "-m", "/no/such/model"], "model directory not found or without config.json: /no/such/model"),
 ])
