@@ -211,8 +211,8 @@ class Consumer:
         if groups is None:
             return None
         share, padding = self._share(groups) if groups else ([], 0)
-        return StepWork(share=share, kept=groups, padding=padding, info={**info, **rollout_metrics(drawn, self.version)},
-                        staleness=self._staleness, prompts=len(groups), samples=sum(len(g.responses) for g in groups),
+        info = {**info, **rollout_metrics(drawn, self.version)}
+        return StepWork(share=share, kept=groups, padding=padding, info=info, staleness=self._staleness, prompts=len(groups), samples=sum(len(g.responses) for g in groups),
                         drawn=drawn, groups=groups)
 
     def _round_part(self) -> StepWork | None:

@@ -92,7 +92,8 @@ def build(tiny_dir, monkeypatch, pattern, num_rounds, *flags, ibs=8, tbs=4, tmbs
     monkeypatch.setattr(consumer_module.ray, "get", lambda value: value)
     monkeypatch.setattr(consumer_module.ray, "put", lambda value: value)
     argv = ["-m", tiny_dir, "-d", "unused.jsonl", "-g", str(G), "-ibs", str(ibs), "-imbs", str(ibs), "-tbs", str(tbs),
-            "-tMbs", str(tmbs), "-tmbs", str(tmbs * G), *flags, *([] if round_minibatches else ["--no-round-minibatches"])]
+            "-tMbs", str(tmbs), "-tmbs", str(tmbs * G), *flags]
+    argv += [] if round_minibatches else ["--no-round-minibatches"]
     config = config_from_args(build_parser().parse_args(argv))
     store = SimulatedStore()
     rounds = [[make_group(pattern[(r * ibs + i) % len(pattern)], r) for i in range(ibs)] for r in range(num_rounds)]
