@@ -212,8 +212,8 @@ class Consumer:
             return None
         share, padding = self._share(groups) if groups else ([], 0)
         info = {**info, **rollout_metrics(drawn, self.version)}
-        return StepWork(share=share, kept=groups, padding=padding, info=info, staleness=self._staleness, prompts=len(groups), samples=sum(len(g.responses) for g in groups),
-                        drawn=drawn, groups=groups)
+        return StepWork(share=share, kept=groups, padding=padding, info=info, staleness=self._staleness,
+                        prompts=len(groups), samples=sum(len(g.responses) for g in groups), drawn=drawn, groups=groups)
 
     def _round_part(self) -> StepWork | None:
         """The next part of the current round, drawing the round first when the last one is used up."""
