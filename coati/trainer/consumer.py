@@ -8,11 +8,14 @@ rank without extra communication; each data-parallel rank then trains on its own
 kept groups. Shares are padded with loss-masked copies to equal size so that every rank makes the same
 sequence of collective calls (FSDP2 / ZeRO gather and reduce per micro-batch).
 
-One ``step()`` trains on one batch of up to ``dp * tbs`` groups (each dp rank's share split into minibatches
-of ``tMbs`` groups, each into micro-batches of ``tmbs`` samples; ``tmbs // pp`` under pipeline parallelism):
-``ppo_epochs`` optimizer steps over the same batch, gradients accumulating over all its minibatches.
+One ``step()`` trains on one batch of ``dp * tbs * G`` samples (each dp rank's share split into minibatches
+of ``tMbs * G`` samples, each into micro-batches of ``tmbs`` samples; ``tmbs // pp`` under pipeline
+parallelism): ``ppo_epochs`` optimizer steps over the same batch, gradients accumulating over all its
+minibatches. When a round feeds several steps (round-level minibatches, the default: round_batches.py) the
+round is drawn at its first step and each step trains a random part of its samples, shared by rows; with
+``--no-round-minibatches``, or one step per round, a step's batch is ``dp * tbs`` whole groups in draw order.
 
-Drawing a batch (``_pull``): groups come from the buffer and pass the algorithm's ``select_groups`` (e.g.
+Drawing a batch (``_pull``, for a step or a whole round): groups come from the buffer and pass the algorithm's ``select_groups`` (e.g.
 DAPO's accuracy filter). Without dynamic batching one draw of ``dp * tbs`` groups is the batch, whatever
 survives. With dynamic batching the group keeps drawing (exactly the deficit each time) until ``dp * tbs``
 groups survive, at most ``max_draw_multiple`` times that per step; at that bound, or when the producers' data
