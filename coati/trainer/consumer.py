@@ -235,8 +235,8 @@ class Consumer:
             self.round.tensors = self.algorithm.round_tensors(kept)
             self.round_serial += 1
         work = round_part(self.round, self._dp_size, self.plugin.dp_rank if self.plugin is not None else 0)
-        if first:
-            work.drawn, work.groups = drawn, kept
+        if first:  # the rollout log records the whole round at its first step, if any of its steps is due
+            work.drawn, work.groups, work.log_steps = drawn, kept, self.round.parts
         if self.round.done:
             self.round = None
         return work
@@ -280,7 +280,8 @@ class Consumer:
         metrics.update(step_time_s=time.perf_counter() - start, buffer_wait_s=wait, publish_s=self.publish_s)
         metrics.update(device_memory_metrics())
         self.publish_s = 0.0
-        if work.groups and self.rank == 0 and rollout_log_due(self.config, self.step_count):
+        if work.groups and self.rank == 0 and any(rollout_log_due(self.config, self.step_count + k)
+                                                  for k in range(work.log_steps)):
             metrics["rollouts"] = rollout_records(self.step_count, work.drawn, work.groups,
                                                  *self.algorithm.rollout_tensors(work.groups))
         if self.config.algo.learner_chunk_size > 0:

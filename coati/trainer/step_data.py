@@ -40,7 +40,8 @@ class StepWork:
     of a round's part: coati.trainer.round_batches) with ``padding`` placeholders at its end, the round's
     per-sample tensors behind them (``rows``; None for whole groups), and what the step's metrics report:
     draw counters and rollout metrics (``info``), the trained groups' staleness, prompts and samples seen, and
-    the groups the rollout log records (``drawn`` and ``groups``: empty at a round's later steps)."""
+    the groups the rollout log records (``drawn`` and ``groups``: empty at a round's later steps; they cover
+    ``log_steps`` steps)."""
     share: list[RolloutGroup]
     kept: list[RolloutGroup]
     padding: int
@@ -51,3 +52,4 @@ class StepWork:
     rows: object = None
     drawn: list[RolloutGroup] = field(default_factory=list)
     groups: list[RolloutGroup] = field(default_factory=list)
+    log_steps: int = 1

@@ -131,3 +131,14 @@ def test_resume_inside_a_round_equals_the_uninterrupted_run(tiny_dir, monkeypatc
     rows = run_all(resumed)
     assert [value for r in rows for value in (r["loss"], r["grad_norm"])] == pytest.approx(expected[2:], abs=1e-7)
     assert [r["weight_version"] for r in rows] == [1, 1, 2, 2, 3]
+
+
+def test_rollout_log_records_a_round_at_its_first_step(tiny_dir, monkeypatch, tmp_path):
+    consumer, _, _ = build(tiny_dir, monkeypatch, [1, 2, 3, 0], 2, "-rsd", str(tmp_path), "--rollout-save-interval",
+                           "2", round_minibatches=True)
+    rows = run_all(consumer)
+    assert ["rollouts" in r for r in rows] == [True, False, True, False]  # steps 1-2 and 3-4; 2 and 4 are due
+    assert len(rows[0]["rollouts"]) == 8 * G and {r["step"] for r in rows[0]["rollouts"]} == {1}
+    for group in range(8):
+        records = rows[0]["rollouts"][group * G : (group + 1) * G]
+        assert sum(r["advantage"] for r in records) == pytest.approx(0, abs=1e-5)
