@@ -142,3 +142,18 @@ def test_rollout_log_records_a_round_at_its_first_step(tiny_dir, monkeypatch, tm
     for group in range(8):
         records = rows[0]["rollouts"][group * G : (group + 1) * G]
         assert sum(r["advantage"] for r in records) == pytest.approx(0, abs=1e-5)
+
+
+@pytest.mark.parametrize("flags", [[], ["-a", "DAPO"]], ids=["GRPO", "DAPO"])
+def test_async_rounds_split_the_same_way(tiny_dir, monkeypatch, flags):
+    """-nb 2 (the simulated producers run two rounds ahead): each round drawn once, split into its steps, within
+    the staleness bound; nothing waits for an unpublished round."""
+    consumer, _, store = build(tiny_dir, monkeypatch, [1, 2, 3, 0, 4], 5, *flags, "-nb", "2",
+                               "--off-policy-correction", "decoupled", round_minibatches=True)
+    seen = record_rows(consumer, monkeypatch)
+    rows = [r for r in run_all(consumer) if "loss" in r]
+    assert consumer.drawn_total == 5 * consumer.config.groups_per_sync and store.version == 5
+    assert max(r["staleness_max"] for r in rows) == 2
+    for serial in {s for _, _, s in seen}:
+        indices = [i for step_indices, _, s in seen if s == serial for i in step_indices]
+        assert sorted(indices) == list(range(len(indices)))
