@@ -20,3 +20,6 @@ class BatchConfig:
                                            "demo)", "-tMbs", resolved=True)
     train_microbatch_size: int = option(256, "samples per forward/backward pass; default: 256 (64 for the code demo)",
                                         "-tmbs", resolved=True)
+    round_minibatches: bool = option(True, "each optimizer step of a round trains on a random part of the round's "
+                                           "samples (advantages over whole groups first; rounds of several steps "
+                                           "only); --no-round-minibatches: whole groups per step, in draw order")

@@ -38,7 +38,8 @@ class RunConfig:
         None, "log training rollouts to <rsd>/<project>/rollouts_step<N>.jsonl, one line per sample (prompt, "
               "response, reward, the advantage trained with, policy version, step, correct/format flags); a new "
               "file starts at the first logged step after the current one reaches 64 MiB", "-rsd")
-    rollout_save_interval: int = option(1, "-rsd: log the rollouts of every N-th trained step")
+    rollout_save_interval: int = option(1, "-rsd: log the rollouts of every N-th trained step (a round of several "
+                                           "steps: all of its rollouts at its first step when one of them is due)")
     ray_dir: str | None = option(
         None, "Ray's temp directory: the local cluster's, or, when joining, the --temp-dir that this machine's node "
               "of the cluster was started with (`ray start --temp-dir`)", flag="--ray_dir")

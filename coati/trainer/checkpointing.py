@@ -6,7 +6,8 @@
 - ``trainer_state/<role>/``: each trained model's plugin ``save_state`` (``actor``, and ``critic`` for PPO;
   parameters and optimizer state, one shard per rank for sharded plugins; ``coati.plugins.state``);
 - ``consumer_state/rank_R.pt``: each trainer rank's counters (steps, groups drawn, draw serial, weight version,
-  and the algorithm's own state, e.g. PPO's KL coefficient) and RNG states;
+  rounds drawn, and the algorithm's own state, e.g. PPO's KL coefficient), RNG states, and a save inside a
+  round's steps (round-level minibatches, round_batches.py) the round's groups and its steps still to train;
 - ``pending_rollouts.json``: the groups producers had put into the buffer that were not drawn yet, with their
   (round, slot) places in the draw order;
 - ``run_state.json``: the driver's step and skipped-step counts, the weight version, each producer's next round,
@@ -17,7 +18,7 @@
   leaves the previous checkpoint as the newest complete one.
 
 What is pending: the trainer saves between steps, so every group it has drawn has been trained on (or
-filtered). The buffer's ``snapshot`` gives, at one instant, the groups put but not drawn and how many whole
+filtered), or belongs to the round it is training, which the consumer state keeps. The buffer's ``snapshot`` gives, at one instant, the groups put but not drawn and how many whole
 rounds each producer has put. Those groups are stored and put back into the buffer on resume, and each producer
 restarts at its first round not put (a round it was generating is generated again from the start), so every
 group is trained on exactly once. Producers reseed from (seed, rank, round) at every round (``coati.cluster.schedule.round_seed``);
@@ -39,6 +40,7 @@ import ray
 import torch
 
 from coati.rollout.group import RolloutGroup
+from coati.trainer.round_batches import RoundPool
 from coati.utils.checkpoint import COMPLETE_MARKER, atomic_directory
 
 FORMAT = 2  # 2: per-producer next rounds (producer_rounds), pending groups by (round, slot)
@@ -49,7 +51,7 @@ CONSUMER_STATE = "consumer_state"
 # Settings that shape producer rounds and the data order: a resumed run must use the same ones.
 ROUND_SETTINGS = ("num_inferencers", "rollout_sources", "colocate", "inference_batch_size", "num_generations", "seed",
                   "train_path")
-COUNTERS = ("step_count", "version", "drawn_total", "drawn_since_sync", "_draw_serial")
+COUNTERS = ("step_count", "version", "drawn_total", "drawn_since_sync", "_draw_serial", "round_serial")
 
 
 def round_settings(config) -> dict:
@@ -72,7 +74,7 @@ def save_consumer(consumer, staging: str) -> dict:
     counters.update(consumer.algorithm.state())
     os.makedirs(os.path.join(staging, CONSUMER_STATE), exist_ok=True)
     torch.save({"counters": counters, "world_size": consumer.plugin.world_size, "torch_rng": torch.get_rng_state(),
-                "python_rng": random.getstate()},
+                "python_rng": random.getstate(), "round": consumer.round.state() if consumer.round else None},
                os.path.join(staging, CONSUMER_STATE, f"rank_{consumer.rank}.pt"))
     return counters
 
@@ -92,6 +94,9 @@ def load_consumer(consumer, path: str) -> dict:
         consumer.publish_weights()
     for name, value in counters.items():
         setattr(consumer, name, value)
+    if state.get("round"):  # saved inside a round: its remaining steps come first, on the same permutation
+        consumer.round = RoundPool.from_state(state["round"])
+        consumer.round.tensors = consumer.algorithm.round_tensors(consumer.round.kept)
     for generator in (consumer.learner, consumer.colocated):  # each fills a round at the round's first draw
         if generator is not None:
             generator.last_round = consumer.version if consumer.drawn_since_sync > 0 else consumer.version - 1

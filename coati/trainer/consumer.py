@@ -8,11 +8,14 @@ rank without extra communication; each data-parallel rank then trains on its own
 kept groups. Shares are padded with loss-masked copies to equal size so that every rank makes the same
 sequence of collective calls (FSDP2 / ZeRO gather and reduce per micro-batch).
 
-One ``step()`` trains on one batch of up to ``dp * tbs`` groups (each dp rank's share split into minibatches
-of ``tMbs`` groups, each into micro-batches of ``tmbs`` samples; ``tmbs // pp`` under pipeline parallelism):
-``ppo_epochs`` optimizer steps over the same batch, gradients accumulating over all its minibatches.
+One ``step()`` trains on one batch of ``dp * tbs * G`` samples (each dp rank's share split into minibatches
+of ``tMbs * G`` samples, each into micro-batches of ``tmbs`` samples; ``tmbs // pp`` under pipeline
+parallelism): ``ppo_epochs`` optimizer steps over the same batch, gradients accumulating over all its
+minibatches. When a round feeds several steps (round-level minibatches, the default: round_batches.py) the
+round is drawn at its first step and each step trains a random part of its samples, shared by rows; with
+``--no-round-minibatches``, or one step per round, a step's batch is ``dp * tbs`` whole groups in draw order.
 
-Drawing a batch (``_pull``): groups come from the buffer and pass the algorithm's ``select_groups`` (e.g.
+Drawing a batch (``_pull``, for a step or a whole round): groups come from the buffer and pass the algorithm's ``select_groups`` (e.g.
 DAPO's accuracy filter). Without dynamic batching one draw of ``dp * tbs`` groups is the batch, whatever
 survives. With dynamic batching the group keeps drawing (exactly the deficit each time) until ``dp * tbs``
 groups survive, at most ``max_draw_multiple`` times that per step; at that bound, or when the producers' data
@@ -62,7 +65,8 @@ from coati.trainer.critic_algorithm import CriticAlgorithm
 from coati.trainer.group_algorithm import GroupAlgorithm
 from coati.trainer.roles import ACTOR, TrainedModel, grad_norm_name
 from coati.trainer.step_algorithm import StepAlgorithm
-from coati.trainer.step_data import rollout_metrics, share_bounds
+from coati.trainer.round_batches import RoundPool, parts_of_round, round_part
+from coati.trainer.step_data import StepWork, rollout_metrics, share_bounds
 from coati.utils.device import device_memory_metrics
 from coati.utils.actor_process import start_actor_process
 
@@ -92,7 +96,11 @@ class Consumer:
         self.colocated = None  # ColocatedGenerator on every rank with --colocate
         self.algorithm: StepAlgorithm | None = None
         self.publish_s = 0.0  # seconds spent publishing weights since the last step's metrics
-        self._staleness: list[int] = []  # per trained group of the current step: versions behind the trainer
+        self._staleness: list[int] = []  # per kept group of the current draw: versions behind the trainer
+        # Round-level minibatches (round_batches.py): steps a round feeds, the round being trained, rounds drawn
+        self.round_steps = config.steps_per_sync if config.batch.round_minibatches else 1
+        self.round: RoundPool | None = None
+        self.round_serial = 0
 
     def rendezvous_address(self) -> tuple[str, int]:
         """(address, port) for the trainer group's rendezvous, hosted by this actor (rank 0) on its own node:
@@ -166,9 +174,8 @@ class Consumer:
         self.drawn_since_sync += len(groups)
         return groups
 
-    def _pull(self) -> tuple[list[RolloutGroup] | None, list[RolloutGroup], dict]:
-        """(groups to train on, all groups drawn, draw statistics) for one step; (None, [], {}) when data is exhausted."""
-        target = self.config.batch.train_batch_size * self._dp_size
+    def _pull(self, target: int) -> tuple[list[RolloutGroup] | None, list[RolloutGroup], dict]:
+        """(``target`` groups to train on, all groups drawn, draw statistics); (None, [], {}) when data is exhausted."""
         groups_config = self.config.algo.groups
         dynamic = groups_config.dynamic_batching
         max_draw = target * groups_config.max_draw_multiple if dynamic else target
@@ -215,6 +222,39 @@ class Consumer:
         pp = self.config.parallel.pipeline_parallel_size
         return max(1, self.config.batch.train_microbatch_size // pp)  # ColossalChat's microbatch_size = tmbs // pp
 
+    def _whole_groups(self) -> StepWork | None:
+        """One step's whole groups in draw order (``--no-round-minibatches``, or a round of one step)."""
+        groups, drawn, info = self._pull(self.config.batch.train_batch_size * self._dp_size)
+        if groups is None:
+            return None
+        share, padding = self._share(groups) if groups else ([], 0)
+        info = {**info, **rollout_metrics(drawn, self.version)}
+        return StepWork(share=share, kept=groups, padding=padding, info=info, staleness=self._staleness,
+                        prompts=len(groups), samples=sum(len(g.responses) for g in groups), drawn=drawn, groups=groups)
+
+    def _round_part(self) -> StepWork | None:
+        """The next part of the current round, drawing the round first when the last one is used up."""
+        first = self.round is None
+        if first:
+            target = self.config.batch.train_batch_size * self._dp_size
+            kept, drawn, info = self._pull(target * self.round_steps)
+            if kept is None:
+                return None
+            if not kept:
+                return StepWork(share=[], kept=[], padding=0, info={**info, **rollout_metrics(drawn, self.version)},
+                                staleness=[], prompts=0, samples=0, drawn=drawn)
+            parts = parts_of_round(len(kept), target, self.round_steps)
+            self.round = RoundPool.build(self.round_serial, self.config.run.seed, kept, drawn, info, self._staleness,
+                                         parts, self.version)
+            self.round.tensors = self.algorithm.round_tensors(kept)
+            self.round_serial += 1
+        work = round_part(self.round, self._dp_size, self.plugin.dp_rank if self.plugin is not None else 0)
+        if first:  # the rollout log records the whole round at its first step, if any of its steps is due
+            work.drawn, work.groups, work.log_steps = drawn, kept, self.round.parts
+        if self.round.done:
+            self.round = None
+        return work
+
     def step(self) -> dict | None:
         """One training step (``ppo_epochs`` optimizer steps on one batch); None when the data is exhausted.
 
@@ -223,22 +263,22 @@ class Consumer:
         """
         start = time.perf_counter()
         self.algorithm.begin_step()
-        groups, drawn, info = self._pull()
-        if groups is None:
+        work = self._round_part() if self.round_steps > 1 else self._whole_groups()
+        if work is None:
             return None
         learner_s = self.learner.take_time() if self.learner is not None else 0.0
         generate_s = self.colocated.take_time() if self.colocated is not None else 0.0
         # neither mid-step publishes nor this rank's own generation are waiting
         wait = time.perf_counter() - start - learner_s - generate_s - self.publish_s
         metrics: dict = {}
-        if not groups:
-            reason = (f"all {len(drawn)} groups drawn this step were filtered out"
+        info = work.info
+        if not work.kept:
+            reason = (f"all {len(work.drawn)} groups drawn this step were filtered out"
                       + (" (draw limit max_draw_multiple*tbs reached)" if info["draw_limit_hit"] else "")
                       + (" (no data left)" if info["data_exhausted"] else ""))
             metrics.update(skipped=reason)
         else:
-            share, padding = self._share(groups)
-            batches = self.algorithm.build_batches(share, groups, padding)
+            batches = self.algorithm.build_batches(work.share, work.kept, work.padding, work.rows)
             epochs = self.config.algo.ppo_epochs
             if self.colocated is not None:
                 self.colocated.phases.train()
@@ -250,21 +290,21 @@ class Consumer:
             metrics.update({name: value if name in maxima else value / epochs for name, value in totals.items()})
             metrics.update({grad_norm_name(name): norms[0] for name, norms in grad_norms.items()})
             metrics.update(optimizer_steps=epochs, train_s=time.perf_counter() - train_start)
-            metrics.update(staleness_mean=sum(self._staleness) / len(self._staleness),
-                           staleness_max=max(self._staleness))
+            metrics.update(staleness_mean=sum(work.staleness) / len(work.staleness),
+                           staleness_max=max(work.staleness), prompts=work.prompts, samples=work.samples)
             self.step_count += 1
         metrics.update(info)
-        metrics.update(rollout_metrics(drawn, self.version))
-        if self.config.schedule.publish_due(self.drawn_since_sync):
+        if self.round is None and self.config.schedule.publish_due(self.drawn_since_sync):
             self.publish_weights()
         metrics.update(step_time_s=time.perf_counter() - start, buffer_wait_s=wait, publish_s=self.publish_s)
         metrics.update(device_memory_metrics())
         self.publish_s = 0.0
-        if groups and self.rank == 0 and rollout_log_due(self.config, self.step_count):
-            metrics["rollouts"] = rollout_records(self.step_count, drawn, groups,
-                                                 *self.algorithm.rollout_tensors(groups))
+        if work.groups and self.rank == 0 and any(rollout_log_due(self.config, self.step_count + k)
+                                                  for k in range(work.log_steps)):
+            metrics["rollouts"] = rollout_records(self.step_count, work.drawn, work.groups,
+                                                 *self.algorithm.rollout_tensors(work.groups))
         if self.config.algo.learner_chunk_size > 0:
-            metrics.update(learner_groups=sum(g.learner for g in drawn), learner_gen_s=learner_s)
+            metrics.update(learner_groups=sum(g.learner for g in work.drawn), learner_gen_s=learner_s)
         if self.colocated is not None:
             metrics.update(generate_s=generate_s, **self.colocated.phases.take_peaks())
         metrics["weight_version"] = self.version

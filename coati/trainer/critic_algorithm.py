@@ -9,7 +9,8 @@ Per step, on the groups drawn (every group is trained on: no filter; G may be 1)
    logp_ref) on every response token plus the score on the last one (advantage.kl_penalised_rewards); GAE
    turns them and the values into advantages and returns (the critic's targets). Advantages are whitened over
    every response token of the step, on all data-parallel ranks together (one all-reduce of the sums), so
-   any layout trains on exactly the advantages of one process.
+   any layout trains on exactly the advantages of one process. With round-level minibatches (round_batches.py)
+   a step's batch is its random part of the round's responses, valued by the critic as it is at that step.
 2. Every ppo epoch, each minibatch trains both roles: the policy with the clipped surrogate (loss.py
    ``ppo_clip``, token-level; objective.py's policy loss, with per-token advantages) and the critic with the
    clipped value loss 0.5 * max((V - R)^2, (V_clip - R)^2) (loss.value_loss), each through its own plugin and
@@ -104,8 +105,8 @@ class CriticAlgorithm(StepAlgorithm):
         micro = split_micro_batches(batch, self.config.batch.train_microbatch_size)
         return torch.cat(self.critic.plugin.forward_only(micro, lambda logits, _: critic_values(logits).cpu()))
 
-    def build_batches(self, share, kept, padding):
-        size = self.config.batch.train_minibatch_size
+    def build_batches(self, share, kept, padding, rows=None):
+        size = self.minibatch_units(rows)  # values and GAE are per response: sample views need nothing of the round
         ppo, beta = self.ppo, self.kl_ctl.value
         lengths = torch.tensor([n for g in kept for n in g.model_token_counts()], dtype=torch.float32)
         normaliser = normaliser_from_counts(lengths, "token_level") / self.trainer.plugin.dp_size

@@ -6,7 +6,9 @@ Per step, on the groups drawn from the buffer:
 2. ``build_batches``: the stages of coati.algorithm.pipeline shape the rewards (soft overlong punishment),
    compute advantages per group with the named estimator and mask samples (truncated responses, top-k per
    group). Producers ship raw rewards only; raw rewards and accuracy stay in the groups, so rollout metrics
-   report them unshaped. The loss normaliser covers the whole step's batch; reference logprobs (KL in the loss)
+   report them unshaped. With round-level minibatches (round_batches.py) these stages run once per round, over
+   its whole groups (``round_tensors``), and each step indexes its samples. The loss normaliser covers the
+   whole step's batch; reference logprobs (KL in the loss)
    are computed here, once per rollout batch, and reused by every ppo epoch.
 3. The policy loss of objective.py.
 """
@@ -69,31 +71,42 @@ class GroupAlgorithm(StepAlgorithm):
     def select_groups(self, groups):
         return filter_groups(groups, self.groups_config)
 
-    def build_batches(self, share, kept, padding):
-        size, dp = self.config.batch.train_minibatch_size, self.trainer.plugin.dp_size
-        limit = length_limit(self.config)
-        rewards, advantages, sample_mask = shaped_group_tensors(share, self.groups_config, limit)
+    def round_tensors(self, groups):
+        rewards, advantages, sample_mask = shaped_group_tensors(groups, self.groups_config, length_limit(self.config))
+        lengths = torch.tensor([g.model_token_counts() for g in groups], dtype=torch.float32)
+        return {"rewards": rewards.reshape(-1), "advantages": advantages.reshape(-1),
+                "sample_mask": sample_mask.reshape(-1), "lengths": lengths.reshape(-1)}
+
+    def build_batches(self, share, kept, padding, rows=None):
+        size, dp = self.minibatch_units(rows), self.trainer.plugin.dp_size
+        if rows is None:  # whole groups: shaped here, over this rank's share (and the step's, for the normaliser)
+            own = self.round_tensors(share)
+            every = own if dp == 1 else self.round_tensors(kept)
+        else:  # sample views of a round: shaped over the round's whole groups when it was drawn
+            own = {name: values[rows.share] for name, values in rows.tensors.items()}
+            every = {name: values[rows.kept] for name, values in rows.tensors.items()}
+        per_unit = len(share[0].responses)
+        advantages, sample_mask = own["advantages"], own["sample_mask"].clone()
         if padding:  # placeholders that only keep the ranks' collective calls in step
-            sample_mask[len(share) - padding :] = 0
-        # One normaliser for the whole step, over every data-parallel rank's groups: the loss is the mean over
+            sample_mask[(len(share) - padding) * per_unit :] = 0
+        # One normaliser for the whole step, over every data-parallel rank's samples: the loss is the mean over
         # every valid token / sample of the step. Each rank divides by it / dp, since gradients are averaged.
-        all_rewards, _, all_mask = (rewards, advantages, sample_mask) if dp == 1 else \
-            shaped_group_tensors(kept, self.groups_config, limit)
-        lengths = torch.tensor([g.model_token_counts() for g in kept], dtype=torch.float32)
-        normaliser = normaliser_from_counts((lengths * all_mask).reshape(-1), self.config.algo.loss.loss_variation)
+        all_mask = every["sample_mask"]
+        normaliser = normaliser_from_counts(every["lengths"] * all_mask, self.config.algo.loss.loss_variation)
         normaliser /= dp
         batches = []
         for start in range(0, len(share), size):
+            rows_slice = slice(start * per_unit, (start + size) * per_unit)
             batch = collate(share[start : start + size], self.trainer.pad_id)
-            batch["advantages"] = advantages[start : start + size].reshape(-1)
-            batch["sample_mask"] = sample_mask[start : start + size].reshape(-1)
+            batch["advantages"] = advantages[rows_slice]
+            batch["sample_mask"] = sample_mask[rows_slice]
             batch["action_mask"] = batch["action_mask"] * batch["sample_mask"].unsqueeze(1)
             batch["normaliser"] = torch.full((batch["input_ids"].shape[0],), normaliser)
             if self.objective.reference is not None:
                 batch["ref_logprobs"] = self.objective.reference_logprobs(batch)
             batches.append(batch)
         self.step_stats = {
-            "shaped_reward": float(all_rewards.mean()),
+            "shaped_reward": float(every["rewards"].mean()),
             "samples_masked": float((all_mask == 0).sum()),
             "samples_in_loss": float(all_mask.sum()),
         }

@@ -1,9 +1,10 @@
 """What one training step asks of an algorithm. ``Consumer.step`` is the same for every algorithm: it draws
 groups, splits them into data-parallel shares, trains every role for ``ppo_epochs`` and publishes weights. At
-four points it hands over to the algorithm object its family names (consumer.STEP_ALGORITHMS, keyed by the
+these points it hands over to the algorithm object its family names (consumer.STEP_ALGORITHMS, keyed by the
 advantage estimator's family, config.algo.estimator_family):
 
 - ``select_groups`` at every draw: the groups worth training on (DAPO's accuracy filter), and counters;
+- ``round_tensors`` once per round with round-level minibatches: what needs whole groups (advantages);
 - ``build_batches`` once per step: this rank's minibatches with advantages, masks, normalisers and whatever the
   losses read (reference logprobs, a critic's values and returns);
 - ``policy_loss`` per micro-batch: the policy's loss (objective.py), the same for every family;
@@ -37,15 +38,28 @@ class StepAlgorithm:
         the group runs it on the same groups and must agree."""
         return groups, {}
 
-    def build_batches(self, share: list[RolloutGroup], kept: list[RolloutGroup],
-                      padding: int) -> list[dict[str, torch.Tensor]]:
-        """Collated minibatches of ``tMbs`` groups of this rank's ``share`` with what the losses need.
+    def build_batches(self, share: list[RolloutGroup], kept: list[RolloutGroup], padding: int,
+                      rows=None) -> list[dict[str, torch.Tensor]]:
+        """Collated minibatches of ``tMbs * G`` samples of this rank's ``share`` with what the losses need.
 
-        ``kept``: every group the whole trainer group trains on this step (for normalisers that cover the
-        step's batch); the last ``padding`` groups of ``share`` are placeholders that must not reach the loss.
+        ``kept``: everything the whole trainer group trains on this step (for normalisers that cover the
+        step's batch); the last ``padding`` units of ``share`` are placeholders that must not reach the loss.
+        The units are whole groups, or with round-level minibatches sample views (groups of one response,
+        coati.trainer.round_batches) and ``rows`` (a ``RoundRows``): ``round_tensors`` of the whole round and
+        the round's sample indices behind ``share`` and ``kept``.
         Called once per step: everything computed here (e.g. reference logprobs) serves every ppo epoch.
         """
         raise NotImplementedError
+
+    def round_tensors(self, groups: list[RolloutGroup]) -> dict[str, torch.Tensor]:
+        """Per-sample tensors of a round that need whole groups (e.g. group-relative advantages), computed once
+        when the round is drawn, before its samples are split into steps."""
+        return {}
+
+    def minibatch_units(self, rows) -> int:
+        """Units per minibatch: ``tMbs`` whole groups, or ``tMbs * G`` sample views (``rows`` given)."""
+        batch = self.config.batch
+        return batch.train_minibatch_size * (1 if rows is None else batch.num_generations)
 
     def rollout_tensors(self, kept: list[RolloutGroup]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """For the rollout logs: (shaped rewards, advantages, sample loss mask), [len(kept), G], as the loss

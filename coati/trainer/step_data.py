@@ -1,7 +1,9 @@
-"""What one training step reads off its groups besides the loss: each data-parallel rank's share, and the
-rollout metrics of the groups drawn (pure functions of the groups)."""
+"""What one training step reads off its groups besides the loss: each data-parallel rank's share, the rollout
+metrics of the groups drawn (pure functions of the groups), and what a step trains on (``StepWork``)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 from coati.rollout.episode_metrics import episode_metrics
 from coati.rollout.group import RolloutGroup
@@ -30,3 +32,24 @@ def rollout_metrics(groups: list[RolloutGroup], current_version: int) -> dict:
         "score_s": sum(g.score_s for g in groups),
         **episode_metrics(groups),  # multi-turn episodes only
     }
+
+
+@dataclass
+class StepWork:
+    """What one step trains on: this rank's ``share`` of the step's ``kept`` units (whole groups, or sample views
+    of a round's part: coati.trainer.round_batches) with ``padding`` placeholders at its end, the round's
+    per-sample tensors behind them (``rows``; None for whole groups), and what the step's metrics report:
+    draw counters and rollout metrics (``info``), the trained groups' staleness, prompts and samples seen, and
+    the groups the rollout log records (``drawn`` and ``groups``: empty at a round's later steps; they cover
+    ``log_steps`` steps)."""
+    share: list[RolloutGroup]
+    kept: list[RolloutGroup]
+    padding: int
+    info: dict
+    staleness: list[int]
+    prompts: int
+    samples: int
+    rows: object = None
+    drawn: list[RolloutGroup] = field(default_factory=list)
+    groups: list[RolloutGroup] = field(default_factory=list)
+    log_steps: int = 1

@@ -43,8 +43,8 @@ def test_crash_and_resume_train_every_prompt_once(demo_assets, tmp_path, monkeyp
     state = json.load(open(os.path.join(run_dir, "step_3", checkpointing.RUN_STATE)))
     print(f"checkpoint at step 3: weights v{state['policy_version']}, {state['pending_groups']} undrawn groups, "
           f"producer at round {state['producer_rounds']}")
-    assert state["consumer"]["drawn_total"] == 12 and state["policy_version"] == 1
-    assert 12 + state["pending_groups"] == 8 * state["producer_rounds"][0]  # drawn + stored = rounds put
+    assert state["consumer"]["drawn_total"] == 16 and state["policy_version"] == 1  # round 1 drawn at step 3
+    assert 16 + state["pending_groups"] == 8 * state["producer_rounds"][0]  # drawn + stored = rounds put
 
     # --keep-checkpoints 1: each save (steps 6 and 8) deletes the older ones, step_3 it resumed from included
     result, rows = run_cli(argv + ["--resume", "latest", "-rsd", str(tmp_path / "after"), "--keep-checkpoints", "1"],

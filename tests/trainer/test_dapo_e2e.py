@@ -85,12 +85,15 @@ def make_group(correct: int, version: int, truncated: int = 0) -> RolloutGroup:
                         policy_version=version)
 
 
-def build(tiny_dir, monkeypatch, pattern, num_rounds, *flags, ibs=8, tbs=4, tmbs=2):
-    """A consumer over ``num_rounds`` rounds of ``ibs`` groups; ``pattern[i % len]`` = correct answers of group i."""
+def build(tiny_dir, monkeypatch, pattern, num_rounds, *flags, ibs=8, tbs=4, tmbs=2, round_minibatches=False):
+    """A consumer over ``num_rounds`` rounds of ``ibs`` groups; ``pattern[i % len]`` = correct answers of group i.
+    Whole groups per step unless ``round_minibatches`` (the draw mechanics these tests pin are those of a step;
+    round-level minibatches draw a round at its first step: tests/trainer/test_round_batches.py)."""
     monkeypatch.setattr(consumer_module.ray, "get", lambda value: value)
     monkeypatch.setattr(consumer_module.ray, "put", lambda value: value)
     argv = ["-m", tiny_dir, "-d", "unused.jsonl", "-g", str(G), "-ibs", str(ibs), "-imbs", str(ibs), "-tbs", str(tbs),
             "-tMbs", str(tmbs), "-tmbs", str(tmbs * G), *flags]
+    argv += [] if round_minibatches else ["--no-round-minibatches"]
     config = config_from_args(build_parser().parse_args(argv))
     store = SimulatedStore()
     rounds = [[make_group(pattern[(r * ibs + i) % len(pattern)], r) for i in range(ibs)] for r in range(num_rounds)]

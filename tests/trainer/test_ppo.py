@@ -187,7 +187,7 @@ def test_ppo_resume_is_exact(local_ray, tiny_model_dir, reward_model_dir, tmp_pa
         first.close()
     assert os.path.isdir(os.path.join(staging, "trainer_state", "actor"))
     assert os.path.isdir(os.path.join(staging, "trainer_state", CRITIC))
-    second = Group(config, rollouts()[4:])  # what step 1 had not drawn
+    second = Group(config, [])  # step 1 drew the whole round; its second part is in the checkpoint
     try:
         second.call("load_checkpoint", staging)
         row = second.step()

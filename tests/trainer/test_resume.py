@@ -1,8 +1,9 @@
 """Checkpoints and ``--resume`` over real Ray runs of the demo model (1 producer, sync mode).
 
 Every run: 32 prompts, -ibs 8 x -g 4, 4 groups per step -> 4 rounds of 2 steps, 8 steps, checkpoints at
-steps 3 and 6 (-si 3) and 8. Step 3 is the middle of round 1: 4 of its 8 groups are drawn, the other 4 are
-stored in the checkpoint as pending groups. A resumed run must repeat the uninterrupted run's steps 4-8.
+steps 3 and 6 (-si 3) and 8. Step 3 is the middle of round 1: the round was drawn at once (round-level
+minibatches) and its second part is still to train, so the consumer state keeps the round. A resumed run must
+repeat the uninterrupted run's steps 4-8.
 """
 
 from __future__ import annotations
@@ -82,11 +83,12 @@ def test_checkpoint_layout_and_plain_transformers_load(single_reference):
     assert [step for step, _ in list_checkpoints(single_reference)] == [3, 6, 8]
     step3 = os.path.join(single_reference, "step_3")
     state = json.load(open(os.path.join(step3, checkpointing.RUN_STATE)))
-    assert (state["step"], state["policy_version"], state["next_round"], state["pending_groups"]) == (3, 1, 2, 4)
+    assert (state["step"], state["policy_version"], state["next_round"], state["pending_groups"]) == (3, 1, 2, 0)
     assert state["producer_rounds"] == [2]  # round 2 waits for weights v2: it cannot have started
-    assert state["consumer"]["drawn_since_sync"] == 4 and state["consumer"]["drawn_total"] == 12
-    assert len(checkpointing.pending_groups(step3)) == 4
-    assert all(g.policy_version == 1 for g in checkpointing.pending_groups(step3))
+    assert state["consumer"]["drawn_since_sync"] == 8 and state["consumer"]["drawn_total"] == 16
+    consumer_state = torch.load(os.path.join(step3, "consumer_state", "rank_0.pt"), weights_only=False)
+    assert consumer_state["round"]["next_part"] == 1 and consumer_state["round"]["serial"] == 1
+    assert [g["policy_version"] for g in consumer_state["round"]["kept"]] == [1] * 8
     for name in ("model.safetensors", "config.json", "tokenizer_config.json", COMPLETE_MARKER,
                  "trainer_state/actor/trainer_state.json", "consumer_state/rank_0.pt"):
         assert os.path.isfile(os.path.join(step3, name)), name
@@ -179,14 +181,15 @@ LEARNER = ["--learner-chunk-size", "4", "-si", "1"]  # rounds of 8 producer + 4 
 
 @pytest.mark.parametrize("step", [2, 3], ids=["mid-round", "round-boundary"])
 def test_resume_with_learner_side_generation_is_exact(demo_assets, data, tmp_path, step):
-    """The learner fills a round at the round's first draw: a checkpoint mid-round holds its groups among the
-    pending ones; one at a round boundary (step 3) must not wait for them, and the resumed learner makes them."""
+    """The learner fills a round at the round's first draw: a checkpoint mid-round holds its groups in the
+    consumer state (the round was drawn at once); one at a round boundary (step 3) must not wait for them, and
+    the resumed learner makes them."""
     reference = launch(demo_assets, data, tmp_path, "ref", *LEARNER)
     assert reference.steps == 6  # 32 prompts = 2 rounds of 8 (producer) + 4 (learner) prompts
     state = json.load(open(os.path.join(tmp_path, "ref", f"step_{step}", checkpointing.RUN_STATE)))
-    # Mid-round: the rest of round 0. At the boundary v1 was just published: the producer's round 1 is either
-    # in the buffer already (stored) or not (regenerated on resume); both resume exactly.
-    assert state["pending_groups"] in {2: (4,), 3: (0, 8)}[step]
+    # At the boundary v1 was just published: the producer's round 1 is either in the buffer already (stored) or
+    # not (regenerated on resume); both resume exactly.
+    assert state["pending_groups"] in {2: (0,), 3: (0, 8)}[step]  # step 2: the round is in the consumer state
     launch(demo_assets, data, tmp_path, "resumed", *LEARNER, "--resume", os.path.join(tmp_path, "ref", f"step_{step}"))
     resumed = train_rows(os.path.join(tmp_path, "resumed"))
     assert sorted(resumed) == list(range(step + 1, 7))

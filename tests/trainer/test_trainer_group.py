@@ -134,21 +134,28 @@ def test_layout_matches_single_process(local_ray, tiny_model_dir, single_run, la
 
 
 def test_dapo_filtering_over_two_data_parallel_ranks(local_ray, tiny_model_dir):
-    """DAPO drops all-right/all-wrong groups: 5 of 8 survive (4, then 1 when the data runs out), so in the
-    second step rank 1 has no share and trains a loss-masked placeholder; the result equals one process's."""
+    """DAPO drops all-right/all-wrong groups: 5 of 8 survive, a round of 20 samples in 2 steps of 10, 5 per
+    rank; the result equals one process's. Whole groups per step: 4, then 1 when the data runs out, so in the
+    second step rank 1 has no share and trains a loss-masked placeholder."""
     pattern = [2, 4, 1, 0, 3, 2, 4, 1]  # correct answers per group (G=4): groups 1, 3, 6 are filtered out
     flags = ["-a", "DAPO"]
     reference = train(tiny_model_dir, flags, rollouts(pattern), tbs=4)
     candidate = train(tiny_model_dir, [*flags, "-t", "2"], rollouts(pattern), tbs=2)
+    assert [r["groups_kept"] for r in reference[0]] == [3, 2]  # the round's 5 in draw order, for the metrics
+    assert [r["groups_filtered"] for r in reference[0]] == [3, 0] and [r["samples"] for r in reference[0]] == [10, 10]
+    assert_same_run(reference, candidate, "DAPO torch DDP x2")
+    flags.append("--no-round-minibatches")
+    reference = train(tiny_model_dir, flags, rollouts(pattern), tbs=4)
+    candidate = train(tiny_model_dir, [*flags, "-t", "2"], rollouts(pattern), tbs=2)
     assert [r["groups_kept"] for r in reference[0]] == [4, 1]
     assert [r["groups_filtered"] for r in reference[0]] == [2, 1]
-    assert_same_run(reference, candidate, "DAPO torch DDP x2")
+    assert_same_run(reference, candidate, "DAPO torch DDP x2, whole groups")
 
 
 def test_eval_snapshots_and_rollout_records_over_two_ranks(local_ray, tiny_model_dir, tmp_path):
     """-ei's weight snapshot is collective (FSDP2 shards are gathered) and holds exactly the current weights,
     mid-round (one extra gather) or right after a publish (the published object); -rsd records come from
-    rank 0 alone and cover every data-parallel rank's share."""
+    rank 0 alone, at a round's first step, and cover the whole round."""
     snapshots_seen = []
 
     def after_step(consumers, results):
@@ -160,13 +167,13 @@ def test_eval_snapshots_and_rollout_records_over_two_ranks(local_ray, tiny_model
         weights = dict(unpack_named_tensors(ray.get(refs[0])))
         assert weights.keys() == current.keys() and all(torch.equal(weights[n], current[n]) for n in current)
         snapshots_seen.append(snapshots[0][0::2])
-        assert "rollouts" in results[0] and all("rollouts" not in r for r in results[1:])
+        assert all("rollouts" not in r for r in results[1:])
 
     flags = ["-t", "2", "-zero", "2", "-rsd", str(tmp_path)]
     rows, _, _ = train(tiny_model_dir, flags, rollouts(), 2, after_step)
     assert snapshots_seen == [(0, False), (1, True)]  # step 1: mid-round; step 2 drew the round and published
-    for step, row in enumerate(rows, start=1):
-        records = row["rollouts"]
-        assert len(records) == 4 * G and {r["step"] for r in records} == {step}  # both ranks' 2 groups each
-        for group in range(4):
+    assert "rollouts" not in rows[1]
+    records = rows[0]["rollouts"]
+    assert len(records) == NUM_GROUPS * G and {r["step"] for r in records} == {1}  # the round, both ranks' parts
+    for group in range(NUM_GROUPS):
             assert sum(r["advantage"] for r in records[group * G : (group + 1) * G]) == pytest.approx(0, abs=1e-5)
