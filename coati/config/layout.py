@@ -86,7 +86,7 @@ class ParallelConfig(TrainerLayout):
     @property
     def engine_is_policy(self) -> bool:
         """--colocate: whether each rank's engine is the trained module itself (the transformers engine of an
-        unsharded plugin: no copy, nothing to sync, generation in the trainer's dtype); else a copy of its own."""
+        unsharded plugin: no copy, nothing to sync, generation from the fp32 master weights); else a copy of its own."""
         from coati.plugins import FULL_MODULE_PLUGINS
 
         return bool(self.colocate) and self.backend == "transformers" and self.plugin_name in FULL_MODULE_PLUGINS

@@ -8,7 +8,7 @@ batching and every algorithm work unchanged. No inferencer actor, no object stor
 
 The engine:
 - an unsharded plugin (one process, DDP) with the transformers engine generates with the trained module itself
-  (``ParallelConfig.engine_is_policy``, ``TrainerPlugin.full_module``), in the trainer's dtype: no second copy,
+  (``ParallelConfig.engine_is_policy``, ``TrainerPlugin.full_module``), from its fp32 master weights: no second copy,
   nothing to sync, and the behaviour logprobs come from exactly the weights being trained;
 - otherwise the rank owns an engine of its own (transformers or vLLM, built as a producer's), and each publish
   loads the full weights into it tensor by tensor (``TrainerPlugin.named_full_tensors_everywhere``: sharded
