@@ -31,7 +31,11 @@ def test_gpu_bundles_and_totals():
 
 
 def test_too_few_gpus_names_the_flags_and_the_counts():
-    assert check(4, 2, 4, gpu_nodes(8)) == "-i 4 -ptp 2 -t 4 needs 12 GPUs; the cluster has 8: add nodes or lower -i/-t/-ptp"
+    assert check(4, 2, 16, gpu_nodes(8)) == (
+        "-i 4 -ptp 2 -t 16 needs 24 GPUs; the cluster has 8: add nodes or lower -i/-t/-ptp")
+    # the trainer ranks alone would fit: the line names the colocated layout (--colocate)
+    assert check(4, 2, 4, gpu_nodes(8)) == ("-i 4 -ptp 2 -t 4 needs 12 GPUs; the cluster has 8: add nodes, or train "
+                                            "and generate on the trainers' GPUs (it fits): --colocate -t 4")
 
 
 def test_cpu_cluster_counts_one_slot_per_actor():
@@ -39,14 +43,18 @@ def test_cpu_cluster_counts_one_slot_per_actor():
     p = plan(2, 1, 2, True, totals(nodes))
     assert p.unit == "CPU" and p.inferencer_bundle == {"CPU": 1.0} and not p.evaluator  # the evaluator shares cores
     assert check(2, 1, 2, nodes, evaluator=True) == (
-        "-i 2 -t 2 needs 4 CPUs (one per inferencer and trainer rank); the cluster has 3: add nodes or lower -i/-t")
+        "-i 2 -t 2 needs 4 CPUs (one per inferencer and trainer rank); the cluster has 3: add nodes, or train and "
+        "generate on the trainers' CPUs (it fits): --colocate -t 2")
+    assert check(2, 1, 4, nodes).endswith("the cluster has 3: add nodes or lower -i/-t")
     assert check(1, 1, 2, nodes) is None
 
 
 def test_cpus_are_checked_beside_the_gpus():
     nodes = gpu_nodes(8, cpus=4)
     assert check(4, 1, 4, nodes) == ("-i 4 -t 4 needs 8 CPUs (one per inferencer and trainer rank, beside the GPUs); "
-                                     "the cluster has 4: add nodes or lower -i/-t")
+                                     "the cluster has 4: add nodes, or train and generate on the trainers' GPUs (it "
+                                     "fits): --colocate -t 4")
+    assert check(2, 1, 6, nodes).endswith("the cluster has 4: add nodes or lower -i/-t")  # 6 ranks: 6 CPUs
 
 
 def test_inferencer_tensor_parallelism_must_fit_inside_one_node():
@@ -60,7 +68,7 @@ def test_fragmented_nodes_cannot_hold_the_bundles():
     # 7 GPUs for 3 x 2 + 1: the totals match, but a 3-GPU node holds one 2-GPU bundle and a 1-GPU node none
     assert check(3, 2, 1, gpu_nodes(3, 3, 1)) == (
         "-i 3 -ptp 2 -t 1 needs 7 GPUs in bundles of 2 per inferencer and 1 per trainer rank, which the nodes' "
-        "GPUs (3, 3, 1) cannot hold: add nodes or lower -i/-t/-ptp")
+        "GPUs (3, 3, 1) cannot hold: add nodes, or train and generate on the trainers' GPUs (it fits): --colocate -t 1")
     assert check(2, 2, 3, gpu_nodes(3, 3, 1)) is None  # 2-GPU bundles on the 3-GPU nodes, trainers in the gaps
 
 
