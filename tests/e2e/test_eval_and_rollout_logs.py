@@ -81,13 +81,15 @@ def test_eval_every_n_steps_and_rollout_logs(demo_assets, tmp_path, monkeypatch)
         theirs = [r["response"] for r in read_jsonl(eval_dir / f"add_greedy_step{step}.jsonl")]
         assert ours == theirs, step
 
+    # Round-level minibatches: a round's samples are logged once, whole, at its first step (1, 3, 5, 7), since
+    # one of its steps (2, 4, 6, 8) is due under --rollout-save-interval 2.
     names = sorted(os.listdir(tmp_path / "rollouts" / "t"))
-    assert names == [f"rollouts_step{s:06d}.jsonl" for s in (2, 4, 6, 8)]
-    for name, step, version in zip(names, (2, 4, 6, 8), (0, 1, 2, 3)):
+    assert names == [f"rollouts_step{s:06d}.jsonl" for s in (1, 3, 5, 7)]
+    for name, step, version in zip(names, (1, 3, 5, 7), (0, 1, 2, 3)):
         records = read_jsonl(tmp_path / "rollouts" / "t" / name)
-        assert len(records) == 8 * 4 and {r["step"] for r in records} == {step}
-        assert {r["policy_version"] for r in records} == {version}  # the round trained on at that step
-        for group in range(8):
+        assert len(records) == 16 * 4 and {r["step"] for r in records} == {step}
+        assert {r["policy_version"] for r in records} == {version}  # the round trained on from that step
+        for group in range(16):
             samples = records[group * 4 : group * 4 + 4]
             assert sum(r["advantage"] for r in samples) == pytest.approx(0, abs=1e-5)  # group-normalised
             assert all(r["kept"] and r["in_loss"] and r["prompt"] == samples[0]["prompt"] for r in samples)
