@@ -140,7 +140,7 @@ def test_missing_resources_is_one_line(cluster, data, demo_assets, tmp_path):
     output, seconds = timed_cli(["--master_address", cluster.address, "-d", data[16], "-i", "2", "-t", "2", *SMALL,
                                  "-sd", str(tmp_path)], cluster.env(**cache_env(demo_assets)), tmp_path)
     assert output == ["error: -i 2 -t 2 needs 4 CPUs (one per inferencer and trainer rank); the cluster has 3: add "
-                      "nodes or lower -i/-t"], output
+                      "nodes, or train and generate on the trainers' CPUs (it fits): --colocate -t 2"], output
     assert seconds < 15
 
 
