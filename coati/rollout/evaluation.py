@@ -91,3 +91,17 @@ def evaluate_episodes(backend, env_class, batch, params: SamplingParams, budget)
                       format_rate=sum(r["format_ok"] for r in records) / count,
                       mean_reward=sum(r["reward"] for r in records) / count, records=records,
                       tool_use_rate=sum(any("tool_call" in t for t in r["turns"]) for r in records) / count)
+
+
+def held_out_row(backend, examples, skipped: int, params: SamplingParams, scorer: RewardScorer, version: int,
+                 reward_model=None, env_class=None, budget=None) -> dict:
+    """One held-out evaluation as producers, colocated ranks and the evaluator report it: the numbers, the prompt
+    count, the prompts skipped as too long, the weights version and the records, for the tokenised ``examples``
+    ((example, prompt text, prompt ids)); episodes with an environment (``env_class``, ``budget``)."""
+    if env_class is not None:
+        result = evaluate_episodes(backend, env_class, examples, params, budget)
+    else:
+        result = evaluate(backend, [ids for _, _, ids in examples], [e for e, _, _ in examples], scorer, params,
+                          prompt_texts=[text for _, text, _ in examples], reward_model=reward_model)
+    return {**result.summary(), "count": len(examples), "skipped_too_long": skipped, "version": version,
+            "records": result.records}

@@ -49,7 +49,7 @@ from coati.config.sampling import SamplingParams
 from coati.dataset.loader import load_examples
 from coati.rollout.env import load_env
 from coati.rollout.episode import episode_budget, episode_system_prompt
-from coati.rollout.evaluation import evaluate, evaluate_episodes
+from coati.rollout.evaluation import held_out_row
 from coati.rollout.generation import tokenise_prompts
 from coati.rollout.reward_model import reward_model_scorer
 from coati.utils.actor_process import start_actor_process
@@ -94,11 +94,5 @@ class Evaluator:
             self.backend.load_weights(unpack_named_tensors(ray.get(refs[0])))
             self.loaded = (step, version)
         examples, skipped = self.tasks[task]
-        if self.env_class is not None:
-            result = evaluate_episodes(self.backend, self.env_class, examples, params, episode_budget(self.config))
-        else:
-            result = evaluate(self.backend, [ids for _, _, ids in examples], [e for e, _, _ in examples],
-                              self.scorer, params, prompt_texts=[text for _, text, _ in examples],
-                              reward_model=self.reward_model)
-        return {**result.summary(), "count": len(examples), "skipped_too_long": skipped, "version": version,
-                "records": result.records}
+        return held_out_row(self.backend, examples, skipped, params, self.scorer, version, self.reward_model,
+                            self.env_class, episode_budget(self.config))

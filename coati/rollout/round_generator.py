@@ -17,7 +17,7 @@ from coati.config.tree import RLConfig
 from coati.dataset.loader import load_examples
 from coati.rollout.env import load_env, make_env
 from coati.rollout.episode import episode_budget, episode_groups, episode_system_prompt
-from coati.rollout.evaluation import evaluate, evaluate_episodes
+from coati.rollout.evaluation import held_out_row
 from coati.rollout.generation import prompt_shard, rollout_groups, tokenise_prompts
 from coati.rollout.group import RolloutGroup
 from coati.rollout.reward_model import reward_model_scorer
@@ -86,11 +86,5 @@ class RoundGenerator:
     def evaluate(self, path: str, params: SamplingParams, version: int) -> dict:
         """Accuracy on a held-out file with the engine's current weights; records for the eval logs."""
         examples, skipped = self.tokenise(load_examples(path, self.config.data.rows))
-        if self.env_class is not None:
-            result = evaluate_episodes(self.backend, self.env_class, examples, params, episode_budget(self.config))
-        else:
-            result = evaluate(self.backend, [ids for _, _, ids in examples], [e for e, _, _ in examples],
-                              self.scorer, params, prompt_texts=[text for _, text, _ in examples],
-                              reward_model=self.reward_model)
-        return {**result.summary(), "count": len(examples), "skipped_too_long": skipped, "version": version,
-                "records": result.records}
+        return held_out_row(self.backend, examples, skipped, params, self.scorer, version, self.reward_model,
+                            self.env_class, episode_budget(self.config))
