@@ -42,12 +42,14 @@ def unpack_named_tensors(packed: PackedWeights) -> Iterator[tuple[str, torch.Ten
         yield name, tensor
 
 
-def load_named_tensors(model: torch.nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+def load_named_tensors(model: torch.nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                       params: dict[str, torch.Tensor] | None = None) -> int:
     """Copy full tensors into ``model``'s parameters in place; returns how many were loaded.
 
-    Every parameter must be covered (tied weights count once), and no unknown name may appear.
+    Every parameter must be covered (tied weights count once), and no unknown name may appear. ``params``: the
+    parameters a version holds when not all of them (a LoRA model's adapters), by name.
     """
-    params = dict(model.named_parameters())  # tied parameters appear once here
+    params = dict(model.named_parameters()) if params is None else params  # tied parameters appear once here
     seen = set()
     with torch.no_grad():
         for name, tensor in named_tensors:

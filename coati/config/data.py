@@ -8,6 +8,7 @@ import re
 from dataclasses import MISSING, dataclass
 
 from coati.config.errors import ConfigError, require
+from coati.config.lora import LoraConfig
 from coati.dataset.rows import RowFormat
 from coati.utils.dataclass_cli import option
 from rewards import REWARD_TYPES
@@ -20,6 +21,7 @@ class ModelConfig:
                        resolved=True)
     revision: str | None = option(None, "with -m ORG/NAME: the hub revision, a branch, tag or commit (default: main)")
     is_embedded_demo: bool = False
+    lora: LoraConfig = LoraConfig()  # adapters instead of full fine-tuning (--lora-rank)
 
 
 @dataclass(frozen=True)

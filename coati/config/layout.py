@@ -10,6 +10,8 @@ from coati.plugins.mesh import MeshShape
 from coati.utils.dataclass_cli import option
 
 BACKENDS = ("transformers", "vllm")
+# Engines that load LoRA adapter tensors in place (--lora-rank); the others receive merged full weights.
+ADAPTER_BACKENDS = ("transformers",)
 PLUGIN_FAMILIES = ("torch", "colossalai")
 
 
@@ -90,6 +92,11 @@ class ParallelConfig(TrainerLayout):
         from coati.plugins import FULL_MODULE_PLUGINS
 
         return bool(self.colocate) and self.backend == "transformers" and self.plugin_name in FULL_MODULE_PLUGINS
+
+    @property
+    def engine_takes_adapters(self) -> bool:
+        """Whether the inference engine loads LoRA adapter tensors itself (else a version is merged first)."""
+        return self.backend in ADAPTER_BACKENDS
 
     @property
     def rollout_sources(self) -> int:

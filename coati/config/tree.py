@@ -55,6 +55,18 @@ class RLConfig:
         return min(rounds, -(-groups // self.groups_per_sync)), groups
 
     @property
+    def engine_adapters(self):
+        """The LoRA settings the inference engines build their adapters with: a weight version is then the
+        adapter tensors alone. None without LoRA, or when the engine takes full weights only (each version is
+        merged into full weights first: ``merges_adapters``)."""
+        lora = self.model.lora
+        return lora if lora.enabled and self.parallel.engine_takes_adapters else None
+
+    @property
+    def merges_adapters(self) -> bool:
+        return self.model.lora.enabled and not self.parallel.engine_takes_adapters
+
+    @property
     def schedule(self):
         """The rollout protocol (coati.cluster.schedule): which version a round needs, when to publish."""
         from coati.cluster.schedule import RolloutSchedule

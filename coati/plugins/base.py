@@ -88,19 +88,33 @@ class TrainerPlugin(ABC):
         """
 
     @abstractmethod
-    def named_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full (gathered) parameters on the CPU keyed by HF names (tied weights once); yields only on the sender.
+    def named_full_tensors(self, include_frozen: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full (gathered) parameters on the CPU keyed by their names (tied weights once); yields only on the
+        sender. What a weight version holds: every parameter, or of a model with LoRA adapters only the trained
+        ones (``coati.models.lora.version_parameters``; ``include_frozen``: the frozen base too, e.g. to merge).
 
         Collective for sharded layouts: every rank must iterate it to the end (non-senders yield nothing).
         """
 
-    def named_full_tensors_everywhere(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def named_full_tensors_everywhere(self, include_frozen: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """Full parameters on every rank, one at a time (a colocated rank's engine loads each as it comes, so the
         peak is one tensor beyond the engine): the sender's gather, then a broadcast from it. Collective; layouts
         whose gather already leaves the full tensor on every rank yield it directly."""
         from coati.plugins.dist import broadcast_named_tensors
 
-        yield from broadcast_named_tensors(self.named_full_tensors(), self.is_weight_sender, self.device)
+        yield from broadcast_named_tensors(self.named_full_tensors(include_frozen), self.is_weight_sender,
+                                           self.device)
+
+    # The trained HF module (a peft model with adapters) on layouts that keep it whole or shard it in place
+    # (single, torch DDP/FSDP2); None where it is split into stages or wrapped by another library.
+    module: torch.nn.Module | None = None
+
+    def adapters_off(self):
+        """Context in which the trained model's forwards compute as its base model (LoRA adapters switched off):
+        the reference model of the KL term, at no memory cost."""
+        from coati.models.lora import adapters_off
+
+        return adapters_off(self.module)
 
     def full_module(self) -> torch.nn.Module | None:
         """The trained HF module itself when this rank holds all of its weights unsharded (one process, DDP):

@@ -235,7 +235,7 @@ class ColossalPlugin(TrainerPlugin):
         if missing:
             raise RuntimeError(f"no pipeline stage holds {missing[:3]}")
 
-    def named_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def named_full_tensors(self, include_frozen: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         local = self._local_named()
         if self.dp_rank != 0:  # data-parallel replicas hold the same weights
             return

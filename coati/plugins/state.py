@@ -83,10 +83,12 @@ def _quiet(no_dist: bool):
 
 
 # --- torch-dcp ---
-def _options():
+def _options(strict: bool = True):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    return StateDictOptions(flatten_optimizer_state_dict=True)
+    # Frozen parameters (a LoRA model's base) are the model directory's, not the run's: they are not saved, and
+    # a load leaves them as they are (strict=False: dcp.load already found every saved key the module has).
+    return StateDictOptions(flatten_optimizer_state_dict=True, ignore_frozen_params=True, strict=strict)
 
 
 def _tied_aliases(module: torch.nn.Module) -> dict[str, str]:
@@ -167,10 +169,12 @@ def load_dcp(path: str, module: torch.nn.Module, optimizer, requested: dict, ren
     back = {new: old for old, new in renames.items()}
     model_sd = {_renamed(k, back): v for k, v in state["model"].items()}
     for alias, name in aliases.items():
-        model_sd[alias] = model_sd[name]
+        if name in model_sd:  # frozen tied weights are not in the state
+            model_sd[alias] = model_sd[name]
     # set_*_state_dict load the non-tensor values (param_groups) and run FSDP2's and the optimizer's load hooks
     if with_optimizer:
         optim_sd = {_renamed(k, back): v for k, v in state["optim"].items()}
-        set_state_dict(module, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=_options())
+        set_state_dict(module, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
+                       options=_options(strict=False))
     else:
-        set_model_state_dict(module, model_sd, options=_options())
+        set_model_state_dict(module, model_sd, options=_options(strict=False))

@@ -23,6 +23,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
+from coati.models.lora import is_adapted, save_adapter, version_parameters
 from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin
 from coati.plugins.dist import clip_grads_, full_tensor, grad_norm_sq, trainer_device, world
 from coati.plugins.mesh import TrainerMesh
@@ -35,7 +36,9 @@ TP_ROWWISE = ("self_attn.o_proj", "mlp.down_proj")
 
 
 def decoder_layers(model: torch.nn.Module):
-    """The decoder blocks of an HF causal LM (``model.model.layers``)."""
+    """The decoder blocks of an HF causal LM (``model.model.layers``; under a peft model's wrapper)."""
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
     try:
         return model.model.layers
     except AttributeError:
@@ -153,14 +156,14 @@ class TorchNativePlugin(TrainerPlugin):
         return norm
 
     # --- weights out ---
-    def named_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, param in self.module.named_parameters():
+    def named_full_tensors(self, include_frozen: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, param in version_parameters(self.module, include_frozen):
             tensor = full_tensor(param)  # collective for DTensors: every rank gets here in the same order
             if self.is_weight_sender:
                 yield name, tensor.cpu()
 
-    def named_full_tensors_everywhere(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, param in self.module.named_parameters():
+    def named_full_tensors_everywhere(self, include_frozen: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, param in version_parameters(self.module, include_frozen):
             yield name, full_tensor(param)  # DTensor gathers leave the full value on every rank
 
     def full_module(self) -> torch.nn.Module | None:
@@ -169,7 +172,10 @@ class TorchNativePlugin(TrainerPlugin):
     def save_pretrained(self, path: str) -> None:
         state = dict(self.named_full_tensors())  # every rank takes part in the gathers
         if self.is_weight_sender:
-            save_hf(self.module, state, path)
+            if is_adapted(self.module):
+                save_adapter(self.module, state, path)
+            else:
+                save_hf(self.module, state, path)
         if self.world_size > 1:
             dist.barrier()
 

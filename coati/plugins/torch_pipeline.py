@@ -216,7 +216,7 @@ class TorchPipelinePlugin(TrainerPlugin):
         return norm
 
     # --- weights out ---
-    def named_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def named_full_tensors(self, include_frozen: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         if self.dp_rank != 0:
             return
         local = dict(self.stage_module.named_parameters())

@@ -6,6 +6,7 @@ from typing import Iterator
 
 import torch
 
+from coati.models.lora import version_parameters
 from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin
 from coati.plugins.precision import autocast
 from coati.plugins.validation import ParallelLayout
@@ -55,13 +56,17 @@ class SingleProcessPlugin(TrainerPlugin):
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
-    def named_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, param in self.model.named_parameters():
+    def named_full_tensors(self, include_frozen: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, param in version_parameters(self.model, include_frozen):
             yield name, param.detach().cpu()
 
-    def named_full_tensors_everywhere(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, param in self.model.named_parameters():
+    def named_full_tensors_everywhere(self, include_frozen: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, param in version_parameters(self.model, include_frozen):
             yield name, param.detach()
+
+    @property
+    def module(self) -> torch.nn.Module | None:
+        return self.model
 
     def full_module(self) -> torch.nn.Module:
         return self.model
@@ -71,7 +76,7 @@ class SingleProcessPlugin(TrainerPlugin):
         return True
 
     def save_pretrained(self, path: str) -> None:
-        self.model.save_pretrained(path)
+        self.model.save_pretrained(path)  # a peft model writes its adapter directory
 
     # --- trainer state (DCP; no_dist: one process, even when a default group exists for something else) ---
     def _manifest(self) -> dict:

@@ -16,6 +16,10 @@ COLOSSAL_PP_FAMILIES = ("qwen2",)  # our own shardformer policy (transformers 5)
 COLOSSAL_TP_FAMILIES = ("qwen2",)  # ColossalAI 0.5.0's llama policy fails to import under transformers 5
 PRECISIONS = ("fp32", "bf16", "fp16")
 TORCH_PLUGINS = ("single", "torch-ddp", "torch-fsdp2", "torch-tp", "torch-pp")
+# The plugins that train LoRA adapters (--lora-rank): their forward runs through the peft model as it is (DDP,
+# FSDP2 shard frozen and trainable parameters alike); tensor-parallel plans and pipeline stages address the
+# plain HF modules, and ColossalAI's booster wraps peft models its own way.
+ADAPTER_PLUGINS = ("single", "torch-ddp", "torch-fsdp2")
 
 
 @dataclass(frozen=True)

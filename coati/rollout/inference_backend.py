@@ -58,14 +58,19 @@ class TransformersBackend:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
 
     @classmethod
-    def from_pretrained(cls, model_path: str, microbatch_size: int = 64, placement=None):
+    def from_pretrained(cls, model_path: str, microbatch_size: int = 64, placement=None, adapters=None):
         """``placement``: a ``coati.utils.device.ModelPlacement`` (where the caller's role puts the model; the
-        CPU in float32 when not given)."""
+        CPU in float32 when not given). ``adapters``: the run's LoRA settings (``RLConfig.engine_adapters``) when
+        weight versions are adapter tensors: the engine carries the same adapters and loads those alone."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         dtype, device = (torch.float32, "cpu") if placement is None else (placement.dtype, placement.device)
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
-        return cls(model, AutoTokenizer.from_pretrained(model_path), microbatch_size)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+        if adapters is not None:
+            from coati.models.lora import add_adapters
+
+            model = add_adapters(model, adapters)
+        return cls(model.to(device), AutoTokenizer.from_pretrained(model_path), microbatch_size)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
@@ -115,4 +120,7 @@ class TransformersBackend:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        load_named_tensors(self.model, named_tensors)
+        """A weight version in place: the full weights, or into a model with adapters the adapter tensors."""
+        from coati.models.lora import version_parameters
+
+        load_named_tensors(self.model, named_tensors, dict(version_parameters(self.model)))

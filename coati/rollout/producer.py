@@ -22,7 +22,7 @@ def make_backend(config: RLConfig, rank: int = 0, role: str = "producer"):
     placement = config.parallel.model_placement(role)
     if config.parallel.backend == "transformers":
         return TransformersBackend.from_pretrained(config.model.path, config.batch.inference_microbatch_size,
-                                                   placement)
+                                                   placement, config.engine_adapters)
     if config.parallel.backend == "vllm":
         from coati.rollout.vllm_backend import VLLMBackend, VLLMEngineOptions
 

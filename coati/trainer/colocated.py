@@ -28,6 +28,7 @@ import ray
 import torch
 
 from coati.config.tree import RLConfig
+from coati.models.lora import merged_tensors
 from coati.rollout.inference_backend import TransformersBackend
 from coati.rollout.round_generator import RoundGenerator
 
@@ -151,7 +152,11 @@ class ColocatedGenerator:
         if self.shares_module:
             return
         self.phases.before_load()
-        self.backend.load_weights(self.plugin.named_full_tensors_everywhere())
+        if self.config.merges_adapters:  # an engine without adapters: the merged weights, one module at a time
+            tensors = self.plugin.named_full_tensors_everywhere(include_frozen=True)
+            self.backend.load_weights(merged_tensors(tensors, self.config.model.lora))
+        else:
+            self.backend.load_weights(self.plugin.named_full_tensors_everywhere())
 
     def take_time(self) -> float:
         spent, self.time_s = self.time_s, 0.0

@@ -57,6 +57,7 @@ from coati.cluster.trainer_group import rendezvous_address
 from coati.cluster.weight_sync import make_publisher, pack_named_tensors
 from coati.config.algo import estimator_family
 from coati.config.tree import RLConfig
+from coati.models.lora import merged_tensors
 from coati.plugins.dist import all_reduce_stats
 from coati.plugins.mesh import TrainerMesh
 from coati.rollout.group import RolloutGroup, split_micro_batches
@@ -123,7 +124,7 @@ class Consumer:
         self.mesh = TrainerMesh.build(p.tensor_parallel_size, p.pipeline_parallel_size)
         model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=p.model_placement("policy").dtype)
         self.roles[ACTOR] = TrainedModel.build(ACTOR, p, model, config.algo.learning_rate, self.loss_fn, model_config,
-                                               mesh=self.mesh, optim=config.algo.optim)
+                                               mesh=self.mesh, optim=config.algo.optim, lora=config.model.lora)
         self.plugin = self.roles[ACTOR].plugin  # the policy's: it sets the data-parallel shares and is published
         if self.plugin.is_weight_sender and not p.colocate:
             self.publisher = make_publisher(config, self.weight_store)
@@ -145,10 +146,13 @@ class Consumer:
         generator = self.learner or self.colocated
         return generator.info() if generator is not None else None
 
-    def add_role(self, name: str, model: torch.nn.Module, learning_rate: float, loss_fn) -> TrainedModel:
-        """Train ``model`` beside the policy, on the same ranks and layout (collective: every rank adds it)."""
+    def add_role(self, name: str, model: torch.nn.Module, learning_rate: float, loss_fn,
+                 trained_modules: tuple[str, ...] = ()) -> TrainedModel:
+        """Train ``model`` beside the policy, on the same ranks and layout (collective: every rank adds it); with
+        LoRA, adapters on it too, and ``trained_modules`` (e.g. a fresh head) trained in full."""
         self.roles[name] = TrainedModel.build(name, self.config.parallel, model, learning_rate, loss_fn, mesh=self.mesh,
-                                              optim=self.config.algo.optim)
+                                              optim=self.config.algo.optim, lora=self.config.model.lora,
+                                              trained_modules=trained_modules)
         return self.roles[name]
 
     def loss_fn(self, logits: torch.Tensor, micro_batch: dict) -> tuple[torch.Tensor, dict]:
@@ -362,12 +366,9 @@ class Consumer:
         if self.colocated is not None:  # nobody else generates: the new weights go into each rank's own engine
             self.colocated.load_weights()
             return
-        tensors = self.plugin.named_full_tensors()
-        if not self.plugin.is_weight_sender:
-            for _ in tensors:  # non-senders yield nothing but must run the gathers
-                pass
+        tensors = self._version_tensors()
+        if tensors is None:
             return
-        tensors = list(tensors)
         self.publisher.publish(self.version, tensors)
         if self.learner is not None:  # after the producers got theirs: the learner's next round uses these too
             self.learner.load_weights(tensors)
@@ -382,12 +383,22 @@ class Consumer:
         on_sync = self._published_version == self.version > 0 and self.drawn_since_sync == 0
         if on_sync and self.config.parallel.weight_sync == "object-store":
             return self.version, [self.publisher.published] if self.plugin.is_weight_sender else None, True
-        tensors = self.plugin.named_full_tensors()
+        tensors = self._version_tensors()
+        if tensors is None:
+            return self.version, None, on_sync
+        return self.version, [ray.put(pack_named_tensors(tensors))], on_sync
+
+    def _version_tensors(self) -> list | None:
+        """Collective: one weight version as the engines load it, on the sender (None elsewhere): the trained
+        tensors (with LoRA the adapters alone), or full weights merged from the adapters for an engine that
+        takes no adapters (``RLConfig.merges_adapters``)."""
+        merge = self.config.merges_adapters
+        tensors = self.plugin.named_full_tensors(include_frozen=merge)
         if not self.plugin.is_weight_sender:
             for _ in tensors:  # non-senders yield nothing but must run the gathers
                 pass
-            return self.version, None, on_sync
-        return self.version, [ray.put(pack_named_tensors(tensors))], on_sync
+            return None
+        return list(merged_tensors(tensors, self.config.model.lora) if merge else tensors)
 
     def evaluate(self, path: str, params) -> dict | None:
         """Collective (--colocate): the current weights into every rank's engine, then rank 0 evaluates a held-out

@@ -38,6 +38,8 @@ from coati.trainer.objective import PolicyObjective, load_reference
 from coati.trainer.step_algorithm import StepAlgorithm
 
 CRITIC = "critic"
+VALUE_HEAD = ("score",)  # the token-classification head of the Llama-family critics load_critic builds: with
+                         # LoRA it trains in full beside the adapters (a fresh head has no base to adapt)
 # Sums over the step's response tokens / responses, all-reduced once over the ranks (see _step_sums).
 _SUMS = ("tokens", "adv", "adv_sq", "ret", "ret_sq", "err", "err_sq", "kl", "responses", "rm_score",
          "score", "values")
@@ -85,7 +87,7 @@ class CriticAlgorithm(StepAlgorithm):
 
     def __init__(self, trainer):
         config, ppo = trainer.config, trainer.config.algo.ppo
-        super().__init__(trainer, PolicyObjective(config, load_reference(config)))  # the KL is in the reward
+        super().__init__(trainer, PolicyObjective(config, load_reference(config, trainer.plugin)))  # the KL is in the reward
         self.ppo = ppo
         self.estimator = get_adv_estimator(config.algo.groups.advantage).fn
         self.kl_ctl = KLController(ppo.kl_reward_coef, ppo.kl_target, ppo.kl_horizon)
@@ -94,7 +96,7 @@ class CriticAlgorithm(StepAlgorithm):
                              config.parallel.model_placement("critic").dtype)
         torch.manual_seed(config.run.seed + trainer.rank)
         self.critic = trainer.add_role(CRITIC, critic, ppo.critic_learning_rate or config.algo.learning_rate,
-                                       self.critic_loss)
+                                       self.critic_loss, trained_modules=VALUE_HEAD)
 
     def select_groups(self, groups):
         return filter_groups(groups, self.config.algo.groups)

@@ -64,7 +64,7 @@ class GroupAlgorithm(StepAlgorithm):
 
     def __init__(self, trainer):
         config = trainer.config
-        reference = load_reference(config) if config.algo.loss.kl_loss_coef > 0 else None
+        reference = load_reference(config, trainer.plugin) if config.algo.loss.kl_loss_coef > 0 else None
         super().__init__(trainer, PolicyObjective(config, reference))
         self.groups_config = config.algo.groups
 

@@ -24,7 +24,6 @@ import ray
 import torch
 
 from coati.cluster.schedule import LEARNER
-from coati.cluster.weight_sync import load_named_tensors
 from coati.config.tree import RLConfig
 from coati.dataset.loader import load_examples
 from coati.rollout.generation import prompt_shard, rollout_groups, tokenise_prompts
@@ -41,7 +40,7 @@ class LearnerGenerator:
             raise ValueError("LearnerGenerator needs learner_chunk_size >= 1")
         self.backend = backend or TransformersBackend.from_pretrained(
             config.model.path, config.batch.inference_microbatch_size,
-            config.parallel.model_placement("learner_generation"))
+            config.parallel.model_placement("learner_generation"), config.engine_adapters)
         self.scorer = RewardScorer(**config.data.scorer_options())
         # The learner's shard comes after every producer's; its shuffle stream index likewise.
         self.stream = config.parallel.num_inferencers
@@ -62,8 +61,8 @@ class LearnerGenerator:
                 "rounds_per_episode": self.rounds_per_episode}
 
     def load_weights(self, named_tensors) -> None:
-        """Copy the just-published full tensors into the inference model in place."""
-        load_named_tensors(self.backend.model, named_tensors)
+        """Copy the just-published tensors (full weights, or adapters) into the inference model in place."""
+        self.backend.load_weights(named_tensors)
 
     def batch(self, round_index: int) -> list:
         """The N (example, text, ids) prompts of ``round_index``: the producers' episode/shuffle scheme."""

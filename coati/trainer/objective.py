@@ -15,17 +15,51 @@ from coati.algorithm.loss import aggregate, policy_loss, token_entropy
 from coati.rollout.group import split_micro_batches, token_logprobs
 
 
-def load_reference(config) -> torch.nn.Module:
-    """The frozen initial policy of the KL term, on the device and in the dtype the device rule gives it."""
+def load_reference(config, policy_plugin):
+    """The frozen initial policy of the KL term: with LoRA the policy itself with its adapters switched off
+    (``AdaptersOffReference``: no second model), else a copy of the initial weights on the device and in the
+    dtype the device rule gives it (``FrozenReference``)."""
+    if config.model.lora.enabled:
+        return AdaptersOffReference(policy_plugin)
     from transformers import AutoModelForCausalLM
 
     placement = config.parallel.model_placement("reference")
     model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=placement.dtype).to(placement.device)
-    return model.eval().requires_grad_(False)
+    return FrozenReference(model.eval().requires_grad_(False))
+
+
+class FrozenReference:
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    @torch.no_grad()
+    def logprobs(self, batch: dict, micro_batch_size: int, temperature: float) -> torch.Tensor:
+        chunks = []
+        device = next(self.model.parameters()).device
+        for micro in split_micro_batches(batch, micro_batch_size):
+            input_ids = micro["input_ids"].to(device)
+            logits = self.model(input_ids=input_ids, attention_mask=micro["attention_mask"].to(device)).logits
+            chunks.append(token_logprobs(logits, input_ids, temperature).to(micro["input_ids"].device))
+        return torch.cat(chunks)
+
+
+class AdaptersOffReference:
+    """The base model under the policy's LoRA adapters, through the policy's plugin (a collective forward, as
+    training's: every rank computes its own share's)."""
+
+    def __init__(self, plugin):
+        self.plugin = plugin
+
+    def logprobs(self, batch: dict, micro_batch_size: int, temperature: float) -> torch.Tensor:
+        def on_cpu(logits, micro):
+            return token_logprobs(logits, micro["input_ids"], temperature).cpu()
+
+        with self.plugin.adapters_off():
+            return torch.cat(self.plugin.forward_only(split_micro_batches(batch, micro_batch_size), on_cpu))
 
 
 class PolicyObjective:
-    def __init__(self, config, reference: torch.nn.Module | None = None):
+    def __init__(self, config, reference: FrozenReference | AdaptersOffReference | None = None):
         self.loss_config = config.algo.loss
         self.temperature = config.sampling.temperature
         self.micro_batch_size = config.batch.train_microbatch_size
@@ -40,15 +74,8 @@ class PolicyObjective:
     def begin_epoch(self, epoch: int) -> None:
         self.epoch, self._prox_at = epoch, 0
 
-    @torch.no_grad()
     def reference_logprobs(self, batch: dict) -> torch.Tensor:
-        chunks = []
-        device = next(self.reference.parameters()).device
-        for micro in split_micro_batches(batch, self.micro_batch_size):
-            input_ids = micro["input_ids"].to(device)
-            logits = self.reference(input_ids=input_ids, attention_mask=micro["attention_mask"].to(device)).logits
-            chunks.append(token_logprobs(logits, input_ids, self.temperature).to(micro["input_ids"].device))
-        return torch.cat(chunks)
+        return self.reference.logprobs(batch, self.micro_batch_size, self.temperature)
 
     def _proximal(self, logprobs: torch.Tensor) -> torch.Tensor:
         """The policy's logprobs at the start of the step for this micro-batch (see the module docstring)."""

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
+from coati.config.lora import LoraConfig
 from coati.config.optim import OptimConfig
+from coati.models.lora import add_adapters
 from coati.plugins import make_plugin
 from coati.plugins.base import LossFn, TrainerPlugin
 from coati.plugins.optim import lr_multiplier, warmup_steps
@@ -36,9 +38,13 @@ class TrainedModel:
 
     @classmethod
     def build(cls, name: str, parallel, model: torch.nn.Module, learning_rate: float, loss_fn: LossFn,
-              model_config=None, mesh: TrainerMesh | None = None, optim: OptimConfig = OptimConfig()) -> "TrainedModel":
+              model_config=None, mesh: TrainerMesh | None = None, optim: OptimConfig = OptimConfig(),
+              lora: LoraConfig = LoraConfig(), trained_modules: tuple[str, ...] = ()) -> "TrainedModel":
         """Lay ``model`` out as the group's ``parallel`` config says, on the group's ``mesh`` (collective: every
-        rank builds it), with ``optim``'s weight decay and gradient checkpointing."""
+        rank builds it), with ``optim``'s weight decay and gradient checkpointing; with ``lora`` enabled only
+        its adapters (and ``trained_modules``, e.g. a critic's fresh head) train."""
+        if lora.enabled:
+            model = add_adapters(model, lora, trained_modules)
         plugin = make_plugin(parallel.plugin_name, parallel.tensor_parallel_size, parallel.pipeline_parallel_size,
                              parallel.zero_stage, parallel.precision, world_size=parallel.num_trainers,
                              model_config=model_config if model_config is not None else getattr(model, "config", None),

@@ -1,0 +1,181 @@
+"""LoRA adapters (coati/models/lora.py) on the single plugin and the transformers engine: the adapted model starts
+as the base, only adapters train, the reference is the base, an adapter-only version makes an engine equal the
+trainer, merging equals peft's, the PEFT directory and the merged export load, and trainer state resumes exactly."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from coati.config.lora import LoraConfig
+from coati.models.lora import (adapters_off, add_adapters, export_merged, is_adapter_dir, load_adapted,
+                               merged_tensors, version_parameters)
+from coati.plugins.torch_single import SingleProcessPlugin
+from coati.rollout.group import token_logprobs
+
+LORA = LoraConfig(lora_rank=4, lora_alpha=8.0)
+
+
+def _base(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path)
+
+
+def _ids(rows=3, length=12, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 40, (rows, length), generator=generator)
+
+
+def _logprobs(model, ids):
+    with torch.no_grad():
+        return token_logprobs(model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits, ids, 1.0)
+
+
+def _micro(ids):
+    mask = torch.ones_like(ids)
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _loss(logits, micro):
+    return -token_logprobs(logits, micro["input_ids"], 1.0).mean(), {}
+
+
+def _trained_plugin(path, steps=2, lora=LORA, seed=0):
+    torch.manual_seed(seed)
+    plugin = SingleProcessPlugin()
+    plugin.setup(add_adapters(_base(path), lora), learning_rate=1e-2)
+    for step in range(steps):
+        plugin.forward_backward([_micro(_ids(seed=step))], _loss)
+        plugin.optimizer_step(1.0)
+    return plugin
+
+
+def test_adapted_model_starts_as_the_base_and_leaves_the_callers_random_stream_alone(tiny_model_dir):
+    ids = _ids()
+    expected = _logprobs(_base(tiny_model_dir), ids)
+    torch.manual_seed(5)
+    state = torch.random.get_rng_state()
+    model = add_adapters(_base(tiny_model_dir), LORA)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert torch.equal(_logprobs(model, ids), expected)
+    trained = [name for name, _ in version_parameters(model)]
+    assert trained and all(".lora_A." in n or ".lora_B." in n for n in trained)
+    # every linear projection of the 2 decoder blocks (7 each), A and B
+    assert len(trained) == 2 * 7 * 2
+
+
+def test_only_adapters_train_and_the_reference_is_the_base(tiny_model_dir):
+    plugin = _trained_plugin(tiny_model_dir, steps=1)
+    optimised = {id(p) for group in plugin.optimizer.param_groups for p in group["params"]}
+    for name, param in plugin.model.named_parameters():
+        is_adapter = ".lora_" in name
+        assert (id(param) in optimised) == is_adapter, name
+        assert param.requires_grad == is_adapter, name
+    plugin.forward_backward([_micro(_ids(seed=9))], _loss)
+    with_grad = [name for name, p in plugin.model.named_parameters() if p.grad is not None]
+    assert with_grad and all(".lora_" in name for name in with_grad)
+    plugin.optimizer.zero_grad(set_to_none=True)
+
+    ids = _ids(seed=3)
+    base = _logprobs(_base(tiny_model_dir), ids)
+    adapted = _logprobs(plugin.model, ids)
+    assert (adapted - base).abs().max() > 1e-4  # the adapters changed the policy
+    with plugin.adapters_off():
+        assert torch.allclose(_logprobs(plugin.model, ids), base, atol=1e-6)
+    with adapters_off(plugin.model):
+        pass
+    assert torch.equal(_logprobs(plugin.model, ids), adapted)  # switched back on
+
+
+def test_an_adapter_only_version_makes_the_engine_equal_the_trainer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from coati.rollout.inference_backend import TransformersBackend
+
+    plugin = _trained_plugin(tiny_model_dir)
+    engine = TransformersBackend.from_pretrained(tiny_model_dir, adapters=LORA)
+    version = list(plugin.named_full_tensors())
+    full = sum(p.numel() for p in plugin.model.parameters())
+    assert sum(t.numel() for _, t in version) < full / 20
+    ids = _ids(seed=4)
+    assert (_logprobs(engine.model, ids) - _logprobs(plugin.model, ids)).abs().max() > 1e-4
+    engine.load_weights(version)
+    assert torch.equal(_logprobs(engine.model, ids), _logprobs(plugin.model, ids))
+    # a full-weights engine cannot take adapter tensors: the sync names what is missing
+    plain = TransformersBackend(_base(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir))
+    with pytest.raises(KeyError, match="does not have"):
+        plain.load_weights(version)
+
+
+def test_merged_tensors_equal_peft_merge_and_load_into_the_plain_model(tiny_model_dir):
+    plugin = _trained_plugin(tiny_model_dir)
+    merged = dict(merged_tensors(plugin.named_full_tensors(include_frozen=True), LORA))
+    reference = {n: t for n, t in load_peft_copy(plugin, tiny_model_dir).merge_and_unload().named_parameters()}
+    assert merged.keys() == reference.keys()
+    for name, tensor in merged.items():
+        assert torch.allclose(tensor, reference[name], atol=1e-6), name
+    plain = _base(tiny_model_dir)
+    from coati.cluster.weight_sync import load_named_tensors
+
+    load_named_tensors(plain, merged.items())
+    ids = _ids(seed=5)
+    assert torch.allclose(_logprobs(plain, ids), _logprobs(plugin.model, ids), atol=1e-5)
+
+
+def load_peft_copy(plugin, base_dir):
+    copy = add_adapters(_base(base_dir), LORA)
+    copy.load_state_dict({n: t for n, t in plugin.model.state_dict().items()})
+    return copy
+
+
+def test_adapter_directory_and_merged_export_load_and_generate(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    plugin = _trained_plugin(tiny_model_dir)
+    adapter = str(tmp_path / "adapter")
+    plugin.save_pretrained(adapter)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(adapter)
+    assert is_adapter_dir(adapter)
+    assert os.path.isfile(os.path.join(adapter, "adapter_model.safetensors"))
+    assert os.path.getsize(os.path.join(adapter, "adapter_model.safetensors")) < 200_000
+    ids = _ids(seed=6)
+    assert torch.allclose(_logprobs(load_adapted(adapter), ids), _logprobs(plugin.model, ids), atol=1e-6)
+
+    out = export_merged(adapter, str(tmp_path / "merged"))
+    merged = AutoModelForCausalLM.from_pretrained(out)
+    assert not is_adapter_dir(out)
+    assert torch.allclose(_logprobs(merged, ids), _logprobs(plugin.model, ids), atol=1e-5)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    generated = merged.generate(input_ids=ids[:1, :4], max_new_tokens=5, do_sample=False,
+                                pad_token_id=tokenizer.pad_token_id)
+    assert generated.shape == (1, 9)
+
+
+def test_trainer_state_holds_the_adapters_and_resumes_exactly(tiny_model_dir, tmp_path):
+    plugin = _trained_plugin(tiny_model_dir, steps=2)
+    state = str(tmp_path / "state")
+    plugin.save_state(state)
+    from torch.distributed.checkpoint import FileSystemReader
+
+    saved = list(FileSystemReader(state).read_metadata().state_dict_metadata)
+    model_keys = [key for key in saved if key.startswith("model.")]
+    assert model_keys and all(".lora_" in key for key in saved if "." in key and "param_groups" not in key), \
+        [key for key in saved if ".lora_" not in key][:5]  # adapters and their Adam moments, not the frozen base
+
+    def next_step(p):
+        p.forward_backward([_micro(_ids(seed=7))], _loss)
+        p.optimizer_step(1.0)
+        return dict(p.named_full_tensors())
+
+    resumed = SingleProcessPlugin()
+    resumed.setup(add_adapters(_base(tiny_model_dir), LORA), learning_rate=1e-2)
+    with torch.no_grad():  # adapters unlike the saved ones: the state must replace them
+        for _, param in version_parameters(resumed.model):
+            param.normal_()
+    resumed.load_state(state)
+    expected, got = next_step(plugin), next_step(resumed)
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[name], got[name]) for name in expected)
