@@ -1,6 +1,7 @@
 """The ``coati`` command: ``coati train [flags]`` (the flags of rl_example.py), ``coati sft`` / ``coati rm``
 (the supervised RLHF stages), ``coati ppo`` (``coati train`` with ``-a PPO``), ``coati rlhf`` (the three stages in
-one go), ``coati evaluate`` (any checkpoint on a file of prompts), ``coati plot RUN_DIR``.
+one go), ``coati evaluate`` (any checkpoint on a file of prompts), ``coati export --merge`` (a LoRA checkpoint as a
+full model), ``coati plot RUN_DIR``.
 
 Subcommands form a registry: a new stage (SFT, reward model, PPO) adds one ``Command`` whose target is a
 ``main(argv, prog) -> exit code``. Targets are imported only when their command runs, so ``coati plot`` and
@@ -31,6 +32,8 @@ COMMANDS = {
                                                    "reward-model scores (-m CKPT -d FILE --reward-model RM)"),
     "rlhf": Command("coati.rlhf.pipeline:main", "the RLHF pipeline sft -> rm -> ppo from one YAML file "
                                                  "(--config rlhf.yaml); --dummy: the quickstart on generated data"),
+    "export": Command("coati.export:main", "a LoRA checkpoint merged into its base model as a plain HF directory: "
+                                           "coati export --merge CKPT OUT"),
     "plot": Command("coati.utils.plot:main", "PNG plots of a run's metrics.jsonl: coati plot RUN_DIR"),
 }
 

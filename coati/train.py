@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", description
         print(f"error: {err}", file=sys.stderr)
         return 1
     print()
-    print(f"trained {result.steps} steps in {result.wall_s:.0f} s; final model: {result.final_model_dir}")
+    print(f"trained {result.steps} steps in {result.wall_s:.0f} s; final model: {result.final_model_dir}"
+          + (" (a LoRA adapter; a full model: coati export --merge DIR OUT)" if config.model.lora.enabled else ""))
     print(f"metrics: {result.metrics_path}")
     for key in result.eval_after:
         before, after = result.eval_before[key], result.eval_after[key]

@@ -14,7 +14,10 @@ Trainer rank (Adam):
   sequence tokens (pp: the first stage holds pp micro-batches); with gradient checkpointing only each layer's
   input (H per token) is kept, plus one layer's full set while it is recomputed; the logits at
   3 x tokens x V/tp fp32 (logits, log-softmax, gradient);
-- the reference model (KL > 0) whole on every rank; the process's own runtime (CPU: Python, torch, Ray).
+- the reference model (KL > 0) whole on every rank; the process's own runtime (CPU: Python, torch, Ray);
+- with LoRA (``adapter_params`` > 0): the frozen base as loaded (fp32, sharded like the weights under FSDP2) and
+  no master copy; gradients and Adam states for the adapters only (``ModelShape.adapter_params``); no reference
+  model (it is the base with the adapters off); a published version is the adapters alone.
 Inferencer: weights / ptp, the KV cache (vLLM: its budget; transformers: the generate cache and kept logits),
 the received weight version (a CPU copy: object store or collective staging), the runtime. The sending trainer
 rank also holds the published version twice over (``publish_bytes``).
@@ -62,6 +65,19 @@ class ModelShape:
         bias = (h + 2 * kv) if self.qkv_bias else 0
         return 2 * h * h + 2 * h * kv + bias + 3 * h * self.intermediate + 2 * h
 
+    def projections(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each linear projection of one decoder block, by module name."""
+        h, kv, inter = self.hidden, self.kv_dim, self.intermediate
+        return {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
+                "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h)}
+
+    def adapter_params(self, rank: int, targets: tuple[str, ...] = ("all-linear",)) -> int:
+        """Parameters of rank-``rank`` LoRA adapters (A: r x in, B: out x r) on the named projections of every
+        block (``all-linear``: all seven)."""
+        chosen = self.projections() if "all-linear" in targets else {
+            name: dims for name, dims in self.projections().items() if name in targets}
+        return self.layers * sum(rank * (fan_in + fan_out) for fan_in, fan_out in chosen.values())
+
     @property
     def params(self) -> int:
         embedding = self.vocab * self.hidden * (1 if self.tied else 2)
@@ -77,6 +93,7 @@ class TrainerLayout:
     zero: int = 0
     precision: str = "fp32"
     checkpointing: bool = False  # gradient (activation) checkpointing of the decoder layers
+    adapter_params: int = 0  # LoRA adapters' parameters (0: every weight trains)
 
 
 def trainer_states(shape: ModelShape, layout: TrainerLayout) -> dict[str, float]:
@@ -85,6 +102,10 @@ def trainer_states(shape: ModelShape, layout: TrainerLayout) -> dict[str, float]
     b = DTYPE_BYTES[layout.precision]
     mixed = layout.precision != "fp32"
     dp, zero = layout.dp, layout.zero
+    if layout.adapter_params:  # a frozen base as loaded (no masters), adapters with gradients and Adam
+        adapters = layout.adapter_params / (layout.tp * layout.pp)
+        base = 4 * local / dp + b * local if layout.plugin == "torch" and zero >= 1 else 4 * local
+        return {"weights": base + 4 * adapters, "gradients": 4 * adapters, "optimizer": 8 * adapters}
     if layout.plugin == "torch" and zero >= 1:  # FSDP2: fp32 shards; full parameters (compute dtype) while computing
         gathered = local if zero < 3 else 2 * shape.layer_params / layout.tp  # this layer's and the prefetched one
         return {"weights": 4 * local / dp + b * gathered, "gradients": 4 * local / dp, "optimizer": 8 * local / dp}

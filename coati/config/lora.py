@@ -25,13 +25,18 @@ class LoraConfig:
     lora_alpha: float = option(16.0, "LoRA scaling numerator: an adapter adds (alpha / r) * B A to its weight")
     lora_dropout: float = option(0.0, "dropout on the adapters' input while training")
     lora_target_modules: tuple[str, ...] = option(
-        (ALL_LINEAR,), "module names that get adapters, e.g. q_proj v_proj (repeatable; default all-linear: every "
+        (), "module names that get adapters, e.g. q_proj v_proj (repeatable; default all-linear: every "
                        "linear projection of the attention and MLP blocks, not the LM head)",
         kind=str, repeat=True, metavar="NAME")
 
     @property
     def enabled(self) -> bool:
         return self.lora_rank > 0
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """The module names to adapt; ``all-linear`` when none were named."""
+        return self.lora_target_modules or (ALL_LINEAR,)
 
     @property
     def scaling(self) -> float:
@@ -46,4 +51,3 @@ class LoraConfig:
             return
         require(self.lora_alpha > 0, f"--lora-alpha must be > 0 (got {self.lora_alpha:g})")
         require(0.0 <= self.lora_dropout < 1.0, f"--lora-dropout must be in [0, 1) (got {self.lora_dropout:g})")
-        require(bool(self.lora_target_modules), "--lora-target-modules needs at least one module name (or all-linear)")

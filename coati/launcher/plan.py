@@ -135,11 +135,14 @@ def estimate(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: l
 
     p, batch, on_cpu = config.parallel, config.batch, unit == "CPU"
     gpus = () if on_cpu else (0,)
+    lora = config.model.lora
+    adapters = shape.adapter_params(lora.lora_rank, lora.targets) if lora.enabled else 0
     layout = TrainerLayout(p.plugin, p.tensor_parallel_size, p.pipeline_parallel_size, p.dp_size, p.zero_stage,
-                           p.precision, config.algo.optim.gradient_checkpointing)
+                           p.precision, config.algo.optim.gradient_checkpointing, adapters)
     seq = config.data.max_prompt_tokens + config.sampling.max_new_tokens
     micro = min(batch.train_microbatch_size, batch.train_batch_size * batch.num_generations)
-    uses_reference = config.algo.loss.kl_loss_coef > 0 or config.algo.uses_critic
+    # with LoRA the reference is the policy with its adapters off: no second model
+    uses_reference = (config.algo.loss.kl_loss_coef > 0 or config.algo.uses_critic) and not lora.enabled
     reference = DTYPE_BYTES[_dtype_name(device_rule(gpus, p.backend, "reference", p.model_dtype, p.precision))]
     engine = _dtype_name(device_rule(gpus, p.backend, "producer", p.model_dtype, p.precision))
 
@@ -158,7 +161,8 @@ def estimate(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: l
             if config.algo.uses_critic:  # a second trained model of the policy's shape, same layout
                 memory["critic"] = sum(v for k, v in memory.items() if k in ("weights", "gradients", "optimizer"))
             if actor.name == "trainer rank 0" and on_cpu and not p.colocate:  # the sender's host copies
-                memory["publish"] = publish_bytes(shape, p.weight_sync, p.weight_sync_bucket_mb)
+                memory["publish"] = (2 * 4 * adapters if config.engine_adapters is not None
+                                     else publish_bytes(shape, p.weight_sync, p.weight_sync_bucket_mb))
             if p.colocate:  # the peak of either phase, not their sum
                 memory = colocated_memory(memory, engine_memory(actor.node, memory), p.engine_is_policy,
                                           p.offload_optimizer and not on_cpu, p.backend == "vllm" and not on_cpu)

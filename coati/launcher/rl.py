@@ -54,6 +54,9 @@ def run(config: RLConfig, log=print) -> RunResult:
     config, line = choose_colocation(config, ray.cluster_resources().get("GPU", 0))
     if line:
         log(line)
+    if config.merges_adapters:
+        log(f"--lora-rank with -b {config.parallel.backend}: this engine takes full weights, so each weight version "
+            "is the adapters merged into the base (a full-size sync); -b transformers loads the adapters alone")
     reservation = reserve(config)  # before any actor: a cluster too small for the flags is one ClusterError line
     try:
         return _run(config, log, reservation, start)

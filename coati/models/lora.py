@@ -43,7 +43,7 @@ def add_adapters(model: torch.nn.Module, lora, trained_modules: tuple[str, ...] 
     trained in full beside the adapters (a critic's fresh value head), never adapted themselves."""
     from peft import LoraConfig as PeftLoraConfig, get_peft_model
 
-    targets = list(lora.lora_target_modules)
+    targets = list(lora.targets)
     peft_config = PeftLoraConfig(
         r=lora.lora_rank, lora_alpha=lora.lora_alpha, lora_dropout=lora.lora_dropout, bias="none",
         target_modules=ALL_LINEAR if targets == [ALL_LINEAR] else targets,
@@ -120,9 +120,15 @@ def is_adapter_dir(path: str) -> bool:
 
 def adapter_base(path: str) -> str:
     """The base model an adapter directory was trained on (its ``base_model_name_or_path``)."""
-    from peft import PeftConfig
+    import json
 
-    return PeftConfig.from_pretrained(path).base_model_name_or_path
+    with open(os.path.join(path, ADAPTER_CONFIG)) as handle:
+        return json.load(handle).get("base_model_name_or_path") or ""
+
+
+def config_dir(path: str) -> str:
+    """Where a model directory's ``config.json`` lies: the directory itself, or an adapter directory's base."""
+    return adapter_base(path) if is_adapter_dir(path) else path
 
 
 def load_adapted(path: str, dtype=torch.float32, base: str | None = None) -> torch.nn.Module:
@@ -132,8 +138,8 @@ def load_adapted(path: str, dtype=torch.float32, base: str | None = None) -> tor
 
     base = base or adapter_base(path)
     if not os.path.isdir(base):
-        raise FileNotFoundError(f"{path}: its base model {base} is not a directory here; pass the base model's "
-                                "directory (--base)")
+        raise FileNotFoundError(f"{path} is a LoRA adapter whose base model {base or '(not named)'} is not a "
+                                "directory here: pass the base model's directory (--base)")
     model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
     return PeftModel.from_pretrained(model, path)
 

@@ -61,9 +61,15 @@ class Inputs:
 
 
 def _model_problem(path: str) -> str | None:
+    from coati.models.lora import adapter_base, is_adapter_dir
     from coati.rollout.reward_model import read_model_config
 
-    config, problem = read_model_config(path, "model", "pass -m an HF directory, e.g. runs/sft/final")
+    if is_adapter_dir(path):  # a LoRA checkpoint: its base model must be here
+        config, problem = read_model_config(adapter_base(path), f"the base model of the LoRA adapter {path}",
+                                            "train and evaluate on the same machine, or merge it first: coati export "
+                                            "--merge")
+    else:
+        config, problem = read_model_config(path, "model", "pass -m an HF directory, e.g. runs/sft/final")
     if problem:
         return problem
     architectures = config.get("architectures") or []

@@ -69,7 +69,9 @@ def _max_new_tokens(config: EvalConfig, model_dir: str, longest_prompt: int) -> 
     if config.max_new_tokens is not None:
         return config.max_new_tokens
     wanted = DEFAULT_MAX_NEW_TOKENS["demo" if config.model is None else "model"]
-    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as handle:
+    from coati.models.lora import config_dir
+
+    with open(os.path.join(config_dir(model_dir), "config.json"), encoding="utf-8") as handle:
         positions = json.load(handle).get("max_position_embeddings")
     if positions:  # the demo model has 1024 positions: 1024 new tokens after a prompt would run past them
         wanted = min(wanted, positions - longest_prompt)
@@ -141,6 +143,7 @@ def run(plan: Plan) -> dict:
     mode, write the summary and the samples; the summary."""
     from transformers import AutoModelForCausalLM
 
+    from coati.models.lora import is_adapter_dir, load_adapted
     from coati.utils.device import model_placement
 
     config, inputs = plan.config, plan.inputs
@@ -153,7 +156,10 @@ def run(plan: Plan) -> dict:
             except ValueError as err:
                 raise ConfigError(str(err)) from None
         placement = model_placement("evaluate", dtype=config.model_dtype)
-        policy = AutoModelForCausalLM.from_pretrained(inputs.model, dtype=placement.dtype).to(placement.device)
+        if is_adapter_dir(inputs.model):  # a LoRA checkpoint: its base with the adapter merged in
+            policy = load_adapted(inputs.model, placement.dtype).merge_and_unload().to(placement.device)
+        else:
+            policy = AutoModelForCausalLM.from_pretrained(inputs.model, dtype=placement.dtype).to(placement.device)
     backend = TransformersBackend(policy, plan.tokenizer, config.micro_batch_size)
     scorer = RewardScorer(config.reward_type) if any(has_answer(e) for e, _, _ in plan.batch) else None
     modes, records = {}, []
