@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
-from contextlib import nullcontext
+from contextlib import contextmanager
 from typing import Iterable, Iterator
 
 import torch
@@ -65,9 +65,27 @@ def version_parameters(model: torch.nn.Module, include_frozen: bool = False) -> 
             yield name, param
 
 
+@contextmanager
 def adapters_off(model: torch.nn.Module):
-    """Context in which ``model`` computes as its base (no-op for a model without adapters)."""
-    return model.disable_adapter() if is_adapted(model) else nullcontext()
+    """Context in which ``model`` computes as its base (no-op for a model without adapters).
+
+    Only each adapter layer's switch is flipped: peft's own ``disable_adapter`` also clears and restores the
+    adapters' ``requires_grad``, which under FSDP2 lands on whichever parameter objects are registered at that
+    moment (the unsharded ones after a forward that keeps them gathered), leaving the sharded ones frozen."""
+    if not is_adapted(model):
+        yield
+        return
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [module for module in model.modules() if isinstance(module, BaseTunerLayer)]
+    switches = [layer._disable_adapters for layer in layers]
+    for layer in layers:
+        layer._disable_adapters = True
+    try:
+        yield
+    finally:
+        for layer, switch in zip(layers, switches):
+            layer._disable_adapters = switch
 
 
 def merged_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]], lora) -> Iterator[tuple[str, torch.Tensor]]:

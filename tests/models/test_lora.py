@@ -85,6 +85,8 @@ def test_only_adapters_train_and_the_reference_is_the_base(tiny_model_dir):
     assert (adapted - base).abs().max() > 1e-4  # the adapters changed the policy
     with plugin.adapters_off():
         assert torch.allclose(_logprobs(plugin.model, ids), base, atol=1e-6)
+        # only the switch flips: FSDP2 would freeze its sharded adapters if requires_grad were toggled
+        assert all(param.requires_grad for _, param in version_parameters(plugin.model))
     with adapters_off(plugin.model):
         pass
     assert torch.equal(_logprobs(plugin.model, ids), adapted)  # switched back on

@@ -152,7 +152,11 @@ def test_phase_order_check_can_fail():
 
 
 def engine_state(consumer) -> dict:
-    return {name: p.detach().cpu().clone() for name, p in consumer.colocated.backend.model.named_parameters()}
+    """The engine's weights of one version: all of them, or with LoRA its adapters."""
+    from coati.models.lora import version_parameters
+
+    model = consumer.colocated.backend.model
+    return {name: p.detach().cpu().clone() for name, p in version_parameters(model)}
 
 
 def run_group(demo_assets, data, flags):
@@ -196,9 +200,11 @@ def data(demo_assets, tmp_path_factory):
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("flags", [["-t", "2", "-zero", "2"], ["-t", "2", "--plugin", "colossalai", "-zero", "2"],
-                                   ["-t", "2", "-pp", "2", "-tbs", "8", "-tMbs", "8"]],
+                                   ["-t", "2", "-pp", "2", "-tbs", "8", "-tMbs", "8"],
+                                   ["-t", "2", "-zero", "2", "--lora-rank", "4", "-kl", "0.05"]],
                          ids=["torch FSDP2 (gathers on every rank)", "colossalai ZeRO-2 (sender's gather, broadcast)",
-                              "torch PP (stages' gather, broadcast)"])
+                              "torch PP (stages' gather, broadcast)",
+                              "torch FSDP2 with LoRA (adapters alone, reference with adapters off)"])
 def test_each_rank_generates_with_the_newest_trained_weights(local_ray, demo_assets, data, flags):
     """After each publish (a round's last step) every rank's engine holds exactly (bitwise, fp32) the weights the
     trainer group holds; in the middle of a round they are the round's start weights, so they differ."""
