@@ -149,6 +149,11 @@ def test_doc_command_parses_and_validates(page, command, argv, monkeypatch, tmp_
             plan = read_plan(argv[argv.index("--config") + 1])
             for stage in plan.stages:
                 ppo_config(plan, check_files=False) if stage == "ppo" else stage_config(plan, stage)
+    elif command == "export":
+        from coati.export import build_parser
+
+        args = build_parser("coati export").parse_args(argv)
+        assert args.merge, f"{page}: coati export without --merge exports nothing"
     else:
         assert command in ("plot",), f"{page}: unknown command coati {command}"
         check_flags_in_help(command, argv)

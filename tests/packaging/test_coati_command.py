@@ -18,7 +18,7 @@ def test_help_lists_every_command_and_unknown_ones_fail(capsys):
     assert all(f"  {name} " in out for name in cli.COMMANDS)
     assert cli.main([]) == 2 and "usage: coati COMMAND" in capsys.readouterr().err
     assert cli.main(["dpo"]) == 2
-    assert "coati: unknown command 'dpo'; choose one of train, sft, rm, ppo, evaluate, rlhf, plot" in capsys.readouterr().err
+    assert "coati: unknown command 'dpo'; choose one of train, sft, rm, ppo, evaluate, rlhf, export, plot" in capsys.readouterr().err
 
 
 def test_train_is_rl_example_with_the_same_flags(capsys):
