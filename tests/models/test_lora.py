@@ -181,3 +181,40 @@ def test_trainer_state_holds_the_adapters_and_resumes_exactly(tiny_model_dir, tm
     expected, got = next_step(plugin), next_step(resumed)
     assert expected.keys() == got.keys()
     assert all(torch.equal(expected[name], got[name]) for name in expected)
+
+
+def test_lora_settings_are_checked_in_one_line(tiny_model_dir):
+    from coati.config.cli import build_parser, config_from_args
+    from coati.config.errors import ConfigError
+
+    def config(*flags):
+        parser = build_parser()
+        return config_from_args(parser.parse_args(["-m", tiny_model_dir, "-d", "x.jsonl", *flags]), None, parser.given)
+
+    lora = config("--lora-rank", "8", "--lora-target-modules", "q_proj", "--lora-target-modules", "v_proj").model.lora
+    assert (lora.enabled, lora.targets, lora.scaling) == (True, ("q_proj", "v_proj"), 2.0)
+    assert config().model.lora.targets == ("all-linear",) and not config().model.lora.enabled
+    assert config("--lora-rank", "8").engine_adapters is not None
+    for flags, message in ((("--lora-rank", "-1"), "--lora-rank must be >= 0"),
+                           (("--lora-rank", "4", "--lora-dropout", "1"), "--lora-dropout"),
+                           (("--lora-rank", "4", "-t", "2", "-tp", "2"), "does not train LoRA adapters"),
+                           (("--lora-rank", "4", "-t", "2", "--plugin", "colossalai"), "does not train LoRA adapters")):
+        with pytest.raises(ConfigError, match=message):
+            config(*flags)
+
+
+def test_export_refuses_in_one_line(tiny_model_dir, tmp_path, capsys):
+    from coati.export import main
+
+    assert main([tiny_model_dir, str(tmp_path / "out"), "--merge"]) == 2
+    assert "not a LoRA adapter directory" in capsys.readouterr().err
+    adapter = str(tmp_path / "adapter")
+    _trained_plugin(tiny_model_dir, steps=1).save_pretrained(adapter)
+    assert main([adapter, str(tmp_path / "out")]) == 2
+    assert "--merge" in capsys.readouterr().err
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("kept")
+    assert main([adapter, str(tmp_path / "full"), "--merge"]) == 2
+    assert "not an empty directory" in capsys.readouterr().err and (tmp_path / "full" / "x").read_text() == "kept"
+    assert main([adapter, str(tmp_path / "out"), "--merge", "--base", str(tmp_path / "nowhere")]) == 2
+    assert "--base" in capsys.readouterr().err
