@@ -25,8 +25,8 @@ class LoraConfig:
     lora_alpha: float = option(16.0, "LoRA scaling numerator: an adapter adds (alpha / r) * B A to its weight")
     lora_dropout: float = option(0.0, "dropout on the adapters' input while training")
     lora_target_modules: tuple[str, ...] = option(
-        (), "module names that get adapters, e.g. q_proj v_proj (repeatable; default all-linear: every "
-                       "linear projection of the attention and MLP blocks, not the LM head)",
+        (), "module names that get adapters, e.g. q_proj v_proj (repeatable; default all-linear: every linear "
+            "projection of the attention and MLP blocks, not the LM head)",
         kind=str, repeat=True, metavar="NAME")
 
     @property

@@ -10,7 +10,8 @@ an inference engine built with the same settings, so adapter tensors travel by n
 - ``version_parameters``: the parameters a weight version holds: every one, or with adapters the trained ones
   (the adapters, and a critic's head), not the frozen base.
 - ``merged_tensors``: adapter-model tensors -> the plain HF model's, each adapted weight ``W + (alpha / r) B A``
-  (for engines that take full weights only, and ``coati export --merge``).
+  (a weight version for engines that take full weights only; equal to peft's ``merge_and_unload``, which
+  ``export_merged`` uses).
 - ``save_adapter`` / ``load_adapted`` / ``export_merged``: PEFT's directory format (``adapter_config.json``,
   ``adapter_model.safetensors``), which ``peft.PeftModel.from_pretrained`` and vLLM's LoRA loader read.
 """
