@@ -218,3 +218,33 @@ def test_export_refuses_in_one_line(tiny_model_dir, tmp_path, capsys):
     assert "not an empty directory" in capsys.readouterr().err and (tmp_path / "full" / "x").read_text() == "kept"
     assert main([adapter, str(tmp_path / "out"), "--merge", "--base", str(tmp_path / "nowhere")]) == 2
     assert "--base" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("backend", ["transformers", "vllm"])
+def test_a_consumers_weight_version_is_adapters_or_merged_weights(demo_assets, backend):
+    """What the sending trainer publishes with LoRA: the adapters alone for an engine that takes them, the merged
+    full weights (plain HF names) for one that does not. Ray-free: a one-process consumer, published by hand."""
+    from coati.config.cli import build_parser, config_from_args
+    from coati.trainer.consumer import Consumer
+
+    parser = build_parser()
+    args = parser.parse_args(["--lora-rank", "4", "-b", backend, "-ibs", "8", "-imbs", "8", "-tbs", "8", "-tMbs", "8", "-tmbs", "16"])
+    config = config_from_args(args, demo_assets, parser.given)
+    assert config.merges_adapters == (backend == "vllm")
+    consumer = Consumer(config, 0, buffer=None, weight_store=None, num_threads=1)
+    consumer.setup()
+    with torch.no_grad():  # adapters that changed the model
+        for _, param in version_parameters(consumer.plugin.model):
+            param.normal_(std=0.05)
+    version = dict(consumer._version_tensors())
+    if backend == "transformers":
+        assert version.keys() == {name for name, _ in version_parameters(consumer.plugin.model)}
+        return
+    plain = _base(config.model.path)
+    assert version.keys() == {name for name, _ in plain.named_parameters()}
+    from coati.cluster.weight_sync import load_named_tensors
+
+    load_named_tensors(plain, version.items())
+    ids = _ids(seed=8)
+    assert torch.allclose(_logprobs(plain, ids), _logprobs(consumer.plugin.model, ids), atol=1e-5)
+    consumer.shutdown()
