@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from coati.config.errors import ConfigError, require
 
 from coati.config.layout import PLUGIN_FAMILIES, TrainerLayout
+from coati.config.lora import LoraConfig
 from coati.config.run import SAVE_INTERVAL
 from coati.utils.dataclass_cli import option
 
@@ -58,6 +59,7 @@ class StageConfig(TrainerLayout):
                                     "-zero or -tp/-pp)",
                             choices=("fp32", "bf16", "fp16"))
     progress_bar: bool = option(True, "a progress bar while training", "--progress-bar", flag="--progress")
+    lora: LoraConfig = LoraConfig()  # adapters instead of full fine-tuning (--lora-rank); the final model is merged
 
     stage = "stage"
     # `coati train` spells these with another meaning (its -tbs counts prompts per data-parallel rank)
@@ -104,7 +106,7 @@ class RMConfig(StageConfig):
 
 def validate(config: StageConfig) -> None:
     """Cheap checks of the options themselves."""
-    from coati.plugins.validation import ParallelLayout, validate_layout
+    from coati.plugins.validation import ADAPTER_PLUGINS, ParallelLayout, validate_layout
 
     for flag, value in (("-e/--epochs", config.epochs), ("-bs/--batch-size", config.batch_size),
                         ("-tmbs/--micro-batch-size", config.micro_batch_size), ("-t/--num-trainers", config.num_trainers),
@@ -135,6 +137,10 @@ def validate(config: StageConfig) -> None:
         require(config.pipeline_parallel_size == 1 and config.tensor_parallel_size == 1,
                  "the reward model trains with data parallelism and FSDP2/ZeRO (-t, -zero); the -tp/-pp stage and "
                  "shard policies only know the LM head, not its scalar head: drop -tp/-pp")
+    config.lora.check()
+    require(not config.lora.enabled or config.plugin_name in ADAPTER_PLUGINS,
+            f"--lora-rank: the {config.plugin_name} plugin does not train LoRA adapters (those that do: "
+            f"{', '.join(ADAPTER_PLUGINS)}): change the layout or drop --lora-rank")
     layout = ParallelLayout(tp_size=config.tensor_parallel_size, pp_size=config.pipeline_parallel_size,
                             zero_stage=config.zero_stage, precision=config.precision)
     try:

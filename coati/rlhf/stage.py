@@ -11,7 +11,9 @@ Evaluation gathers the full weights onto rank 0 (collective, any layout) into a 
 scores the held-out rows there. The driver (``run_stage``) runs one trainer in-process, or ``-t`` of them as
 Ray actors (a local cluster, or the one RAY_ADDRESS names), and writes ``metrics.jsonl`` and the final HF
 directory ``<save-dir>/<project>/final`` (``from_pretrained`` loads it; the reward model with
-``AutoModelForSequenceClassification``).
+``AutoModelForSequenceClassification``). With ``--lora-rank`` the stage trains adapters on a frozen base (the reward
+model's head in full); the final directory is the merged model, so the next stage and PPO load it as any
+model, and the adapter itself is in its ``adapter/`` subdirectory.
 """
 
 from __future__ import annotations
@@ -28,9 +30,12 @@ from coati.cluster.connect import init_ray_for
 from coati.cluster.trainer_group import even_threads, join_trainer_group, one_unit_each, rendezvous_address, \
     start_trainer_group
 from coati.config.errors import ConfigError
+from coati.models.lora import add_adapters, merged_tensors
 from coati.plugins.dist import all_reduce_stats
 from coati.rlhf.config import StageConfig
 from coati.rlhf.tasks import TASKS
+
+ADAPTER_SUBDIR = "adapter"  # with --lora-rank: the trained adapter beside the merged model
 
 
 def load_stage_rows(config: StageConfig, train_path: str, eval_path: str | None):
@@ -97,7 +102,10 @@ class StageTrainer:
         self.plugin = make_plugin(config.plugin_name, config.tensor_parallel_size, config.pipeline_parallel_size,
                                   config.zero_stage, config.precision, world_size=config.num_trainers,
                                   model_config=AutoConfig.from_pretrained(self.model_path), mesh=self.mesh)
-        self.plugin.setup(self.task.load_model(self.model_path), config.lr)
+        model = self.task.load_model(self.model_path)
+        if config.lora.enabled:
+            model = add_adapters(model, config.lora, self.task.trained_modules)
+        self.plugin.setup(model, config.lr)
         return {"train_rows": len(self.train), "eval_rows": len(self.held_out), "skipped_too_long": skipped,
                 "skipped_too_long_eval": skipped_eval, "steps": self.total_steps}
 
@@ -140,7 +148,7 @@ class StageTrainer:
 
     def evaluate(self) -> dict | None:
         """Held-out metrics on rank 0 (None elsewhere, and when there are no held-out rows). Collective."""
-        tensors = dict(self.plugin.named_full_tensors())  # every rank takes part in the gathers
+        tensors = self._model_tensors()  # every rank takes part in the gathers
         if not self.held_out or not self.plugin.is_weight_sender:
             return None
         if self._eval_model is None:
@@ -150,9 +158,25 @@ class StageTrainer:
             raise RuntimeError(f"gathered weights the model does not have: {unexpected[:3]}")
         return self.task.evaluate(self._eval_model, self.held_out, self.config.micro_batch_size)
 
+    def _model_tensors(self) -> dict[str, torch.Tensor]:
+        """Collective: the trained model's full tensors by HF name on the sender; with LoRA the adapters merged into
+        the base, so the evaluation copy and the saved model are plain HF models."""
+        if not self.config.lora.enabled:
+            return dict(self.plugin.named_full_tensors())
+        return dict(merged_tensors(self.plugin.named_full_tensors(include_frozen=True), self.config.lora))
+
     def save_pretrained(self, path: str) -> str:
-        """Collective: the model as an HF directory with the tokenizer (written by the sender)."""
-        self.plugin.save_pretrained(path)
+        """Collective: the model as an HF directory with the tokenizer (written by the sender). With LoRA it is the
+        merged model (the next stage and PPO load it as any model), and its adapter is kept in ``adapter/``."""
+        if self.config.lora.enabled:
+            from coati.plugins.torch_native import save_hf
+
+            tensors = self._model_tensors()
+            if self.plugin.is_weight_sender:
+                save_hf(self.plugin.module, tensors, path)
+            self.plugin.save_pretrained(os.path.join(path, ADAPTER_SUBDIR))
+        else:
+            self.plugin.save_pretrained(path)
         if self.plugin.is_weight_sender:
             self.tokenizer.save_pretrained(path)
         return path

@@ -40,6 +40,7 @@ class SFTTask:
     name = "sft"
     rows_per_item = 1
     eval_keys = ("eval_loss",)
+    trained_modules: tuple[str, ...] = ()  # trained in full beside LoRA adapters (--lora-rank)
 
     def __init__(self, tokenizer, system_prompt: str, max_length: int):
         self.tokenizer, self.system_prompt, self.max_length = tokenizer, system_prompt, max_length
@@ -96,6 +97,7 @@ class RewardTask(SFTTask):
     name = "rm"
     rows_per_item = 2
     eval_keys = ("eval_loss", "eval_accuracy", "eval_chosen_reward", "eval_rejected_reward")
+    trained_modules = ("score",)  # the fresh scalar head has no base to adapt
 
     @staticmethod
     def load_model(path: str):

@@ -130,3 +130,42 @@ def test_a_reward_model_checkpoint_of_fsdp2_x2_resumes_in_one_process(tiny_model
     expected, got = params(whole.model_dir), params(resumed.model_dir)
     diff = max(float((expected[name] - got[name]).abs().max()) for name in expected)
     assert diff <= 1e-5, diff
+
+
+def test_lora_stages_write_merged_models_and_resume_exactly(tiny_model_dir, tmp_path):
+    """coati sft / rm with --lora-rank: the base stays frozen (the embedding is the base's), the final directory is
+    the merged model (the reward model's head trained in full) with the adapter beside it, and a resumed run
+    reaches the same weights."""
+    from transformers import AutoModelForSequenceClassification
+
+    from coati.config.lora import LoraConfig
+    from coati.models.lora import is_adapter_dir
+    from coati.rlhf.config import RMConfig
+    from coati.rlhf.stage import ADAPTER_SUBDIR
+
+    lora = LoraConfig(lora_rank=4, lora_alpha=8.0)
+    data = write_dummy_data(str(tmp_path / "data"), num_sft=96, num_pairs=32, num_eval=8)
+    config = SFTConfig(model=tiny_model_dir, dataset=data["sft"], eval_dataset=data["sft_eval"],
+                       save_dir=str(tmp_path / "runs"), project="whole", batch_size=16, micro_batch_size=16,
+                       learning_rate=1e-2, save_interval=2, progress_bar=False, lora=lora)
+    whole = run_stage(config, config.dataset, config.eval_dataset, config.model, log=lambda line: None)
+    assert whole.steps == 6 and whole.after["eval_loss"] < whole.before["eval_loss"]
+    assert is_adapter_dir(os.path.join(whole.model_dir, ADAPTER_SUBDIR))
+    base, merged = weights(tiny_model_dir), weights(whole.model_dir)
+    assert torch.equal(base["model.embed_tokens.weight"], merged["model.embed_tokens.weight"])  # frozen
+    assert not torch.equal(base["model.layers.0.self_attn.q_proj.weight"], merged["model.layers.0.self_attn.q_proj.weight"])
+    stopped = dataclasses.replace(config, project="stopped")
+    os.makedirs(stopped.run_dir)
+    shutil.copytree(os.path.join(config.run_dir, "step_4"), os.path.join(stopped.run_dir, "step_4"))
+    resumed = run_stage(dataclasses.replace(stopped, resume="latest"), config.dataset, config.eval_dataset,
+                        config.model, log=lambda line: None)
+    got = weights(resumed.model_dir)
+    assert all(torch.allclose(merged[name], got[name], atol=1e-6) for name in merged)
+
+    rm = RMConfig(model=whole.model_dir, dataset=data["preferences"], eval_dataset=data["preferences_eval"],
+                  save_dir=str(tmp_path / "runs"), project="rm", batch_size=8, micro_batch_size=8, learning_rate=1e-2,
+                  progress_bar=False, lora=lora)
+    result = run_stage(rm, rm.dataset, rm.eval_dataset, rm.model, log=lambda line: None)
+    model = AutoModelForSequenceClassification.from_pretrained(result.model_dir)
+    assert is_adapter_dir(os.path.join(result.model_dir, ADAPTER_SUBDIR))
+    assert model.score.weight.abs().sum() > 0 and torch.isfinite(model.score.weight).all()
