@@ -116,3 +116,8 @@ class TransformersBackend:
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         load_named_tensors(self.model, named_tensors)
+
+
+def build_transformers_backend(config, rank: int, placement) -> TransformersBackend:
+    """A producer's (or the evaluator's) engine for this run, in its -imbs micro-batches."""
+    return TransformersBackend.from_pretrained(config.model.path, config.batch.inference_microbatch_size, placement)
