@@ -333,9 +333,14 @@ def _verdict(gold: GoldAnswer, answer: str, final: list[str], parts: list[str]) 
     return RewardResult(combine(True, 0.0), False, True, ", ".join(readings[0]), "wrong answer")
 
 
-def score_group(responses: list[str], gold: GoldAnswer, fmt: MathFormat) -> list[RewardResult]:
+def score_group(responses: list[str], gold: GoldAnswer, fmt: MathFormat | str) -> list[RewardResult]:
     """One result per response; each distinct answer of the group is checked once. A response (boxed) or an
-    answer tag (think_answer_tags) with several boxes is checked by ``_verdict``."""
+    answer tag (think_answer_tags) with several boxes is checked by ``_verdict``. ``fmt``: the format, or the
+    name of a math reward type."""
+    if isinstance(fmt, str):
+        from rewards.builtin import reward_type  # it registers these formats
+
+        fmt = reward_type(fmt).math_format
     extract, format_reason = fmt.extract, fmt.missing
     by_answer: dict[str | tuple, RewardResult] = {}
     results = []

@@ -1,5 +1,5 @@
 """Trainer plugins: one ``PluginSpec`` per layout implementation; ``--plugin`` names a family and the layout
-flags (-t, -tp, -pp, -zero) pick the family's first plugin that serves them (``plugin_for``)."""
+flags (-t, -tp, -pp, -zero) pick the family's plugin that serves them (``plugin_for``)."""
 
 from __future__ import annotations
 
@@ -53,23 +53,28 @@ def _colossal(name: str, serves, **capabilities) -> PluginSpec:
                       **{**defaults, **capabilities})
 
 
-# Within a family, the first row that serves a layout is its plugin.
+def _plain(n: int, tp: int, pp: int, zero: int) -> bool:
+    return tp == 1 and pp == 1 and zero == 0
+
+
+# Within a family exactly one row serves a layout.
 PLUGINS: dict[str, PluginSpec] = {spec.name: spec for spec in (
+    PluginSpec("single", "torch", lambda n, tp, pp, zero: _plain(n, tp, pp, zero) and n == 1,
+               "coati.plugins.torch_single:SingleProcessPlugin", distributed=False, full_module=True),
+    PluginSpec("torch-ddp", "torch", lambda n, tp, pp, zero: _plain(n, tp, pp, zero) and n > 1,
+               "coati.plugins.torch_native:TorchNativePlugin", variant="ddp", full_module=True),
+    PluginSpec("torch-fsdp2", "torch", lambda n, tp, pp, zero: tp == 1 and pp == 1 and zero > 0,
+               "coati.plugins.torch_native:TorchNativePlugin", variant="fsdp2"),
     PluginSpec("torch-tp", "torch", lambda n, tp, pp, zero: tp > 1, "coati.plugins.torch_native:TorchNativePlugin",
                variant="tp", tensor_parallel=True),
-    PluginSpec("torch-pp", "torch", lambda n, tp, pp, zero: pp > 1,
+    PluginSpec("torch-pp", "torch", lambda n, tp, pp, zero: tp == 1 and pp > 1,
                "coati.plugins.torch_pipeline:TorchPipelinePlugin", pipeline_parallel=True, pipeline_max_zero=0),
-    PluginSpec("torch-fsdp2", "torch", lambda n, tp, pp, zero: zero > 0,
-               "coati.plugins.torch_native:TorchNativePlugin", variant="fsdp2"),
-    PluginSpec("torch-ddp", "torch", lambda n, tp, pp, zero: n > 1, "coati.plugins.torch_native:TorchNativePlugin",
-               variant="ddp", full_module=True),
-    PluginSpec("single", "torch", lambda n, tp, pp, zero: True, "coati.plugins.torch_single:SingleProcessPlugin",
-               distributed=False, full_module=True),
+    _colossal("colossalai-ddp", lambda n, tp, pp, zero: _plain(n, tp, pp, zero), reads_dcp_in=("fp32",)),
+    _colossal("colossalai-zero", lambda n, tp, pp, zero: tp == 1 and pp == 1 and zero > 0, zero_stages=(1, 2),
+              precisions=ALL_PRECISIONS),
     _colossal("colossalai-hybrid", lambda n, tp, pp, zero: tp > 1 or pp > 1, tensor_parallel=True,
               pipeline_parallel=True, zero_stages=(0, 1, 2), zero_needs_mixed_precision=True, pipeline_max_zero=1,
               precisions=ALL_PRECISIONS, tp_model_families=("qwen2",), gradient_checkpointing=False),
-    _colossal("colossalai-zero", lambda n, tp, pp, zero: zero > 0, zero_stages=(1, 2), precisions=ALL_PRECISIONS),
-    _colossal("colossalai-ddp", lambda n, tp, pp, zero: True, reads_dcp_in=("fp32",)),
 )}
 
 
