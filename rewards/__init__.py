@@ -6,7 +6,7 @@ reward types, their stop strings and their default system prompts are registered
 
 from __future__ import annotations
 
-from rewards.builtin import REWARD_TYPES, RewardType, reward_type
+from rewards.builtin import DEFAULT_REWARD_TYPE, REWARD_TYPES, RewardType, reward_type
 from rewards.types import FORMAT_REWARD, RewardResult, combine
 
 
@@ -14,5 +14,5 @@ def default_system_prompt(name: str) -> str:
     return reward_type(name).system_prompt
 
 
-__all__ = ["FORMAT_REWARD", "REWARD_TYPES", "RewardResult", "RewardType", "combine", "default_system_prompt",
+__all__ = ["DEFAULT_REWARD_TYPE", "FORMAT_REWARD", "REWARD_TYPES", "RewardResult", "RewardType", "combine", "default_system_prompt",
            "reward_type"]

@@ -22,6 +22,7 @@ class RewardType:
     embedded_demo: str | None = None  # the embedded demo a run without -m plays with it (None: none fits)
 
 
+# The row named by DEFAULT_REWARD_TYPE is what -rt defaults to.
 REWARD_TYPES: dict[str, RewardType] = {spec.name: spec for spec in (
     RewardType("think_answer_tags", THINK_ANSWER_TAGS_PROMPT, "<think>check</think><answer>{answer}</answer>",
                stop_strings=("</answer>",), math_format=THINK_ANSWER_TAGS),
@@ -29,6 +30,8 @@ REWARD_TYPES: dict[str, RewardType] = {spec.name: spec for spec in (
     RewardType("code", CODE_SYSTEM_PROMPT, "```python\nprint()\n```", label_key="test_cases", runs_code=True,
                embedded_demo="code"),
 )}
+
+DEFAULT_REWARD_TYPE = "boxed"
 
 
 def reward_type(name: str) -> RewardType:

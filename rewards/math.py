@@ -309,14 +309,16 @@ class MathFormat(NamedTuple):
     """Where a response holds its answer: ``extract`` pulls it out (None: not in the format, ``missing`` says
     why); ``boxes_in_response``: several boxes are looked for in the whole response, else in the answer."""
 
+    name: str
     extract: Callable[[str], str | None]
     missing: str
     boxes_in_response: bool
 
 
-BOXED = MathFormat(last_boxed, "no \\boxed{} answer", boxes_in_response=True)
-THINK_ANSWER_TAGS = MathFormat(extract_think_answer, "not <think>...</think><answer>...</answer>",
+BOXED = MathFormat("boxed", last_boxed, "no \\boxed{} answer", boxes_in_response=True)
+THINK_ANSWER_TAGS = MathFormat("think_answer_tags", extract_think_answer, "not <think>...</think><answer>...</answer>",
                                boxes_in_response=False)
+MATH_FORMATS = {fmt.name: fmt for fmt in (BOXED, THINK_ANSWER_TAGS)}
 
 
 def _verdict(gold: GoldAnswer, answer: str, final: list[str], parts: list[str]) -> RewardResult:
@@ -335,12 +337,10 @@ def _verdict(gold: GoldAnswer, answer: str, final: list[str], parts: list[str]) 
 
 def score_group(responses: list[str], gold: GoldAnswer, fmt: MathFormat | str) -> list[RewardResult]:
     """One result per response; each distinct answer of the group is checked once. A response (boxed) or an
-    answer tag (think_answer_tags) with several boxes is checked by ``_verdict``. ``fmt``: the format, or the
-    name of a math reward type."""
+    answer tag (think_answer_tags) with several boxes is checked by ``_verdict``. ``fmt``: the format, or its
+    name."""
     if isinstance(fmt, str):
-        from rewards.builtin import reward_type  # it registers these formats
-
-        fmt = reward_type(fmt).math_format
+        fmt = MATH_FORMATS[fmt]
     extract, format_reason = fmt.extract, fmt.missing
     by_answer: dict[str | tuple, RewardResult] = {}
     results = []

