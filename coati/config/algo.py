@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from coati.algorithm.advantage import get_adv_estimator
-from coati.algorithm.loss import PolicyLossConfig
+from coati.algorithm.loss_config import PolicyLossConfig
+from coati.algorithm.registry import get_adv_estimator
 from coati.config.optim import OptimConfig
 from coati.config.ppo import PPOConfig
 from coati.utils.dataclass_cli import option, setting

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from coati.algorithm.advantage import adv_estimator_names
-from coati.algorithm.loss import CORRECTIONS, LOSS_VARIATIONS, POLICY_LOSSES
+from coati.algorithm.loss_config import CORRECTIONS, LOSS_VARIATIONS
+from coati.algorithm.registry import POLICY_LOSSES, adv_estimator_names
 from coati.config.algo import ALGO_PRESETS, GroupConfig, estimator_family, presets_of
 from coati.config.errors import require
 from coati.plugins.optim import LR_SCHEDULES

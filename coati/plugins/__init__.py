@@ -19,19 +19,29 @@ learning-rate schedules and gradient checkpointing: ``coati.plugins.optim``.
 Trainer-state checkpoints (``save_state`` / ``load_state``, resumable in other layouts): ``coati.plugins.state``.
 """
 
-from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin
+import importlib
+
 from coati.plugins.mesh import MeshShape, TrainerMesh
-from coati.plugins.torch_single import SingleProcessPlugin
 from coati.plugins.validation import ParallelLayout, validate_layout
 from coati.registry import resolve
 from coati.registry.plugins import PLUGINS as PLUGIN_SPECS
 from coati.registry.plugins import plugin_spec
 
 PLUGINS = tuple(PLUGIN_SPECS)
+# The parts that import torch load on first use, so that coati/config can read the mesh arithmetic and the
+# layout rules of this package without torch.
+_ON_FIRST_USE = {"LossFn": "coati.plugins.base", "MicroBatch": "coati.plugins.base",
+                 "TrainerPlugin": "coati.plugins.base", "SingleProcessPlugin": "coati.plugins.torch_single"}
+
+
+def __getattr__(name: str):
+    if name in _ON_FIRST_USE:
+        return getattr(importlib.import_module(_ON_FIRST_USE[name]), name)
+    raise AttributeError(f"module 'coati.plugins' has no attribute {name!r}")
 
 
 def make_plugin(name: str, tp_size: int = 1, pp_size: int = 1, zero_stage: int = 0, precision: str = "fp32",
-                world_size: int | None = None, model_config=None, mesh: TrainerMesh | None = None) -> TrainerPlugin:
+                world_size: int | None = None, model_config=None, mesh: TrainerMesh | None = None) -> "TrainerPlugin":
     """The plugin ``name`` (a row of coati.registry.plugins) for a layout; with ``world_size`` (and
     ``model_config``) the layout is validated now.
 

@@ -23,10 +23,15 @@ def test_every_reference_resolves():
         assert callable(resolve(reference)), reference
 
 
-def test_the_registry_room_imports_no_torch():
-    code = ("import sys, coati.registry.backends, coati.registry.plugins, coati.registry.weight_sync; "
-            "assert 'torch' not in sys.modules, 'torch imported'")
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+@pytest.mark.parametrize("modules", [
+    "coati.registry.backends, coati.registry.plugins, coati.registry.weight_sync, coati.algorithm.registry",
+    "coati.config.cli, coati.config.colocation, coati.config.validate, coati.config.grpo_config",
+])
+def test_config_and_the_registries_import_no_torch(modules):
+    """config/ (floor 3) reads its choices from torch-free registries: importing it loads no torch."""
+    code = f"import sys, {modules}; heavy = [m for m in ('torch', 'ray') if m in sys.modules]; assert not heavy, heavy"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("family", PLUGIN_FAMILIES)
