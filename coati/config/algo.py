@@ -2,7 +2,7 @@
 
 A preset is a row of changes to the fields' defaults, in --grpo-config keys (coati/config/grpo_config.py makes
 the keys from the fields). A new algorithm adds a row here and registers its functions
-(advantage.register_adv_est, loss.register_policy_loss); a new knob is one field of PolicyLossConfig,
+(rows of coati/algorithm/registry.py); a new knob is one field of PolicyLossConfig,
 GroupConfig, OptimConfig (optim.py) or AlgoConfig (``grpo_key=True``).
 """
 
