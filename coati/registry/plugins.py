@@ -19,7 +19,7 @@ DCP, COLOSSAL = "torch-dcp", "colossalai"  # trainer-state formats (coati.plugin
 class PluginSpec:
     name: str
     family: str
-    serves: Callable[[int, int, int, int], bool]  # (num_trainers, tp, pp, zero) -> picked, in family order
+    serves: Callable[[int, int, int, int], bool]  # (num_trainers, tp, pp, zero) -> the family's plugin for it
     build: str  # "module:class", called as class([variant,] layout, mesh)
     variant: str | None = None
     distributed: bool = True  # runs on a torch.distributed group (False: one process, no tp/pp/zero)
@@ -47,6 +47,7 @@ class PluginSpec:
 
 
 def _colossal(name: str, serves, **capabilities) -> PluginSpec:
+    # pipeline stages: our own shardformer policy for Qwen2 under transformers 5 (plugins/colossal_policies.py)
     defaults = {"state_format": COLOSSAL, "reads_dcp_in": (), "pp_model_families": ("qwen2",),
                 "zero_shards_parameters": False}
     return PluginSpec(name, "colossalai", serves, "coati.plugins.colossal:ColossalPlugin",
@@ -75,7 +76,8 @@ PLUGINS: dict[str, PluginSpec] = {spec.name: spec for spec in (
               precisions=ALL_PRECISIONS),
     _colossal("colossalai-hybrid", lambda n, tp, pp, zero: tp > 1 or pp > 1, tensor_parallel=True,
               pipeline_parallel=True, zero_stages=(0, 1, 2), zero_needs_mixed_precision=True, pipeline_max_zero=1,
-              precisions=ALL_PRECISIONS, tp_model_families=("qwen2",), gradient_checkpointing=False),
+              precisions=ALL_PRECISIONS, gradient_checkpointing=False,
+              tp_model_families=("qwen2",)),  # ColossalAI 0.5.0's llama policy fails to import under transformers 5
 )}
 
 
