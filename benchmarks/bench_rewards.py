@@ -42,7 +42,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from rewards.latex_parsing import enable_two_stage_parsing  # noqa: E402
-from rewards.math import MATH_FORMATS, GoldAnswer  # noqa: E402
+from rewards import reward_type as reward_type_spec  # noqa: E402
+from rewards.math import GoldAnswer  # noqa: E402
 from rewards.scorer import RewardScorer  # noqa: E402
 
 G = 8
@@ -54,7 +55,7 @@ REASONING = ("Let me work through this carefully. First I write down what is giv
 def score_before(responses: list[str], gold: str, reward_type: str = "boxed") -> list[bool]:
     """The plain per-sample path: each response reads the gold and its answer with math-verify (its LaTeX
     parser in plain LL mode, as shipped)."""
-    extract = MATH_FORMATS[reward_type][0]
+    extract = reward_type_spec(reward_type).math_format.extract
     verdicts = []
     enable_two_stage_parsing(False)
     try:

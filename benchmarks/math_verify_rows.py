@@ -18,7 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from rewards.math import GoldAnswer, score_group  # noqa: E402
+from rewards.math import BOXED, GoldAnswer, score_group  # noqa: E402
 
 
 def _parametrized_rows(tree: ast.AST):
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {args.tests_dir} is not a directory; give the tests/ of a math-verify checkout")
     rows = boxed_rows(args.tests_dir)
     misses = [(name, gold, answer, expected) for name, gold, answer, expected in rows
-              if score_group([answer], GoldAnswer(gold), "boxed")[0].correct != expected]
+              if score_group([answer], GoldAnswer(gold), BOXED)[0].correct != expected]
     for name, gold, answer, expected in misses:
         print(f"miss ({name}, expected {expected}): gold {gold[-80:]!r} answer {answer[-120:]!r}")
     print(f"agrees with the expected verdict on {len(rows) - len(misses)} of {len(rows)} rows with a boxed answer")

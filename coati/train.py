@@ -185,15 +185,13 @@ def ppo_main(argv: list[str] | None = None, prog: str = "coati ppo") -> int:
 
 def ensure_demo(reward_type: str, env: str | None):
     """The assets of the demo these options run without -m (built once, cached): code, tool use or addition."""
-    from coati.config.env import TOOL_DEMO_ENVS
+    from coati.config.cli import embedded_demo
+    from coati.registry import resolve
 
-    if reward_type == "code":
-        from coati.demo.code_demo import ensure_code_demo_assets as ensure_assets
-    elif env in TOOL_DEMO_ENVS:
-        from coati.demo.tool_demo import ensure_tool_demo_assets as ensure_assets
-    else:
-        from coati.demo.math_demo import ensure_demo_assets as ensure_assets
-    return ensure_assets()
+    builders = {"addition": "coati.demo.math_demo:ensure_demo_assets",
+                "code": "coati.demo.code_demo:ensure_code_demo_assets",
+                "multiply": "coati.demo.tool_demo:ensure_tool_demo_assets"}
+    return resolve(builders[embedded_demo(reward_type, env)])()
 
 
 def placeholder_demo():

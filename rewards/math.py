@@ -38,7 +38,7 @@ from __future__ import annotations
 import re
 import threading
 from fractions import Fraction
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
@@ -305,11 +305,20 @@ def answers_match(answer: str, gold: str, fast_path: bool = True) -> bool:
     return GoldAnswer(gold, fast_path).matches(answer)
 
 
-# reward type -> (pulls the answer out of a response, reason when the response lacks the format)
-MATH_FORMATS = {
-    "boxed": (last_boxed, "no \\boxed{} answer"),
-    "think_answer_tags": (extract_think_answer, "not <think>...</think><answer>...</answer>"),
-}
+class MathFormat(NamedTuple):
+    """Where a response holds its answer: ``extract`` pulls it out (None: not in the format, ``missing`` says
+    why); ``boxes_in_response``: several boxes are looked for in the whole response, else in the answer."""
+
+    name: str
+    extract: Callable[[str], str | None]
+    missing: str
+    boxes_in_response: bool
+
+
+BOXED = MathFormat("boxed", last_boxed, "no \\boxed{} answer", boxes_in_response=True)
+THINK_ANSWER_TAGS = MathFormat("think_answer_tags", extract_think_answer, "not <think>...</think><answer>...</answer>",
+                               boxes_in_response=False)
+MATH_FORMATS = {fmt.name: fmt for fmt in (BOXED, THINK_ANSWER_TAGS)}
 
 
 def _verdict(gold: GoldAnswer, answer: str, final: list[str], parts: list[str]) -> RewardResult:
@@ -326,10 +335,13 @@ def _verdict(gold: GoldAnswer, answer: str, final: list[str], parts: list[str]) 
     return RewardResult(combine(True, 0.0), False, True, ", ".join(readings[0]), "wrong answer")
 
 
-def score_group(responses: list[str], gold: GoldAnswer, reward_type: str) -> list[RewardResult]:
+def score_group(responses: list[str], gold: GoldAnswer, fmt: MathFormat | str) -> list[RewardResult]:
     """One result per response; each distinct answer of the group is checked once. A response (boxed) or an
-    answer tag (think_answer_tags) with several boxes is checked by ``_verdict``."""
-    extract, format_reason = MATH_FORMATS[reward_type]
+    answer tag (think_answer_tags) with several boxes is checked by ``_verdict``. ``fmt``: the format, or its
+    name."""
+    if isinstance(fmt, str):
+        fmt = MATH_FORMATS[fmt]
+    extract, format_reason = fmt.extract, fmt.missing
     by_answer: dict[str | tuple, RewardResult] = {}
     results = []
     for response in responses:
@@ -337,7 +349,7 @@ def score_group(responses: list[str], gold: GoldAnswer, reward_type: str) -> lis
         if answer is None:
             results.append(RewardResult(0.0, False, False, None, format_reason))
             continue
-        source = response if reward_type == "boxed" else answer
+        source = response if fmt.boxes_in_response else answer
         several_boxes = source.count(_BOXED) > 1
         final = final_boxes(source) if several_boxes else []
         parts = answer_parts(source) if several_boxes and gold.several else []
@@ -349,8 +361,8 @@ def score_group(responses: list[str], gold: GoldAnswer, reward_type: str) -> lis
 
 
 def boxed_reward(response: str, gt_answer: str) -> RewardResult:
-    return score_group([response], GoldAnswer(gt_answer), "boxed")[0]
+    return score_group([response], GoldAnswer(gt_answer), BOXED)[0]
 
 
 def think_answer_reward(response: str, gt_answer: str) -> RewardResult:
-    return score_group([response], GoldAnswer(gt_answer), "think_answer_tags")[0]
+    return score_group([response], GoldAnswer(gt_answer), THINK_ANSWER_TAGS)[0]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from rewards.builtin import reward_type as reward_type_spec
 from rewards.combine import CombinedRewards
-from rewards.math import MATH_FORMATS, GoldAnswer, score_group
+from rewards.math import GoldAnswer, score_group
 from rewards.types import RewardResult
 
 
@@ -14,12 +15,11 @@ class RewardScorer:
     def __init__(self, reward_type: str, code_options: dict | None = None, reward_fns=(),
                  reward_url: str | None = None, reward_weights: str | None = None,
                  remote_options: dict | None = None):
-        if reward_type not in (*MATH_FORMATS, "code"):
-            raise ValueError(f"unknown reward type {reward_type!r}; choose think_answer_tags, boxed or code")
+        self.spec = reward_type_spec(reward_type)
         self.reward_type = reward_type
         self.combined = CombinedRewards(reward_type, reward_fns, reward_url, reward_weights, remote_options)
         self._code = None
-        if reward_type == "code":
+        if self.spec.runs_code:
             from rewards.code import CodeRewardScorer
 
             self._code = CodeRewardScorer(**(code_options or {}))
@@ -32,7 +32,7 @@ class RewardScorer:
         prompt's group: its gold answer is parsed once and each distinct answer checked once."""
         if self._code is not None:
             return self._code.score_batch(responses, [example.test_cases] * len(responses))
-        return score_group(responses, GoldAnswer(example.gt_answer), self.reward_type)
+        return score_group(responses, GoldAnswer(example.gt_answer), self.spec.math_format)
 
     def score_groups(self, groups: list[list[str]], examples) -> list[list[RewardResult]]:
         """Each example's group of responses (a generation round). Code: one batch over all groups, so the

@@ -4,7 +4,8 @@ sample selection, and the token-level RLHF pieces (KL-in-reward, GAE, returns, w
 No I/O, no state. Group rewards are [groups, G] tensors (one row per prompt, G completions each); token-level
 tensors are [batch, T] with a 0/1 ``mask`` of the response tokens (aligned with ``token_logprobs``).
 
-Advantage estimators register themselves by name (``@register_adv_est("name", inputs=...)``); a config names
+Advantage estimators are chosen by name: the shipped ones are rows of ``coati.algorithm.registry``
+(``@register_adv_est("name", inputs=...)`` adds one at run time); a config names
 one (``--grpo-config advantage``) and the trainer calls ``get_adv_estimator(name)``. ``inputs`` says what an
 estimator reads: ``"group"`` ones take the [groups, G] rewards of a rollout batch (GRPO, DAPO, PG);
 ``"token_values"`` ones take per-token rewards and a critic's values (PPO) and return (advantages, returns).
@@ -12,57 +13,24 @@ estimator reads: ``"group"`` ones take the [groups, G] rewards of a rollout batc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
 import torch
+
+from coati.algorithm.registry import (  # noqa: F401  (the registry's API, also reachable from here)
+    ADV_ESTIMATORS,
+    ESTIMATOR_INPUTS,
+    AdvEstimator,
+    adv_estimator_names,
+    get_adv_estimator,
+    register_adv_est,
+)
 
 ADVANTAGE_EPS = 1e-6
 WHITEN_EPS = 1e-8
-ESTIMATOR_INPUTS = ("group", "token_values")
-
-
-@dataclass(frozen=True)
-class AdvEstimator:
-    name: str
-    fn: Callable
-    inputs: str  # one of ESTIMATOR_INPUTS
-
-
-ADV_ESTIMATORS: dict[str, AdvEstimator] = {}
-
-
-def register_adv_est(name: str, inputs: str = "group"):
-    """Decorator: make ``fn`` the advantage estimator called ``name`` (a name is registered once)."""
-    if inputs not in ESTIMATOR_INPUTS:
-        raise ValueError(f"advantage estimator inputs must be one of {ESTIMATOR_INPUTS}, got {inputs!r}")
-
-    def decorate(fn):
-        if name in ADV_ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADV_ESTIMATORS[name] = AdvEstimator(name, fn, inputs)
-        return fn
-
-    return decorate
-
-
-def adv_estimator_names(inputs: str | None = None) -> tuple[str, ...]:
-    """Registered names, in registration order; only those reading ``inputs`` when given."""
-    return tuple(name for name, est in ADV_ESTIMATORS.items() if inputs is None or est.inputs == inputs)
-
-
-def get_adv_estimator(name: str) -> AdvEstimator:
-    if name not in ADV_ESTIMATORS:
-        raise ValueError(f"unknown advantage {name!r}; choose one of {', '.join(ADV_ESTIMATORS)}")
-    return ADV_ESTIMATORS[name]
-
-
 def _check_groups(rewards: torch.Tensor) -> None:
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be [groups, G], got shape {tuple(rewards.shape)}")
 
 
-@register_adv_est("group_norm")
 def group_advantages(rewards: torch.Tensor, eps: float = ADVANTAGE_EPS) -> torch.Tensor:
     """GRPO advantages for rewards of shape [groups, G]: (r - group mean) / (group std + eps).
 
@@ -76,7 +44,6 @@ def group_advantages(rewards: torch.Tensor, eps: float = ADVANTAGE_EPS) -> torch
     return (rewards - mean) / (std + eps)
 
 
-@register_adv_est("group_mean")
 def group_mean_advantages(rewards: torch.Tensor) -> torch.Tensor:
     """REINFORCE with a group-mean baseline (PG): r - group mean, not scaled."""
     _check_groups(rewards)
@@ -84,7 +51,6 @@ def group_mean_advantages(rewards: torch.Tensor) -> torch.Tensor:
     return rewards - rewards.mean(dim=1, keepdim=True)
 
 
-@register_adv_est("rloo")
 def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     """RLOO (Ahmadian et al. 2024): each sample's baseline is the mean reward of the other G - 1 samples of its
     group, A_i = r_i - (sum_j r_j - r_i) / (G - 1) = G / (G - 1) * (r_i - group mean); not scaled by a std."""
@@ -184,7 +150,6 @@ def _backward_scan(mask: torch.Tensor, step) -> None:
         step(t, mask[:, t] > 0)
 
 
-@register_adv_est("gae", inputs="token_values")
 def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
         lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation over response tokens: (advantages, returns), both [batch, T].

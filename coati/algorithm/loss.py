@@ -6,7 +6,7 @@ losses of micro-batches gives the loss of the batch, and so do the gradients.
 - sample_level: per-sample mean over its tokens, then sum / number of samples (with a valid token) in the batch.
 
 Objectives (``PolicyLossConfig.objective``) form a registry of pure per-token functions
-(``@register_policy_loss``), chosen by name; each returns the per-token loss and where the clip binds:
+(rows of ``coati.algorithm.registry.POLICY_LOSSES``; ``@register_policy_loss`` at run time), chosen by name; each returns the per-token loss and where the clip binds:
 - ``ppo_clip`` (GRPO, DAPO, PPO): -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A) per token.
 - ``reinforce`` (PG): -A * logp per token: no importance ratio, no clipping.
 Value losses (PPO's critic) are a registry too (``@register_value_loss``): ``clipped``
@@ -36,66 +36,24 @@ fresh groups the mismatch is the numeric difference of the two engines' logprobs
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from coati.algorithm.registry import registrar
-from coati.utils.dataclass_cli import option, setting
+from coati.algorithm.loss_config import CORRECTIONS, LOSS_VARIATIONS, PolicyLossConfig  # noqa: F401
+from coati.algorithm.registry import POLICY_LOSSES, get_policy_loss, register_policy_loss, registrar  # noqa: F401
 
-LOSS_VARIATIONS = ("token_level", "sample_level")
-CORRECTIONS = ("behaviour", "decoupled")
 # Statistics that are maxima over the step (not sums over micro-batches, not means over ranks).
 MAX_STATS = ("is_weight_max", "mismatch_max_abs")
 
-
-@dataclass(frozen=True)
-class PolicyLossConfig:
-    """The policy loss's knobs; every field is a --grpo-config key (coati/config/grpo_config.py), options also
-    flags."""
-
-    clip_eps_low: float = setting(0.2, "the ratio is clipped below at 1 - clip_eps_low (< 1)")
-    clip_eps_high: float = setting(0.2, "the ratio is clipped above at 1 + clip_eps_high (DAPO's clip-higher: 0.28)")
-    kl_loss_coef: float = option(
-        0.0, "weight of the k3 KL to the initial model, a term of the loss (-a GRPO/DAPO/PG); default: 0 (no "
-             "reference model), as in every preset", "-kl", "--kl-coeff", keys=("beta",), resolved=True, metavar="COEF",
-        family="group", instead="--kl-reward-coef (the KL penalty in the reward)")
-    loss_variation: str = setting("sample_level", "token_level (mean over the batch's tokens) or sample_level (mean "
-                                                  "per sample, then over samples)")
-    objective: str = setting("ppo_clip", "the policy objective, by registered name")
-    skip_threshold: float | None = setting(None, "drop a sample whose mean importance ratio exceeds this (> 1); "
-                                                 "null: off")
-    correction: str = option(
-        "behaviour", "behaviour: PPO ratio against the producer's logprobs; decoupled: ratio against the trainer's "
-                     "policy at the start of the step, each token weighted by min(pi_prox / pi_behaviour, --tis-cap). "
-                     "Default: behaviour (with one optimizer step per batch, decoupled learned clearly worse under "
-                     "-nb: benchmarks/bench_async.py)", flag="--off-policy-correction", choices=CORRECTIONS,
-        resolved=True)
-    tis_cap: float = option(2.0, "cap C of the truncated importance weight (decoupled correction)", resolved=True)
-
-
-# name -> fn(logprobs, anchor_logprobs, advantages, config) -> (per-token loss, clip_low, clip_high indicators)
-POLICY_LOSSES: dict[str, Callable] = {}
 # name -> fn(values, old_values, returns, clip_eps) -> (per-token loss, clipped indicator)
 VALUE_LOSSES: dict[str, Callable] = {}
-
-
-def register_policy_loss(name: str):
-    """Decorator: make ``fn`` the policy objective called ``name`` (``PolicyLossConfig.objective``)."""
-    return registrar(POLICY_LOSSES, "policy loss")(name)
 
 
 def register_value_loss(name: str):
     """Decorator: make ``fn`` the value loss called ``name``."""
     return registrar(VALUE_LOSSES, "value loss")(name)
-
-
-def get_policy_loss(name: str) -> Callable:
-    if name not in POLICY_LOSSES:
-        raise ValueError(f"unknown objective {name!r}; choose one of {tuple(POLICY_LOSSES)}")
-    return POLICY_LOSSES[name]
 
 
 def get_value_loss(name: str) -> Callable:
@@ -151,7 +109,6 @@ def reinforce_surrogate(logprobs: torch.Tensor, advantages: torch.Tensor) -> tor
     return -advantages * logprobs
 
 
-@register_policy_loss("ppo_clip")
 def ppo_clip_objective(logprobs, anchor, advantages, config: PolicyLossConfig):
     per_token, _ = clipped_surrogate(logprobs, anchor, advantages, config.clip_eps_low, config.clip_eps_high)
     low, high = clip_indicators(torch.exp(logprobs.detach() - anchor), advantages,
@@ -159,7 +116,6 @@ def ppo_clip_objective(logprobs, anchor, advantages, config: PolicyLossConfig):
     return per_token, low, high
 
 
-@register_policy_loss("reinforce")
 def reinforce_objective(logprobs, anchor, advantages, config: PolicyLossConfig):
     zeros = torch.zeros_like(logprobs)
     return reinforce_surrogate(logprobs, advantages), zeros, zeros

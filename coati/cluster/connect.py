@@ -71,14 +71,9 @@ def cluster_address(master_address: str | None, environ=os.environ) -> tuple[str
     return None, ""
 
 
-def init_ray(config) -> None:
-    """Join the cluster ``cluster_address`` names (after ``probe``), else start a local one."""
-    run = config.run
-    init_ray_for(config.parallel.num_inferencers + config.parallel.num_trainers, run.master_address, run.ray_dir)
-
-
 def init_ray_for(actors: int, master_address: str | None = None, ray_dir: str | None = None) -> None:
-    """``init_ray`` for a job of ``actors`` one-slot actors (a local cluster gets at least that many CPUs)."""
+    """Join the cluster ``cluster_address`` names (after ``probe``), else start a local one, for a job of
+    ``actors`` one-slot actors (a local cluster gets at least that many CPUs)."""
     import ray
     from ray.util.debug import log_once
 
@@ -220,26 +215,26 @@ class Reservation:
                 remove_placement_group(group)
 
 
-def reserve(config, timeout_s: float = PLACEMENT_TIMEOUT_S) -> Reservation:
-    """Check the cluster against the flags (ClusterError naming what is missing), then create and wait for
-    the placement groups: the trainer group first (PACK), then one group per inferencer, then the evaluator's."""
+def reserve(num_inferencers: int, inferencer_tp: int, num_trainers: int, evaluator: bool,
+            timeout_s: float = PLACEMENT_TIMEOUT_S) -> Reservation:
+    """Check the cluster against the layout (ClusterError naming what is missing), then create and wait for
+    the placement groups: the trainer group first (PACK), then one group per inferencer (``inferencer_tp``
+    GPUs each), then the evaluator's when ``evaluator``."""
     import ray
     from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
     from coati.cluster.placement import plan as make_plan
     from coati.cluster.placement import rank_order, shortfall
 
-    p = config.parallel
     cluster = ray.cluster_resources()
     nodes = [node for node in ray.nodes() if node.get("Alive")]
-    plan = make_plan(p.num_inferencers, p.producer_tensor_parallel_size, p.num_trainers,
-                     config.run.eval_interval > 0 and bool(config.data.eval_paths) and not p.colocate, cluster)
+    plan = make_plan(num_inferencers, inferencer_tp, num_trainers, evaluator, cluster)
     missing = shortfall(plan, cluster, [node["Resources"] for node in nodes])
     if missing:
         raise ClusterError(missing)
-    trainers = placement_group([plan.trainer_bundle] * p.num_trainers, strategy="PACK", name="coati-trainers")
+    trainers = placement_group([plan.trainer_bundle] * num_trainers, strategy="PACK", name="coati-trainers")
     inferencers = [placement_group([plan.inferencer_bundle], strategy="STRICT_PACK", name=f"coati-inferencer{rank}")
-                   for rank in range(p.num_inferencers)]
+                   for rank in range(num_inferencers)]
     evaluator = placement_group([plan.inferencer_bundle], name="coati-evaluator") if plan.evaluator else None
     groups = [trainers, *inferencers] + ([evaluator] if evaluator else [])
     ready, _ = ray.wait([group.ready() for group in groups], num_returns=len(groups), timeout=timeout_s)
@@ -250,7 +245,7 @@ def reserve(config, timeout_s: float = PLACEMENT_TIMEOUT_S) -> Reservation:
         raise ClusterError(f"{plan.flags} needs {need}, which the cluster has but could not free within "
                            f"{timeout_s:g} s: other jobs hold them (`ray status` lists what is in use)")
     bundle_nodes = placement_group_table(trainers)["bundles_to_node_id"]
-    order = rank_order([bundle_nodes[index] for index in range(p.num_trainers)])
+    order = rank_order([bundle_nodes[index] for index in range(num_trainers)])
 
     def node_of(group) -> str:
         return placement_group_table(group)["bundles_to_node_id"][0]

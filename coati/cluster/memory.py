@@ -29,10 +29,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coati.registry.backends import backend_spec
+from coati.registry.plugins import DEFAULT_PLUGIN_FAMILY, plugin_for, plugin_spec
+
 GiB = 2**30
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 CPU_RUNTIME = 0.6 * GiB  # a Ray actor with torch and transformers imported, before any model
-VLLM_CPU_RUNTIME = 2.0 * GiB  # the same with vLLM's engine built in-process (graphs off), fitted to the 0.5B run
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ class ModelShape:
 
 @dataclass(frozen=True)
 class TrainerLayout:
-    plugin: str = "torch"  # torch | colossalai
+    plugin: str = DEFAULT_PLUGIN_FAMILY  # the family (coati.registry.plugins)
     tp: int = 1
     pp: int = 1
     dp: int = 1
@@ -102,11 +104,12 @@ def trainer_states(shape: ModelShape, layout: TrainerLayout) -> dict[str, float]
     b = DTYPE_BYTES[layout.precision]
     mixed = layout.precision != "fp32"
     dp, zero = layout.dp, layout.zero
+    spec = plugin_spec(plugin_for(layout.plugin, dp * layout.tp * layout.pp, layout.tp, layout.pp, zero))
     if layout.adapter_params:  # a frozen base as loaded (no masters), adapters with gradients and Adam
         adapters = layout.adapter_params / (layout.tp * layout.pp)
-        base = 4 * local / dp + b * local if layout.plugin == "torch" and zero >= 1 else 4 * local
+        base = 4 * local / dp + b * local if spec.zero_shards_parameters and zero >= 1 else 4 * local
         return {"weights": base + 4 * adapters, "gradients": 4 * adapters, "optimizer": 8 * adapters}
-    if layout.plugin == "torch" and zero >= 1:  # FSDP2: fp32 shards; full parameters (compute dtype) while computing
+    if spec.zero_shards_parameters and zero >= 1:  # FSDP2: fp32 shards; full parameters (compute dtype) while computing
         gathered = local if zero < 3 else 2 * shape.layer_params / layout.tp  # this layer's and the prefetched one
         return {"weights": 4 * local / dp + b * gathered, "gradients": 4 * local / dp, "optimizer": 8 * local / dp}
     master = 4 * local / (dp if zero >= 1 else 1) if mixed else 0.0
@@ -166,17 +169,17 @@ def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int) -> int:
 
 def inferencer_memory(shape: ModelShape, backend: str, dtype: str, ptp: int = 1, kv_cache_bytes: float = 0.0,
                       sequences: int = 1, seq_len: int = 0, new_tokens: int = 0, on_cpu: bool = True) -> dict[str, float]:
-    """An inferencer's components in bytes: vLLM's KV cache is its budget (``kv_cache_bytes``); transformers'
-    is the generate cache of ``sequences`` x ``seq_len`` plus the logits it keeps (fp32, ``new_tokens`` each).
+    """An inferencer's components in bytes: an engine with a KV-cache budget (vLLM) takes that budget
+    (``kv_cache_bytes``); otherwise (transformers) the KV cache is the generate cache of ``sequences`` x ``seq_len`` plus the logits it keeps (fp32, ``new_tokens`` each).
     The received weight version is host memory (fp32, as the trainer sends it)."""
-    b = DTYPE_BYTES[dtype]
+    b, spec = DTYPE_BYTES[dtype], backend_spec(backend)
     out = {"weights": b * shape.params / ptp}
-    if backend == "vllm":
+    if spec.kv_cache_budget:
         out["kv_cache"] = kv_cache_bytes
     else:
         out["kv_cache"] = kv_bytes_per_token(shape, b) * sequences * seq_len
         out["logits"] = 4.0 * sequences * new_tokens * shape.vocab
     out["received_weights"] = 4 * shape.params if on_cpu else 0.0
-    out["runtime"] = (VLLM_CPU_RUNTIME if backend == "vllm" else CPU_RUNTIME) if on_cpu else 0.0
+    out["runtime"] = spec.cpu_runtime_bytes if on_cpu else 0.0
     out["total"] = sum(out.values())
     return out

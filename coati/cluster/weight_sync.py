@@ -1,8 +1,9 @@
 """Moving full policy weights from the trainers to the inferencers (``--weight-sync``).
 
 Two transports behind one interface: the sending trainer rank owns a *publisher* (``publish(version,
-named_tensors)``), every producer a *receiver* (``load_newest(load, current, min_version)``). ``WEIGHT_SYNC``
-maps the flag's values to them; the WeightStore actor always knows the newest version.
+named_tensors)``), every producer a *receiver* (``load_newest(load, current, min_version)``). ``WEIGHT_SYNCS``
+(``coati.registry.weight_sync``) maps the flag's values to them; the WeightStore actor always knows the newest
+version.
 
 ``object-store`` (the default; benchmarks/bench_weight_sync.py; docs/gpu.md, "Weight sync"): the trainer turns its (gathered) tensors into numpy arrays and ``ray.put``s them once; every
 producer reads them zero-copy from the object store. Measured on a 2-core host: 4.5 GB/s for numpy arrays
@@ -17,6 +18,9 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
+
+from coati.registry import resolve
+from coati.registry.weight_sync import weight_sync_spec
 
 PackedWeights = dict[str, tuple[np.ndarray, str]]  # name -> (array, torch dtype name)
 
@@ -195,21 +199,19 @@ def collective_receiver(weight_store, rank: int, num_producers: int, timeout_s: 
     return CollectiveReceiver(rank, num_producers, locate, timeout_s)
 
 
-# --weight-sync value -> (publisher for the sending trainer rank, receiver for producer ``rank``)
-WEIGHT_SYNC = {
-    "object-store": (lambda config, store: ObjectStorePublisher(store),
-                     lambda config, store, rank: ObjectStoreReceiver(store, rank)),
-    "collective": (lambda config, store: CollectivePublisher(store, config.parallel.num_inferencers,
-                                                             config.parallel.weight_sync_bucket_mb,
-                                                             config.parallel.weight_sync_timeout_s),
-                   lambda config, store, rank: collective_receiver(store, rank, config.parallel.num_inferencers,
-                                                                   config.parallel.weight_sync_timeout_s)),
-}
+def object_store_publisher(weight_store, num_producers: int, bucket_mb: float, timeout_s: float):
+    return ObjectStorePublisher(weight_store)
 
 
-def make_publisher(config, weight_store):
-    return WEIGHT_SYNC[config.parallel.weight_sync][0](config, weight_store)
+def object_store_receiver(weight_store, rank: int, num_producers: int, timeout_s: float):
+    return ObjectStoreReceiver(weight_store, rank)
 
 
-def make_receiver(config, weight_store, rank: int):
-    return WEIGHT_SYNC[config.parallel.weight_sync][1](config, weight_store, rank)
+def make_publisher(transport: str, weight_store, num_producers: int, bucket_mb: float, timeout_s: float):
+    """The sending trainer rank's end of ``transport`` (coati.registry.weight_sync) to ``num_producers``."""
+    return resolve(weight_sync_spec(transport).publisher)(weight_store, num_producers, bucket_mb, timeout_s)
+
+
+def make_receiver(transport: str, weight_store, rank: int, num_producers: int, timeout_s: float):
+    """Producer ``rank``'s end of ``transport``."""
+    return resolve(weight_sync_spec(transport).receiver)(weight_store, rank, num_producers, timeout_s)

@@ -2,7 +2,7 @@
 
 A preset is a row of changes to the fields' defaults, in --grpo-config keys (coati/config/grpo_config.py makes
 the keys from the fields). A new algorithm adds a row here and registers its functions
-(advantage.register_adv_est, loss.register_policy_loss); a new knob is one field of PolicyLossConfig,
+(rows of coati/algorithm/registry.py); a new knob is one field of PolicyLossConfig,
 GroupConfig, OptimConfig (optim.py) or AlgoConfig (``grpo_key=True``).
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from coati.algorithm.advantage import get_adv_estimator
-from coati.algorithm.loss import PolicyLossConfig
+from coati.algorithm.loss_config import PolicyLossConfig
+from coati.algorithm.registry import get_adv_estimator
 from coati.config.optim import OptimConfig
 from coati.config.ppo import PPOConfig
 from coati.utils.dataclass_cli import option, setting

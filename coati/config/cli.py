@@ -28,7 +28,7 @@ from coati.config.validate import validate
 from coati.config.validate_algo import check_families
 from coati.utils import dataclass_cli
 from coati.utils.dataclass_cli import construct, option
-from rewards import STOP_STRINGS, default_system_prompt
+from rewards import REWARD_TYPES, default_system_prompt
 
 # Defaults that differ between the embedded demo (no --model) and a user's model, for the flags declared
 # with option(..., resolved=True) whose help names them.
@@ -48,6 +48,8 @@ CODE_DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 16, "max_prompt_t
 TOOL_DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 12, "max_prompt_tokens": 64, "num_episodes": 1,
                       "ppo_epochs": None, "inference_batch_size": 32, "inference_microbatch_size": 32,
                       "train_batch_size": 32, "train_minibatch_size": 32, "train_microbatch_size": 256}
+# The embedded demos by task: the reward type's demo, or the tool demo under its --env.
+EMBEDDED_DEMO_DEFAULTS = {"addition": DEMO_DEFAULTS, "code": CODE_DEMO_DEFAULTS, "multiply": TOOL_DEMO_DEFAULTS}
 
 DESCRIPTION = ("Distributed RL post-training (GRPO, DAPO, PG, RLOO; PPO with a critic and a reward model) over Ray. "
                "With no arguments: the embedded demo (a tiny model learns 2-digit addition on the CPU in a few minutes, no downloads); with only -rt code: "
@@ -99,6 +101,15 @@ def config_from_dict(mapping: dict, defaults: dict | None = None, demo=None, sou
     return config_from_values(values, demo, set(given))
 
 
+def embedded_demo(reward_type: str, env: str | None) -> str:
+    """The task of the embedded demo a run without -m plays (a key of ``EMBEDDED_DEMO_DEFAULTS``): the reward
+    type's own demo, or the tool demo under its --env (which grades the answers itself)."""
+    if env in TOOL_DEMO_ENVS:
+        return "multiply"
+    spec = REWARD_TYPES.get(reward_type)
+    return (spec.embedded_demo if spec is not None else None) or "addition"
+
+
 def _situation(values: dict, demo) -> tuple[bool, dict, dict]:
     """(whether the embedded demo runs, the eval paths, the --grpo-config overrides): fills the model, data, system prompt and the defaults
     that depend on the situation into ``values``."""
@@ -106,14 +117,16 @@ def _situation(values: dict, demo) -> tuple[bool, dict, dict]:
     if embedded and demo is None:
         raise ConfigError("no --model given and the embedded demo assets were not built")
     reward_type = values["reward_type"]
-    code = reward_type == "code"
+    spec = REWARD_TYPES.get(reward_type)  # an unknown name is validate's to refuse
     tool = embedded and values["env"] in TOOL_DEMO_ENVS
-    if embedded and reward_type == "think_answer_tags":
-        raise ConfigError("the embedded demo model answers in \\boxed{}: use -rt boxed (or -rt code), "
+    if embedded and spec is not None and spec.embedded_demo is None:
+        fits = " or -rt ".join(name for name, other in REWARD_TYPES.items() if other.embedded_demo)
+        raise ConfigError(f"the embedded demo model answers in \\boxed{{}}: use -rt {fits}, "
                           "or pass -m/--model and -d/--dataset")
-    if tool and code:
+    if tool and spec is not None and spec.runs_code:
         raise ConfigError(f"--env {values['env']} runs the tool demo, whose answers are graded by its environment: "
-                          "drop -rt code (or pass -m/--model and -d/--dataset)")
+                          f"drop -rt {reward_type} (or pass -m/--model and -d/--dataset)")
+    demo_task = embedded_demo(reward_type, values["env"])
     user_data = values["dataset"] is not None
     if embedded:
         values.update(model=demo.model_dir, dataset=values["dataset"] or demo.train_path)
@@ -121,14 +134,13 @@ def _situation(values: dict, demo) -> tuple[bool, dict, dict]:
         raise ConfigError("-d/--dataset is required with -m/--model (a math or code jsonl)")
     eval_paths = parse_eval_datasets(values["eval_dataset"])
     if not eval_paths and embedded and not user_data:
-        eval_paths = {"code" if code else "multiply" if tool else "addition": demo.eval_path}
+        eval_paths = {demo_task: demo.eval_path}
     if values["system_prompt"] is None:
         values["system_prompt"] = "" if embedded else default_system_prompt(reward_type)
     if values["project"] is None:
         values["project"] = "demo" if embedded else run_name(values["model"])
     grpo_overrides = parse_grpo_config(values["grpo_config"])
-    situation = ((CODE_DEMO_DEFAULTS if code else TOOL_DEMO_DEFAULTS if tool else DEMO_DEFAULTS) if embedded
-                 else MODEL_DEFAULTS)
+    situation = EMBEDDED_DEMO_DEFAULTS[demo_task] if embedded else MODEL_DEFAULTS
     for key, default in situation.items():
         # an epochs count from --grpo-config beats the situation's, as an explicit flag does
         if values[key] is None and not (key == "ppo_epochs" and key in grpo_overrides):
@@ -186,7 +198,8 @@ def config_from_values(values: dict, demo=None, given: set[str] | None = None) -
     options = {dest: values[dest] for dest in dataclass_cli.defaults(RLOptions)}
     embedded, eval_paths, grpo_overrides = _situation(values, demo)
     _colocation(values, given or set())
-    max_new_tokens, stops = values["max_new_tokens"], STOP_STRINGS[values["reward_type"]]
+    max_new_tokens = values["max_new_tokens"]
+    stops = REWARD_TYPES[values["reward_type"]].stop_strings if values["reward_type"] in REWARD_TYPES else ()
     flags = {key: values[knob.dest] for key, knob in grpo_keys(AlgoConfig).items() if knob.is_flag}
     # the parts built from their flags alone (parallel, batch, run) are constructed from the values directly
     config = construct(

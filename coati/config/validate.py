@@ -6,15 +6,16 @@ Ray cluster is started. The algorithm's own checks are validate_algo.py.
 
 from __future__ import annotations
 
-from coati.cluster.weight_sync import WEIGHT_SYNC
 from coati.config.algo import ALGOS
 from coati.config.data import DataConfig
 from coati.config.errors import ConfigError, require
-from coati.config.layout import BACKENDS, PLUGIN_FAMILIES, ParallelConfig
+from coati.config.layout import ParallelConfig
 from coati.config.run import RunConfig
 from coati.config.tree import RLConfig
 from coati.config.validate_algo import validate_algo
-from coati.plugins.validation import ADAPTER_PLUGINS
+from coati.registry.backends import BACKENDS
+from coati.registry.plugins import PLUGIN_FAMILIES, adapter_plugins, families_with, plugin_spec
+from coati.registry.weight_sync import DEFAULT_WEIGHT_SYNC, WEIGHT_SYNCS
 from rewards import REWARD_TYPES
 
 
@@ -24,7 +25,7 @@ def validate(config: RLConfig) -> None:
     require(d.reward_type in REWARD_TYPES, f"unknown reward type {d.reward_type!r}; choose one of {', '.join(REWARD_TYPES)}")
     _validate_keys(d)
     _validate_user_rewards(d)
-    if d.reward_type == "code":
+    if REWARD_TYPES[d.reward_type].runs_code:
         require(d.code.workers is None or d.code.workers >= 1, "--code-workers must be at least 1")
         try:
             d.code.scorer_options()
@@ -54,8 +55,9 @@ def validate(config: RLConfig) -> None:
     require(s.top_k == -1 or s.top_k >= 1, f"-topk/--top-k must be -1 (off) or >= 1, got {s.top_k}")
     require(config.algo.learning_rate > 0, "-lr/--learning-rate must be > 0")
     require(p.producer_tensor_parallel_size >= 1, f"-ptp must be at least 1, got {p.producer_tensor_parallel_size}")
-    require(p.producer_tensor_parallel_size == 1 or p.backend == "vllm",
-            "-ptp > 1 (inference tensor parallelism) needs -b vllm")
+    require(p.producer_tensor_parallel_size == 1 or BACKENDS[p.backend].tensor_parallel,
+            "-ptp > 1 (inference tensor parallelism) needs -b "
+            + " or -b ".join(name for name, spec in BACKENDS.items() if spec.tensor_parallel))
     _validate_weight_sync(p)
     _validate_colocation(config)
     _validate_lora(config)
@@ -85,9 +87,9 @@ def _validate_lora(config: RLConfig) -> None:
     """--lora-rank: its own ranges, and a trainer plugin that trains adapters."""
     lora, plugin = config.model.lora, config.parallel.plugin_name
     lora.check()
-    require(not lora.enabled or plugin in ADAPTER_PLUGINS,
-            f"--lora-rank: the {plugin} plugin does not train LoRA adapters (those that do: "
-            f"{', '.join(ADAPTER_PLUGINS)}, i.e. --plugin torch without -tp/-pp): change the layout or drop --lora-rank")
+    require(not lora.enabled or plugin_spec(plugin).trains_adapters,
+            f"--lora-rank: the {plugin} plugin does not train LoRA adapters (those that do: {adapter_plugins()}, "
+            "i.e. --plugin torch without -tp/-pp): change the layout or drop --lora-rank")
 
 
 def _validate_colocation(config: RLConfig) -> None:
@@ -104,8 +106,10 @@ def _validate_colocation(config: RLConfig) -> None:
                                   "(-i N without --colocate) for async rollouts")
     require(config.algo.learner_chunk_size == 0, "--colocate: every trainer rank already generates its share of "
                                                  "each round: drop --learner-chunk-size")
-    require(p.weight_sync == "object-store", "--weight-sync: with --colocate weights never leave the trainer "
+    require(p.weight_sync == DEFAULT_WEIGHT_SYNC, "--weight-sync: with --colocate weights never leave the trainer "
                                              "ranks' processes: drop --weight-sync")
+    require(BACKENDS[p.backend].colocates, f"--colocate: -b {p.backend} cannot run inside a trainer rank; use -b "
+            + " or -b ".join(name for name, spec in BACKENDS.items() if spec.colocates) + " (or drop --colocate)")
     require(p.producer_tensor_parallel_size == 1, "-ptp: with --colocate each trainer rank's engine runs on that "
                                                   "rank's own device: drop -ptp")
 
@@ -148,8 +152,8 @@ def _validate_cluster(r: RunConfig) -> None:
 
 
 def _validate_weight_sync(p: ParallelConfig) -> None:
-    require(p.weight_sync in WEIGHT_SYNC,
-            f"--weight-sync must be one of {', '.join(WEIGHT_SYNC)}, got {p.weight_sync!r}")
+    require(p.weight_sync in WEIGHT_SYNCS,
+            f"--weight-sync must be one of {', '.join(WEIGHT_SYNCS)}, got {p.weight_sync!r}")
     require(p.weight_sync_bucket_mb > 0, f"--weight-sync-bucket-mb must be > 0, got {p.weight_sync_bucket_mb:g}")
     require(p.weight_sync_timeout_s > 0, f"--weight-sync-timeout must be > 0 seconds, got {p.weight_sync_timeout_s:g}")
 
@@ -202,10 +206,14 @@ def _validate_layout(config: RLConfig) -> None:
     require(p.num_trainers % model_parallel == 0,
             f"num_trainers ({p.num_trainers}) must be a multiple of tp*pp ({model_parallel}): change -t, -tp or -pp")
     require(p.zero_stage in (0, 1, 2, 3), f"-zero/--zero-stage must be 0, 1, 2 or 3, got {p.zero_stage}")
-    require(not (p.plugin == "torch" and p.tensor_parallel_size > 1 and p.pipeline_parallel_size > 1),
-            "-tp and -pp together need --plugin colossalai (HybridParallelPlugin); the torch family does one of them")
-    require(not (p.plugin == "torch" and p.zero_stage > 0 and p.pipeline_parallel_size > 1),
-            "-zero with -pp needs --plugin colossalai; the torch pipeline plugin is data parallel by DDP only")
+    spec = plugin_spec(p.plugin_name)
+    require(not (p.tensor_parallel_size > 1 and p.pipeline_parallel_size > 1
+                 and not (spec.tensor_parallel and spec.pipeline_parallel)),
+            f"-tp and -pp together need --plugin {families_with(lambda s: s.tensor_parallel and s.pipeline_parallel)} "
+            f"(one plugin for both); the {p.plugin} family does one of them")
+    require(not (p.zero_stage > 0 and p.pipeline_parallel_size > 1 and spec.pipeline_max_zero == 0),
+            f"-zero with -pp needs --plugin {families_with(lambda s: s.pipeline_parallel and s.pipeline_max_zero > 0)}; the {p.plugin} "
+            "pipeline plugin is data parallel by DDP only")
     if p.pipeline_parallel_size > 1:
         require(b.train_microbatch_size >= p.pipeline_parallel_size,
                  f"-tmbs ({b.train_microbatch_size}) must be >= -pp ({p.pipeline_parallel_size}): pipeline "

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from coati.algorithm.advantage import adv_estimator_names
-from coati.algorithm.loss import CORRECTIONS, LOSS_VARIATIONS, POLICY_LOSSES
+from coati.algorithm.loss_config import CORRECTIONS, LOSS_VARIATIONS
+from coati.algorithm.registry import POLICY_LOSSES, adv_estimator_names
 from coati.config.algo import ALGO_PRESETS, GroupConfig, estimator_family, presets_of
 from coati.config.errors import require
 from coati.plugins.optim import LR_SCHEDULES
@@ -112,8 +112,9 @@ def _validate_optim(config: RLConfig) -> None:
     require(0 <= o.lr_warmup_ratio < 1, f"--lr-warmup-ratio must lie in [0, 1), got {o.lr_warmup_ratio}")
     require(o.weight_decay >= 0, f"--weight-decay must be >= 0, got {o.weight_decay}")
     require(o.max_steps >= 0, f"--max-steps must be >= 0 (0: the epochs decide), got {o.max_steps}")
-    require(not (o.gradient_checkpointing and config.parallel.plugin_name == "colossalai-hybrid"),
-            "--gradient-checkpointing is not available with colossalai-hybrid (its shardformer replaces the layers' "
+    plugin = config.parallel.plugin_spec
+    require(not o.gradient_checkpointing or plugin.gradient_checkpointing,
+            f"--gradient-checkpointing is not available with {plugin.name} (its shardformer replaces the layers' "
             "forward): drop it, or use --plugin torch")
 
 

@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from rewards import DEFAULT_REWARD_TYPE, reward_type
+
 ROLES = ("system", "user", "assistant")
 # A comma between digit groups, as in "1,000,000"; GSM8K's final answers are plain numbers.
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
@@ -38,7 +40,7 @@ class Example:
 class RowFormat:
     """How rows map onto prompt and answer. ``label_key`` None: ``gt_answer`` (math) or ``test_cases`` (code)."""
 
-    reward_type: str = "boxed"
+    reward_type: str = DEFAULT_REWARD_TYPE
     input_key: str = "messages"
     label_key: str | None = None
 
@@ -46,7 +48,7 @@ class RowFormat:
     def label_field(self) -> str:
         if self.label_key:
             return self.label_key
-        return "test_cases" if self.reward_type == "code" else "gt_answer"
+        return reward_type(self.reward_type).label_key
 
 
 def final_answer(label: Any) -> str:
@@ -122,7 +124,7 @@ def row_to_example(row: Any, fmt: RowFormat, source: str) -> Example:
     messages = normalise_messages(row[fmt.input_key], fmt.input_key)
     label_key = fmt.label_field
     label = row.get(label_key)
-    if fmt.reward_type == "code":
+    if reward_type(fmt.reward_type).runs_code:
         if label is None:
             raise _missing(row, label_key, "PRIME test cases", "--label-key")
         return Example(messages=messages, test_cases=_test_cases(label), source=source, row=row)

@@ -165,7 +165,7 @@ def estimate(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: l
                                      else publish_bytes(shape, p.weight_sync, p.weight_sync_bucket_mb))
             if p.colocate:  # the peak of either phase, not their sum
                 memory = colocated_memory(memory, engine_memory(actor.node, memory), p.engine_is_policy,
-                                          p.offload_optimizer and not on_cpu, p.backend == "vllm" and not on_cpu)
+                                          p.offload_optimizer and not on_cpu, p.backend_spec.sleeps and not on_cpu)
         else:
             memory = engine_memory(actor.node)
         memory.pop("total", None)
@@ -185,7 +185,7 @@ def check_fit(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: 
             if actor.name.startswith("trainer") and actor.memory["total"] > GPU_USABLE * limit:
                 return (f"{actor.name} needs {actor.memory['total'] / GiB:.1f} GiB ({_parts(actor.memory)}) on a "
                         f"{limit / GiB:.0f} GiB GPU: raise -tp/-pp or -zero, or lower -tmbs/-mnt")
-            if not actor.name.startswith("trainer") and p.backend == "vllm":
+            if not actor.name.startswith("trainer") and p.backend_spec.kv_cache_budget:
                 need = kv_bytes_per_token(shape, DTYPE_BYTES["bf16"]) * (config.data.max_prompt_tokens +
                                                                           config.sampling.max_new_tokens)
                 if actor.memory["kv_cache"] < need:

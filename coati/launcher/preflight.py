@@ -12,6 +12,8 @@ import os
 from coati.config.errors import ConfigError, require
 from coati.config.ppo import PPOConfig
 from coati.config.tree import RLConfig
+from coati.registry import resolve
+from rewards import reward_type
 
 
 # What stands for a path that is built later (the embedded demo's model and data) while the flags are checked.
@@ -56,28 +58,15 @@ def check_paths(config: RLConfig, models: bool = True) -> None:
 
 
 def check_engine(config: RLConfig) -> None:
-    """-b vllm: the engine this machine would start, checked before any build or actor."""
-    if config.parallel.backend != "vllm":
+    """The engine this machine would start (its backend's preflight), checked before any build or actor."""
+    preflight = config.parallel.backend_spec.preflight
+    if preflight is None:
         return
     from coati.cluster.connect import cluster_address
 
     # A joined cluster's GPUs are on its nodes, not necessarily here: cluster.reserve checks those.
     local = cluster_address(config.run.master_address)[0] is None
-    _check_vllm(config.parallel.producer_tensor_parallel_size if local else 1)
-
-
-def _check_vllm(tensor_parallel_size: int) -> None:
-    """-b vllm: the package is importable, and -ptp > 1 has that many CUDA GPUs (vLLM's CPU build runs one rank)."""
-    from coati.rollout.vllm_backend import INSTALL_HINT, vllm_available
-
-    require(vllm_available(), INSTALL_HINT)
-    if tensor_parallel_size > 1:
-        import torch
-
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        require(gpus >= tensor_parallel_size,
-                 f"-ptp {tensor_parallel_size} needs {tensor_parallel_size} CUDA GPUs per inferencer (vLLM tensor "
-                 f"parallelism); this machine has {gpus}. On CPU, vLLM runs one rank: use -ptp 1")
+    resolve(preflight)(config.parallel.producer_tensor_parallel_size if local else 1)
 
 
 def _check_model_layout(config: RLConfig) -> None:
@@ -111,11 +100,7 @@ def _check_ppo_models(ppo: PPOConfig) -> None:
 
 def _check_response(config: RLConfig, example) -> str:
     """A response in the reward type's format, answering with the row's own gold (a check call's input)."""
-    if config.data.reward_type == "code":
-        return "```python\nprint()\n```"
-    if config.data.reward_type == "think_answer_tags":
-        return f"<think>check</think><answer>{example.gt_answer}</answer>"
-    return f"\\boxed{{{example.gt_answer}}}"
+    return reward_type(config.data.reward_type).sample_response.format(answer=example.gt_answer)
 
 
 def check_user_rewards(config: RLConfig, first) -> None:
@@ -154,7 +139,7 @@ def check_inputs(config: RLConfig, engine: bool = True) -> None:
                                  "or a hub name ORG/NAME)")
     require(os.path.isfile(os.path.join(path, "config.json")),
              f"{path} has no config.json: pass -m/--model a directory written by save_pretrained")
-    if config.data.reward_type == "code":
+    if reward_type(config.data.reward_type).runs_code:
         from rewards.code import SandboxUnavailable, check_sandbox_available
 
         try:

@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass
 import ray
 
 from coati.cluster.buffer import RolloutBuffer
-from coati.cluster.connect import init_ray, node_label, reserve, where
+from coati.cluster.connect import PLACEMENT_TIMEOUT_S, Reservation, init_ray_for, node_label, where
+from coati.cluster.connect import reserve as reserve_placement
 from coati.cluster.schedule import node_cores, node_thread_budgets, thread_budgets
 from coati.cluster.supervision import PRODUCER_OPTIONS, Supervisor
 from coati.cluster.trainer_group import TrainerGroup, join_trainer_group, start_trainer_group
@@ -42,8 +43,21 @@ class RunResult:
     wall_s: float
 
 
+def init_ray(config: RLConfig) -> None:
+    """Join the run's cluster (--master_address, RAY_ADDRESS) or start a local one with a slot per actor."""
+    p = config.parallel
+    init_ray_for(p.num_inferencers + p.num_trainers, config.run.master_address, config.run.ray_dir)
+
+
+def reserve(config: RLConfig, timeout_s: float = PLACEMENT_TIMEOUT_S) -> Reservation:
+    """The run's placement groups (coati.cluster.connect.reserve), the evaluator's when it evaluates apart."""
+    p = config.parallel
+    evaluator = config.run.eval_interval > 0 and bool(config.data.eval_paths) and not p.colocate
+    return reserve_placement(p.num_inferencers, p.producer_tensor_parallel_size, p.num_trainers, evaluator, timeout_s)
+
+
 def run(config: RLConfig, log=print) -> RunResult:
-    """Train on the cluster cluster.init_ray picks; a dead trainer rank (or an inferencer past its restarts)
+    """Train on the cluster ``init_ray`` picks; a dead trainer rank (or an inferencer past its restarts)
     raises supervision.RunStopped, whose message says how to continue."""
     from tqdm import tqdm
 

@@ -1,4 +1,5 @@
-"""Trainer plugins: one protocol (``TrainerPlugin``), one implementation per parallel layout.
+"""Trainer plugins: one protocol (``TrainerPlugin``), one implementation per parallel layout, each a row of
+``coati.registry.plugins`` (its family, the layouts it serves, its capabilities, its class).
 
 | name | layout | module |
 |---|---|---|
@@ -18,21 +19,31 @@ learning-rate schedules and gradient checkpointing: ``coati.plugins.optim``.
 Trainer-state checkpoints (``save_state`` / ``load_state``, resumable in other layouts): ``coati.plugins.state``.
 """
 
-from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin
-from coati.plugins.mesh import MeshShape, TrainerMesh
-from coati.plugins.torch_single import SingleProcessPlugin
-from coati.plugins.validation import ParallelLayout, validate_layout
+import importlib
 
-PLUGINS = ("single", "torch-ddp", "torch-fsdp2", "torch-tp", "torch-pp", "colossalai-ddp", "colossalai-zero",
-           "colossalai-hybrid")
-# The plugins whose ``full_module()`` is the trained module on every rank (unsharded): a colocated transformers
-# engine generates with it instead of a copy.
-FULL_MODULE_PLUGINS = ("single", "torch-ddp")
+from coati.plugins.mesh import MeshShape, TrainerMesh
+from coati.plugins.validation import ParallelLayout, validate_layout
+from coati.registry import resolve
+from coati.registry.plugins import PLUGINS as PLUGIN_SPECS
+from coati.registry.plugins import plugin_spec
+
+PLUGINS = tuple(PLUGIN_SPECS)
+# The parts that import torch load on first use, so that coati/config can read the mesh arithmetic and the
+# layout rules of this package without torch.
+_ON_FIRST_USE = {"LossFn": "coati.plugins.base", "MicroBatch": "coati.plugins.base",
+                 "TrainerPlugin": "coati.plugins.base", "SingleProcessPlugin": "coati.plugins.torch_single"}
+
+
+def __getattr__(name: str):
+    if name in _ON_FIRST_USE:
+        return getattr(importlib.import_module(_ON_FIRST_USE[name]), name)
+    raise AttributeError(f"module 'coati.plugins' has no attribute {name!r}")
 
 
 def make_plugin(name: str, tp_size: int = 1, pp_size: int = 1, zero_stage: int = 0, precision: str = "fp32",
-                world_size: int | None = None, model_config=None, mesh: TrainerMesh | None = None) -> TrainerPlugin:
-    """The plugin ``name`` for a layout; with ``world_size`` (and ``model_config``) the layout is validated now.
+                world_size: int | None = None, model_config=None, mesh: TrainerMesh | None = None) -> "TrainerPlugin":
+    """The plugin ``name`` (a row of coati.registry.plugins) for a layout; with ``world_size`` (and
+    ``model_config``) the layout is validated now.
 
     Without ``world_size`` the checks run in ``setup``, against the initialised group. Under pipeline
     parallelism the micro-batches given to one ``forward_backward`` call are the pipeline's micro-batches
@@ -40,26 +51,15 @@ def make_plugin(name: str, tp_size: int = 1, pp_size: int = 1, zero_stage: int =
     passing micro-batches of ``tmbs // pp`` samples). ``mesh``: the trainer group's mesh, shared by every
     plugin built with it (the roles of one group); without it the plugin builds its own in ``setup``.
     """
-    if name not in PLUGINS:
-        raise ValueError(f"unknown trainer plugin {name!r}; choose one of {', '.join(PLUGINS)}")
+    spec = plugin_spec(name)
     layout = ParallelLayout(tp_size=tp_size, pp_size=pp_size, zero_stage=zero_stage, precision=precision)
     if world_size is not None:
         validate_layout(name, world_size, layout, model_config)
-    if name == "single":
+    if not spec.distributed:
         if tp_size != 1 or pp_size != 1 or zero_stage != 0:
-            raise ValueError(f"plugin 'single' has no tp/pp/zero (got tp={tp_size}, pp={pp_size}, zero={zero_stage})")
-        return SingleProcessPlugin(layout)
-    if name in ("torch-ddp", "torch-fsdp2", "torch-tp"):
-        from coati.plugins.torch_native import TorchNativePlugin
-
-        return TorchNativePlugin(name.removeprefix("torch-"), layout, mesh)
-    if name == "torch-pp":
-        from coati.plugins.torch_pipeline import TorchPipelinePlugin
-
-        return TorchPipelinePlugin(layout, mesh)
-    from coati.plugins.colossal import ColossalPlugin
-
-    return ColossalPlugin(name.removeprefix("colossalai-"), layout, mesh=mesh)
+            raise ValueError(f"plugin {name!r} has no tp/pp/zero (got tp={tp_size}, pp={pp_size}, zero={zero_stage})")
+        return resolve(spec.build)(layout)
+    return resolve(spec.build)(*([spec.variant] if spec.variant else []), layout, mesh=mesh)
 
 
 __all__ = ["LossFn", "MeshShape", "MicroBatch", "PLUGINS", "TrainerMesh", "ParallelLayout", "SingleProcessPlugin", "TrainerPlugin", "make_plugin",

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 LR_SCHEDULES = ("constant", "linear", "cosine")
 
 
@@ -52,6 +50,8 @@ def make_adamw(model: torch.nn.Module, learning_rate: float, betas: tuple[float,
     named = [(name, param) for name, param in model.named_parameters() if param.requires_grad]
     groups = [{"params": [p for n, p in named if decays(n, p)], "weight_decay": weight_decay},
               {"params": [p for n, p in named if not decays(n, p)], "weight_decay": 0.0}]
+    import torch  # here: config/ reads LR_SCHEDULES without importing torch
+
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=learning_rate, betas=betas)
 
 

@@ -32,10 +32,10 @@ import torch
 import torch.distributed as dist
 
 from coati.plugins.mesh import MeshShape
+from coati.registry.plugins import COLOSSAL as COLOSSAL_FORMAT
+from coati.registry.plugins import DCP as DCP_FORMAT
 
 MANIFEST = "trainer_state.json"
-DCP_FORMAT = "torch-dcp"
-COLOSSAL_FORMAT = "colossalai"
 
 
 def layout_manifest(plugin: str, world_size: int, tp_size: int = 1, pp_size: int = 1, zero_stage: int = 0,

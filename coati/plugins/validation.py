@@ -9,17 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coati.plugins.mesh import MeshShape
+from coati.registry.plugins import ALL_PRECISIONS as PRECISIONS
+from coati.registry.plugins import PLUGINS, PluginSpec, plugin_spec
 
-# Model families (HF ``config.model_type``) whose decoder the pipeline stage builders understand.
-TORCH_PP_FAMILIES = ("qwen2", "llama")
-COLOSSAL_PP_FAMILIES = ("qwen2",)  # our own shardformer policy (transformers 5); see colossal_policies.py
-COLOSSAL_TP_FAMILIES = ("qwen2",)  # ColossalAI 0.5.0's llama policy fails to import under transformers 5
-PRECISIONS = ("fp32", "bf16", "fp16")
-TORCH_PLUGINS = ("single", "torch-ddp", "torch-fsdp2", "torch-tp", "torch-pp")
-# The plugins that train LoRA adapters (--lora-rank): their forward runs through the peft model as it is (DDP,
-# FSDP2 shard frozen and trainable parameters alike); tensor-parallel plans and pipeline stages address the
-# plain HF modules, and ColossalAI's booster wraps peft models its own way.
-ADAPTER_PLUGINS = ("single", "torch-ddp", "torch-fsdp2")
+TORCH_PLUGINS = tuple(name for name, spec in PLUGINS.items() if spec.family == "torch")
 
 
 @dataclass(frozen=True)
@@ -49,29 +42,40 @@ def validate_layout(plugin: str, world_size: int, layout: ParallelLayout, model_
     if layout.precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)} (got {layout.precision!r})")
     shape.validate()
-    if plugin == "single" and world_size != 1:
-        raise ValueError(f"plugin 'single' trains in one process, not {world_size}; pick torch-ddp or a colossalai plugin")
-    if plugin in ("single", "torch-ddp", "colossalai-ddp", "colossalai-zero") and (tp > 1 or pp > 1):
-        raise ValueError(f"plugin {plugin!r} is data parallel only (got tp={tp}, pp={pp}); "
-                         "use torch-tp/torch-pp or colossalai-hybrid")
-    if plugin == "torch-tp" and pp > 1:
-        raise ValueError(f"plugin 'torch-tp' does not pipeline (got pp={pp}); use torch-pp or colossalai-hybrid")
-    if plugin == "torch-pp" and tp > 1:
-        raise ValueError(f"plugin 'torch-pp' does not shard tensors (got tp={tp}); use colossalai-hybrid for tp x pp")
-    if plugin == "colossalai-zero" and layout.zero_stage not in (1, 2):
-        raise ValueError(f"colossalai-zero needs zero stage 1 or 2 (got {layout.zero_stage})")
-    if plugin == "colossalai-hybrid" and layout.zero_stage > 2:
-        raise ValueError(f"colossalai-hybrid supports zero stage 0, 1 or 2 (got {layout.zero_stage})")
-    if plugin == "colossalai-hybrid" and layout.zero_stage > 0 and layout.precision == "fp32":
-        raise ValueError("ColossalAI's HybridParallelPlugin refuses ZeRO in fp32; set precision bf16/fp16 "
-                         "or use colossalai-zero (LowLevelZeroPlugin trains fp32)")
-    if plugin == "colossalai-hybrid" and pp > 1 and layout.zero_stage > 1:
-        raise ValueError("ColossalAI pipeline parallelism supports zero stage 0 or 1 only (got 2)")
-    if plugin in TORCH_PLUGINS + ("colossalai-ddp",) and layout.precision == "fp16":
-        raise ValueError(f"{plugin} trains in fp32 or bf16 (fp16 needs a loss scaler it does not have); "
-                         "use --precision bf16, or colossalai-zero/colossalai-hybrid for fp16")
+    _validate_capabilities(plugin_spec(plugin), world_size, layout)
     if model_config is not None:
         validate_model(plugin, layout, model_config)
+
+
+def _either(choices) -> str:
+    """``0, 1 or 2``."""
+    words = [str(choice) for choice in choices]
+    return " or ".join([", ".join(words[:-1]), words[-1]] if len(words) > 1 else words)
+
+
+def _validate_capabilities(spec: PluginSpec, world_size: int, layout: ParallelLayout) -> None:
+    """The layout against what the plugin can do (its row in coati.registry.plugins)."""
+    plugin, tp, pp, zero = spec.name, layout.tp_size, layout.pp_size, layout.zero_stage
+    if not spec.distributed and world_size != 1:
+        raise ValueError(f"plugin {plugin!r} trains in one process, not {world_size}; pick torch-ddp or a colossalai plugin")
+    if not (spec.tensor_parallel or spec.pipeline_parallel) and (tp > 1 or pp > 1):
+        raise ValueError(f"plugin {plugin!r} is data parallel only (got tp={tp}, pp={pp}); "
+                         "use torch-tp/torch-pp or colossalai-hybrid")
+    if not spec.pipeline_parallel and pp > 1:
+        raise ValueError(f"plugin {plugin!r} does not pipeline (got pp={pp}); use torch-pp or colossalai-hybrid")
+    if not spec.tensor_parallel and tp > 1:
+        raise ValueError(f"plugin {plugin!r} does not shard tensors (got tp={tp}); use colossalai-hybrid for tp x pp")
+    if zero not in spec.zero_stages:
+        raise ValueError(f"{plugin} needs zero stage {_either(spec.zero_stages)} (got {zero})")
+    if spec.zero_needs_mixed_precision and zero > 0 and layout.precision == "fp32":
+        raise ValueError("ColossalAI's HybridParallelPlugin refuses ZeRO in fp32; set precision bf16/fp16 "
+                         "or use colossalai-zero (LowLevelZeroPlugin trains fp32)")
+    if pp > 1 and zero > spec.pipeline_max_zero:
+        raise ValueError(f"{plugin} pipeline parallelism supports zero stage "
+                         f"{_either(range(spec.pipeline_max_zero + 1))} only (got {zero})")
+    if layout.precision not in spec.precisions:
+        raise ValueError(f"{plugin} trains in {_either(spec.precisions)} (fp16 needs a loss scaler it does not "
+                         "have); use --precision bf16, or colossalai-zero/colossalai-hybrid for fp16")
 
 
 def validate_model(plugin: str, layout: ParallelLayout, config) -> None:
@@ -89,11 +93,12 @@ def validate_model(plugin: str, layout: ParallelLayout, config) -> None:
         inter = getattr(config, "intermediate_size", None)
         if inter is not None and inter % tp:
             raise ValueError(f"tp_size {tp} does not divide the MLP width {inter}")
-        if plugin.startswith("colossalai") and family not in COLOSSAL_TP_FAMILIES:
-            raise ValueError(f"ColossalAI tensor parallelism has no working policy for {family!r} models "
-                             f"here (supported: {', '.join(COLOSSAL_TP_FAMILIES)}); use torch-tp")
+        families = plugin_spec(plugin).tp_model_families
+        if families is not None and family not in families:
+            raise ValueError(f"{plugin} tensor parallelism has no working policy for {family!r} models "
+                             f"here (supported: {', '.join(families)}); use torch-tp")
     if pp > 1:
-        families = COLOSSAL_PP_FAMILIES if plugin.startswith("colossalai") else TORCH_PP_FAMILIES
+        families = plugin_spec(plugin).pp_model_families
         if family not in families:
             raise ValueError(f"pipeline parallelism has no stage policy for {family!r} models "
                              f"(supported: {', '.join(families)}); use pp_size 1")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from coati.config.errors import ConfigError, require
 
-from coati.config.layout import PLUGIN_FAMILIES, TrainerLayout
+from coati.config.layout import DEFAULT_PLUGIN_FAMILY, PLUGIN_FAMILIES, TrainerLayout
 from coati.config.lora import LoraConfig
 from coati.config.run import SAVE_INTERVAL
 from coati.utils.dataclass_cli import option
@@ -54,7 +54,7 @@ class StageConfig(TrainerLayout):
     tensor_parallel_size: int = option(1, "trainer tensor parallelism", "-tp")
     pipeline_parallel_size: int = option(1, "trainer pipeline parallelism", "-pp")
     zero_stage: int = option(0, "ZeRO stage: torch = FSDP2, colossalai = LowLevelZero 1/2", "-zero")
-    plugin: str = option("torch", "trainer plugin family", choices=PLUGIN_FAMILIES)
+    plugin: str = option(DEFAULT_PLUGIN_FAMILY, "trainer plugin family", choices=PLUGIN_FAMILIES)
     precision: str = option("fp32", "trainer compute precision (fp32 masters; fp16 needs --plugin colossalai with "
                                     "-zero or -tp/-pp)",
                             choices=("fp32", "bf16", "fp16"))
@@ -106,7 +106,8 @@ class RMConfig(StageConfig):
 
 def validate(config: StageConfig) -> None:
     """Cheap checks of the options themselves."""
-    from coati.plugins.validation import ADAPTER_PLUGINS, ParallelLayout, validate_layout
+    from coati.plugins.validation import ParallelLayout, validate_layout
+    from coati.registry.plugins import adapter_plugins, plugin_spec
 
     for flag, value in (("-e/--epochs", config.epochs), ("-bs/--batch-size", config.batch_size),
                         ("-tmbs/--micro-batch-size", config.micro_batch_size), ("-t/--num-trainers", config.num_trainers),
@@ -138,9 +139,9 @@ def validate(config: StageConfig) -> None:
                  "the reward model trains with data parallelism and FSDP2/ZeRO (-t, -zero); the -tp/-pp stage and "
                  "shard policies only know the LM head, not its scalar head: drop -tp/-pp")
     config.lora.check()
-    require(not config.lora.enabled or config.plugin_name in ADAPTER_PLUGINS,
+    require(not config.lora.enabled or plugin_spec(config.plugin_name).trains_adapters,
             f"--lora-rank: the {config.plugin_name} plugin does not train LoRA adapters (those that do: "
-            f"{', '.join(ADAPTER_PLUGINS)}): change the layout or drop --lora-rank")
+            f"{adapter_plugins()}): change the layout or drop --lora-rank")
     layout = ParallelLayout(tp_size=config.tensor_parallel_size, pp_size=config.pipeline_parallel_size,
                             zero_stage=config.zero_stage, precision=config.precision)
     try:

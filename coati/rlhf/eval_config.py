@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from coati.config.errors import ConfigError, require
 from coati.utils.dataclass_cli import option
-from rewards import REWARD_TYPES
+from rewards import DEFAULT_REWARD_TYPE, REWARD_TYPES
 
 MODES = {"greedy": 0.0, "sampled": 1.0}  # decoding mode -> temperature (sampled: the training distribution)
 DEFAULT_MAX_NEW_TOKENS = {"demo": 8, "model": 1024}  # as `coati train` (the demo's answers are ~6 tokens)
@@ -25,7 +25,7 @@ class EvalConfig:
                                      "embedded demo model)", "-m")
     dataset: str | None = option(None, "eval prompts: {\"prompt\": ...} rows or math/code rows (.jsonl, .json list, "
                                        ".parquet, save_to_disk); required with -m", "-d")
-    reward_type: str = option("boxed", "verifiable reward of the rows that have answers", "-rt", choices=REWARD_TYPES)
+    reward_type: str = option(DEFAULT_REWARD_TYPE, "verifiable reward of the rows that have answers", "-rt", choices=tuple(REWARD_TYPES))
     input_key: str | None = option(None, "field holding the prompt (default: messages, else prompt)")
     label_key: str | None = option(None, "field holding the answer; every row must have it (default: gt_answer, "
                                          "test_cases with -rt code, used where present)")

@@ -31,6 +31,7 @@ from coati.cluster.trainer_group import even_threads, join_trainer_group, one_un
     start_trainer_group
 from coati.config.errors import ConfigError
 from coati.models.lora import add_adapters, merged_tensors
+from coati.registry import resolve
 from coati.plugins.dist import all_reduce_stats
 from coati.rlhf.config import StageConfig
 from coati.rlhf.tasks import TASKS
@@ -90,14 +91,13 @@ class StageTrainer:
         train, held_out = load_stage_rows(config, self.train_path, self.eval_path)
         self.train, skipped = self.task.tokenise(train)
         self.held_out, skipped_eval = self.task.tokenise(held_out)
-        if config.plugin_name != "single":
+        spec = config.plugin_spec
+        if spec.distributed:
             from coati.plugins.dist import init_trainer_group
 
             init_trainer_group(self.rank, config.num_trainers, master_address, master_port)
-            if config.plugin == "colossalai":
-                from coati.plugins.colossal import launch_colossalai
-
-                launch_colossalai()
+            if spec.launch is not None:
+                resolve(spec.launch)()
         self.mesh = TrainerMesh.build(config.tensor_parallel_size, config.pipeline_parallel_size)
         self.plugin = make_plugin(config.plugin_name, config.tensor_parallel_size, config.pipeline_parallel_size,
                                   config.zero_stage, config.precision, world_size=config.num_trainers,

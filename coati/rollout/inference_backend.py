@@ -124,3 +124,9 @@ class TransformersBackend:
         from coati.models.lora import version_parameters
 
         load_named_tensors(self.model, named_tensors, dict(version_parameters(self.model)))
+
+
+def build_transformers_backend(config, rank: int, placement) -> TransformersBackend:
+    """A producer's (or the evaluator's) engine for this run, in its -imbs micro-batches."""
+    return TransformersBackend.from_pretrained(config.model.path, config.batch.inference_microbatch_size, placement,
+                                               config.engine_adapters)

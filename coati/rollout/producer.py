@@ -11,7 +11,7 @@ import torch
 from coati.cluster.weight_sync import make_receiver
 from coati.config.tree import RLConfig
 from coati.config.sampling import SamplingParams
-from coati.rollout.inference_backend import TransformersBackend
+from coati.registry import resolve
 from coati.rollout.round_generator import RoundGenerator
 from coati.utils.actor_process import start_actor_process
 
@@ -19,21 +19,8 @@ from coati.utils.actor_process import start_actor_process
 def make_backend(config: RLConfig, rank: int = 0, role: str = "producer"):
     """The inference engine of a producer (or of the evaluator, ``role="evaluator"``) on the device and in the
     dtype the device rule gives this actor."""
-    placement = config.parallel.model_placement(role)
-    if config.parallel.backend == "transformers":
-        return TransformersBackend.from_pretrained(config.model.path, config.batch.inference_microbatch_size,
-                                                   placement, config.engine_adapters)
-    if config.parallel.backend == "vllm":
-        from coati.rollout.vllm_backend import VLLMBackend, VLLMEngineOptions
-
-        p = config.parallel
-        longest = max([config.sampling.max_new_tokens, *(s.max_new_tokens for _, s in config.eval_sampling)])
-        return VLLMBackend(config.model.path, VLLMEngineOptions(
-            tensor_parallel_size=p.producer_tensor_parallel_size, kv_cache_gb=p.vllm_kv_cache_gb,
-            gpu_memory_utilization=p.vllm_gpu_memory_utilization, seed=config.run.seed + 1000 + rank,
-            max_model_len=config.data.max_prompt_tokens + longest, dtype=placement.vllm_dtype,
-            sleep_mode=bool(p.colocate)))
-    raise ValueError(f"backend {config.parallel.backend!r} is not available")
+    build = resolve(config.parallel.backend_spec.build)
+    return build(config, rank, config.parallel.model_placement(role))
 
 
 class Producer:
@@ -49,7 +36,8 @@ class Producer:
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         torch.manual_seed(config.run.seed + 1000 + rank)
         # collective: joins the group and receives in the background from here on (also while the model loads)
-        self.weights = make_receiver(config, weight_store, rank)
+        p = config.parallel
+        self.weights = make_receiver(p.weight_sync, weight_store, rank, p.num_inferencers, p.weight_sync_timeout_s)
         self.backend = make_backend(config, rank)
         self.rounds = RoundGenerator(config, rank, self.backend)
         self.version = 0

@@ -36,6 +36,7 @@ from typing import Iterable, Iterator
 
 import torch
 
+from coati.config.errors import require
 from coati.config.sampling import SamplingParams
 from coati.rollout.inference_backend import Completion
 
@@ -52,6 +53,28 @@ def vllm_available() -> bool:
 
 def cuda_available() -> bool:
     return torch.cuda.is_available()
+
+
+def check_vllm_usable(tensor_parallel_size: int) -> None:
+    """The engine's preflight: the package is importable, and -ptp > 1 has that many CUDA GPUs (vLLM's CPU
+    build runs one rank). One ConfigError line otherwise."""
+    require(vllm_available(), INSTALL_HINT)
+    if tensor_parallel_size > 1:
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        require(gpus >= tensor_parallel_size,
+                f"-ptp {tensor_parallel_size} needs {tensor_parallel_size} CUDA GPUs per inferencer (vLLM tensor "
+                f"parallelism); this machine has {gpus}. On CPU, vLLM runs one rank: use -ptp 1")
+
+
+def build_vllm_backend(config, rank: int, placement) -> VLLMBackend:
+    """A producer's (or the evaluator's) engine for this run: one seed per rank, room for the longest answer."""
+    p = config.parallel
+    longest = max([config.sampling.max_new_tokens, *(s.max_new_tokens for _, s in config.eval_sampling)])
+    return VLLMBackend(config.model.path, VLLMEngineOptions(
+        tensor_parallel_size=p.producer_tensor_parallel_size, kv_cache_gb=p.vllm_kv_cache_gb,
+        gpu_memory_utilization=p.vllm_gpu_memory_utilization, seed=config.run.seed + 1000 + rank,
+        max_model_len=config.data.max_prompt_tokens + longest, dtype=placement.vllm_dtype,
+        sleep_mode=bool(p.colocate)))
 
 
 @dataclass(frozen=True)

@@ -209,11 +209,12 @@ def _check_state_format(path: str, config) -> None:
     with open(os.path.join(role_state_dir(os.path.join(path, TRAINER_STATE), ACTOR), MANIFEST)) as handle:
         saved = json.load(handle)
     p = config.parallel
-    readers_of_dcp = p.plugin == "torch" or (p.plugin_name == "colossalai-ddp" and p.precision == "fp32")
-    if saved["format"] == DCP_FORMAT and not readers_of_dcp:
+    if p.plugin_spec.reads_state(saved["format"], p.precision):
+        return
+    if saved["format"] == DCP_FORMAT:
         raise ValueError(f"--resume {path}: its trainer state was written by {saved['plugin']} (torch DCP); "
                          f"{p.plugin_name} ({p.precision}) cannot read it: use --plugin torch or colossalai DDP in fp32")
-    if saved["format"] == COLOSSAL_FORMAT and p.plugin != "colossalai":
+    if saved["format"] == COLOSSAL_FORMAT:
         raise ValueError(f"--resume {path}: its trainer state was written by {saved['plugin']} (ColossalAI "
                          "checkpoint); resume it with --plugin colossalai")
 

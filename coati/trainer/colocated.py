@@ -29,7 +29,7 @@ import torch
 
 from coati.config.tree import RLConfig
 from coati.models.lora import merged_tensors
-from coati.rollout.inference_backend import TransformersBackend
+from coati.registry import resolve
 from coati.rollout.round_generator import RoundGenerator
 
 
@@ -105,8 +105,8 @@ class ColocatedGenerator:
         self.config, self.rank, self.plugin = config, rank, plugin
         self.shares_module = config.parallel.engine_is_policy
         if self.shares_module:
-            self.backend = TransformersBackend(plugin.full_module(), tokenizer,
-                                               config.batch.inference_microbatch_size)
+            wrap = resolve(config.parallel.backend_spec.wraps_trained_module)
+            self.backend = wrap(plugin.full_module(), tokenizer, config.batch.inference_microbatch_size)
         else:
             self.backend = make_backend(config, rank)
         self.rounds = RoundGenerator(config, rank, self.backend)

@@ -55,6 +55,7 @@ import torch
 
 from coati.cluster.trainer_group import rendezvous_address
 from coati.cluster.weight_sync import make_publisher, pack_named_tensors
+from coati.registry.weight_sync import weight_sync_spec
 from coati.config.algo import estimator_family
 from coati.config.tree import RLConfig
 from coati.models.lora import merged_tensors
@@ -117,7 +118,7 @@ class Consumer:
         self.tokenizer = AutoTokenizer.from_pretrained(config.model.path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         model_config = AutoConfig.from_pretrained(config.model.path)
-        if p.plugin_name != "single":
+        if p.plugin_spec.distributed:
             from coati.plugins.dist import init_trainer_group
 
             init_trainer_group(self.rank, p.num_trainers, master_address or "127.0.0.1", master_port or 29506)
@@ -127,7 +128,8 @@ class Consumer:
                                                mesh=self.mesh, optim=config.algo.optim, lora=config.model.lora)
         self.plugin = self.roles[ACTOR].plugin  # the policy's: it sets the data-parallel shares and is published
         if self.plugin.is_weight_sender and not p.colocate:
-            self.publisher = make_publisher(config, self.weight_store)
+            self.publisher = make_publisher(p.weight_sync, self.weight_store, p.num_inferencers,
+                                            p.weight_sync_bucket_mb, p.weight_sync_timeout_s)
         if config.algo.learner_chunk_size > 0 and self.plugin.is_weight_sender:
             from coati.trainer.learner_generation import LearnerGenerator
 
@@ -381,7 +383,7 @@ class Consumer:
         is reused; otherwise the full weights are gathered once more. The branch depends only on settings and
         counters equal on every rank, so all ranks make the same collective calls."""
         on_sync = self._published_version == self.version > 0 and self.drawn_since_sync == 0
-        if on_sync and self.config.parallel.weight_sync == "object-store":
+        if on_sync and weight_sync_spec(self.config.parallel.weight_sync).keeps_published_object:
             return self.version, [self.publisher.published] if self.plugin.is_weight_sender else None, True
         tensors = self._version_tensors()
         if tensors is None:

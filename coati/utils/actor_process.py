@@ -5,7 +5,7 @@ model shards"); Ray forwards each bar to the driver's terminal under the actor's
 between the run's own progress bar and eval lines. ``start_actor_process()`` turns off transformers' and
 huggingface_hub's progress bars and vLLM's INFO logs in that worker process. Warnings and errors still come
 through. The driver and a user's own code that imports coati keep their bars; Ray's driver-side notices are
-handled in launch.init_ray.
+handled in cluster/connect.init_ray_for.
 
 Crash reports: Ray enables faulthandler for the crashing thread only. A native crash in a trainer or an
 inference engine usually happens on a library's own thread (gloo, NCCL, OpenMP, vLLM's engine), which has no

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 
 import torch
 
+from coati.registry.backends import BACKENDS, DEFAULT_BACKEND
+
 ROLES = ("producer", "learner_generation", "evaluator", "reference", "reward_model", "evaluate", "policy", "critic")
 TRAINED = ("policy", "critic")
-BACKENDS = ("transformers", "vllm")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 VLLM_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -88,7 +89,7 @@ def granted_gpus() -> list[int]:
     return [int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()]
 
 
-def model_placement(role: str, backend: str = "transformers", dtype: str = "auto",
+def model_placement(role: str, backend: str = DEFAULT_BACKEND, dtype: str = "auto",
                     trainer_precision: str = "fp32") -> ModelPlacement:
     """``device_rule`` for this process's granted GPUs: what every model holder calls."""
     return device_rule(granted_gpus(), backend, role, dtype, trainer_precision)

@@ -108,7 +108,7 @@ def test_two_node_run_places_trainers_and_inferencers_on_their_nodes(cluster, no
 def test_a_local_run_neither_joins_nor_disturbs_a_running_cluster(cluster, demo_assets, data, monkeypatch):
     """``ray.init()`` without an address joins the cluster ``ray start`` recorded in the temp dir; a local run
     (no --master_address, no RAY_ADDRESS) must start its own, even with that very temp dir as --ray_dir."""
-    from coati.cluster.connect import init_ray
+    from coati.launcher.rl import init_ray
     from coati.config.cli import build_parser, config_from_args
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)

@@ -107,7 +107,8 @@ def test_dry_run_on_one_gpu_plans_colocation(demo_assets, capsys):
 def test_a_cluster_declaring_one_gpu_reserves_the_colocated_plan(tiny_model_dir):
     """ray.init(num_gpus=1) on this CPU machine: the colocated run's placement groups are created; the decoupled
     layout is refused before any actor with the line naming --colocate."""
-    from coati.cluster.connect import ClusterError, reserve
+    from coati.cluster.connect import ClusterError
+    from coati.launcher.rl import reserve
 
     flags = ["-m", tiny_model_dir, "-d", "unused.jsonl", *BASE]
     ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)

@@ -1,0 +1,40 @@
+"""Inference backends: one ``BackendSpec`` per engine (``-b/--backend``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coati.registry import lookup
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    name: str
+    build: str  # "module:function" (config, rank, placement) -> InferenceBackend
+    preflight: str | None = None  # "module:function" (tensor_parallel_size): one ConfigError line when unusable here
+    tensor_parallel: bool = False  # shards one engine over several GPUs (-ptp > 1)
+    kv_cache_budget: bool = False  # memory: a fixed KV-cache budget (--vllm-*) instead of the generate cache
+    cpu_runtime_bytes: float = 0.6 * GiB  # memory: an actor with the engine imported, before any model (CPU)
+    sleeps: bool = False  # a colocated engine releases its GPU memory while its rank trains
+    wraps_trained_module: str | None = None  # "module:class" (module, tokenizer, micro_batch): a colocated
+    #   engine that generates with the trained module itself on plugins that yield it whole (no copy, no sync)
+    colocates: bool = True  # can run inside a trainer rank (--colocate)
+    takes_adapters: bool = False  # loads LoRA adapter tensors in place (else each version is merged first)
+
+
+# The first row is the default engine.
+BACKENDS: dict[str, BackendSpec] = {spec.name: spec for spec in (
+    BackendSpec("transformers", build="coati.rollout.inference_backend:build_transformers_backend",
+                wraps_trained_module="coati.rollout.inference_backend:TransformersBackend", takes_adapters=True),
+    BackendSpec("vllm", build="coati.rollout.vllm_backend:build_vllm_backend",
+                preflight="coati.rollout.vllm_backend:check_vllm_usable", tensor_parallel=True,
+                kv_cache_budget=True, cpu_runtime_bytes=2.0 * GiB, sleeps=True),
+)}
+
+DEFAULT_BACKEND = next(iter(BACKENDS))
+
+
+def backend_spec(name: str) -> BackendSpec:
+    return lookup(BACKENDS, name, "inference backend")

@@ -1,0 +1,108 @@
+"""Trainer plugins: one ``PluginSpec`` per layout implementation; ``--plugin`` names a family and the layout
+flags (-t, -tp, -pp, -zero) pick the family's plugin that serves them (``plugin_for``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from coati.registry import lookup
+
+PLUGIN_FAMILIES = ("torch", "colossalai")  # the first is the default
+DEFAULT_PLUGIN_FAMILY = PLUGIN_FAMILIES[0]
+ALL_PRECISIONS = ("fp32", "bf16", "fp16")
+ANY_ZERO = (0, 1, 2, 3)
+DCP, COLOSSAL = "torch-dcp", "colossalai"  # trainer-state formats (coati.plugins.state)
+
+
+@dataclass(frozen=True)
+class PluginSpec:
+    name: str
+    family: str
+    serves: Callable[[int, int, int, int], bool]  # (num_trainers, tp, pp, zero) -> the family's plugin for it
+    build: str  # "module:class", called as class([variant,] layout, mesh)
+    variant: str | None = None
+    distributed: bool = True  # runs on a torch.distributed group (False: one process, no tp/pp/zero)
+    tensor_parallel: bool = False
+    pipeline_parallel: bool = False
+    zero_stages: tuple[int, ...] = ANY_ZERO
+    zero_needs_mixed_precision: bool = False  # ZeRO only with bf16/fp16 compute
+    pipeline_max_zero: int = 3  # the highest ZeRO stage together with pipeline parallelism
+    precisions: tuple[str, ...] = ("fp32", "bf16")  # compute precisions it honours (fp16 needs a loss scaler)
+    tp_model_families: tuple[str, ...] | None = None  # HF model_type it shards by tensors (None: any)
+    pp_model_families: tuple[str, ...] = ("qwen2", "llama")  # HF model_type it can cut into pipeline stages
+    gradient_checkpointing: bool = True
+    zero_shards_parameters: bool = True  # ZeRO shards the fp32 parameters too (FSDP2), not only states/gradients
+    full_module: bool = False  # full_module() is the trained module itself on every rank (unsharded)
+    state_format: str = DCP  # the trainer-state checkpoint it writes
+    reads_dcp_in: tuple[str, ...] = ALL_PRECISIONS  # precisions in which it reads a torch DCP trainer state
+    trains_adapters: bool = False  # trains LoRA adapters on a frozen base
+    launch: str | None = None  # "module:function" run once per rank after the process group exists
+
+    def reads_state(self, state_format: str, precision: str) -> bool:
+        """Whether it resumes a trainer state written in ``state_format`` while training in ``precision``."""
+        if state_format == DCP:
+            return precision in self.reads_dcp_in
+        return state_format == self.state_format
+
+
+def _colossal(name: str, serves, **capabilities) -> PluginSpec:
+    # pipeline stages: our own shardformer policy for Qwen2 under transformers 5 (plugins/colossal_policies.py)
+    defaults = {"state_format": COLOSSAL, "reads_dcp_in": (), "pp_model_families": ("qwen2",),
+                "zero_shards_parameters": False}
+    return PluginSpec(name, "colossalai", serves, "coati.plugins.colossal:ColossalPlugin",
+                      variant=name.removeprefix("colossalai-"), launch="coati.plugins.colossal:launch_colossalai",
+                      **{**defaults, **capabilities})
+
+
+def _plain(n: int, tp: int, pp: int, zero: int) -> bool:
+    return tp == 1 and pp == 1 and zero == 0
+
+
+# Within a family exactly one row serves a layout.
+PLUGINS: dict[str, PluginSpec] = {spec.name: spec for spec in (
+    # LoRA (trains_adapters): these run the peft model as it is (DDP and FSDP2 wrap or shard frozen and trained
+    # parameters alike); tensor-parallel plans and pipeline stages address the plain HF modules, and ColossalAI's
+    # booster wraps peft models its own way, which is not built here.
+    PluginSpec("single", "torch", lambda n, tp, pp, zero: _plain(n, tp, pp, zero) and n == 1,
+               "coati.plugins.torch_single:SingleProcessPlugin", distributed=False, full_module=True,
+               trains_adapters=True),
+    PluginSpec("torch-ddp", "torch", lambda n, tp, pp, zero: _plain(n, tp, pp, zero) and n > 1,
+               "coati.plugins.torch_native:TorchNativePlugin", variant="ddp", full_module=True, trains_adapters=True),
+    PluginSpec("torch-fsdp2", "torch", lambda n, tp, pp, zero: tp == 1 and pp == 1 and zero > 0,
+               "coati.plugins.torch_native:TorchNativePlugin", variant="fsdp2", trains_adapters=True),
+    PluginSpec("torch-tp", "torch", lambda n, tp, pp, zero: tp > 1, "coati.plugins.torch_native:TorchNativePlugin",
+               variant="tp", tensor_parallel=True),
+    PluginSpec("torch-pp", "torch", lambda n, tp, pp, zero: tp == 1 and pp > 1,
+               "coati.plugins.torch_pipeline:TorchPipelinePlugin", pipeline_parallel=True, pipeline_max_zero=0),
+    _colossal("colossalai-ddp", lambda n, tp, pp, zero: _plain(n, tp, pp, zero), reads_dcp_in=("fp32",)),
+    _colossal("colossalai-zero", lambda n, tp, pp, zero: tp == 1 and pp == 1 and zero > 0, zero_stages=(1, 2),
+              precisions=ALL_PRECISIONS),
+    _colossal("colossalai-hybrid", lambda n, tp, pp, zero: tp > 1 or pp > 1, tensor_parallel=True,
+              pipeline_parallel=True, zero_stages=(0, 1, 2), zero_needs_mixed_precision=True, pipeline_max_zero=1,
+              precisions=ALL_PRECISIONS, gradient_checkpointing=False,
+              tp_model_families=("qwen2",)),  # ColossalAI 0.5.0's llama policy fails to import under transformers 5
+)}
+
+
+def plugin_spec(name: str) -> PluginSpec:
+    return lookup(PLUGINS, name, "trainer plugin")
+
+
+def plugin_for(family: str, num_trainers: int, tp: int, pp: int, zero_stage: int) -> str:
+    """The family's plugin for this layout (torch: TP, PP, FSDP2 for ZeRO, DDP, single; colossalai:
+    HybridParallel for TP/PP, LowLevelZero, TorchDDP)."""
+    for spec in PLUGINS.values():
+        if spec.family == family and spec.serves(num_trainers, tp, pp, zero_stage):
+            return spec.name
+    raise ValueError(f"unknown plugin family {family!r}; choose one of {', '.join(PLUGIN_FAMILIES)}")
+
+
+def adapter_plugins() -> str:
+    """The plugins that train LoRA adapters, for a line that names the fix."""
+    return ", ".join(name for name, spec in PLUGINS.items() if spec.trains_adapters)
+
+
+def families_with(capable: Callable[[PluginSpec], bool]) -> str:
+    """The plugin families with a plugin that is ``capable``, for a line that names the fix."""
+    return " or ".join(dict.fromkeys(spec.family for spec in PLUGINS.values() if capable(spec)))
