@@ -55,8 +55,8 @@ def test_plugin_for_picks_as_the_layout_flags_say():
 
 def test_capabilities_the_code_asks_for():
     assert [name for name, spec in PLUGINS.items() if spec.full_module] == ["single", "torch-ddp"]
-    assert not any(spec.trains_adapters for spec in PLUGINS.values())
-    assert not any(spec.takes_adapters for spec in BACKENDS.values())
+    assert [name for name, spec in PLUGINS.items() if spec.trains_adapters] == ["single", "torch-ddp", "torch-fsdp2"]
+    assert [name for name, spec in BACKENDS.items() if spec.takes_adapters] == ["transformers"]
     ddp = plugin_spec("colossalai-ddp")
     assert ddp.reads_state("torch-dcp", "fp32") and not ddp.reads_state("torch-dcp", "bf16")
     assert not plugin_spec("torch-ddp").reads_state("colossalai", "fp32")
