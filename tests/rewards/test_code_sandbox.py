@@ -5,6 +5,7 @@ output: a pass would mean the sandbox failed. Every case must come back not corr
 process behind (checked by scanning /proc) and leave the host unchanged.
 """
 
+import dataclasses
 import os
 import secrets
 import shutil
@@ -128,11 +129,21 @@ def test_fork_bomb(score_hostile, scorer):
     assert scorer.score(fenced("print(input())"), one_case("hi\n", "hi\n")).correct
 
 
-@pytest.mark.timeout(30)
-def test_memory_bomb(score_hostile):
-    score_hostile("b = bytearray(8 << 30)\nprint('allocated')\n", one_case("allocated\n"), ("runtime error on case 0",))
-    gradual = "x = []\nwhile True:\n    x.append(bytearray(50 << 20))\n"
-    score_hostile(gradual, one_case("allocated\n"), ("runtime error on case 0",))
+# A memory bomb must be stopped by the address-space limit, so it gets a clock it cannot run out first: under
+# LIMITS' 1.5 s, at a load average of 30, the gradual bomb below had not yet filled 512 MB and ended as a timeout.
+MEMORY_LIMITS = dataclasses.replace(LIMITS, cpu_time_s=20, wall_time_s=30)
+
+
+@pytest.mark.timeout(120)
+def test_memory_bomb():
+    with CodeRewardScorer(MEMORY_LIMITS, all_or_nothing=False, max_workers=1, uid_base=UID_BASE) as scorer:
+        uids = set(scorer._uids._fds)
+        gradual = "x = []\nwhile True:\n    x.append(bytearray(50 << 20))\n"
+        for code in ("b = bytearray(8 << 30)\nprint('allocated')\n", gradual):
+            result = scorer.score(fenced(code), one_case("allocated\n"))
+            assert result.format_ok and not result.correct and result.reward == pytest.approx(FORMAT_REWARD)
+            assert result.reason.startswith("runtime error on case 0"), result.reason
+            assert sandbox_processes(uids) == []
 
 
 @pytest.mark.timeout(30)
