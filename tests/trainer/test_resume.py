@@ -179,21 +179,30 @@ def test_fsdp2_checkpoint_resumes_as_single_trainer(demo_assets, data, fsdp_refe
 LEARNER = ["--learner-chunk-size", "4", "-si", "1"]  # rounds of 8 producer + 4 learner groups: 3 steps each
 
 
+@pytest.fixture(scope="module")
+def learner_reference(demo_assets, data, tmp_path_factory):
+    """One uninterrupted run with learner-side generation, a checkpoint at every step; both resume tests start
+    from its checkpoints."""
+    save_dir = tmp_path_factory.mktemp("learner")
+    reference = launch(demo_assets, data, save_dir, "ref", *LEARNER)
+    assert reference.steps == 6  # 32 prompts = 2 rounds of 8 (producer) + 4 (learner) prompts
+    return os.path.join(save_dir, "ref")
+
+
 @pytest.mark.parametrize("step", [2, 3], ids=["mid-round", "round-boundary"])
-def test_resume_with_learner_side_generation_is_exact(demo_assets, data, tmp_path, step):
+def test_resume_with_learner_side_generation_is_exact(demo_assets, data, learner_reference, tmp_path, step):
     """The learner fills a round at the round's first draw: a checkpoint mid-round holds its groups in the
     consumer state (the round was drawn at once); one at a round boundary (step 3) must not wait for them, and
     the resumed learner makes them."""
-    reference = launch(demo_assets, data, tmp_path, "ref", *LEARNER)
-    assert reference.steps == 6  # 32 prompts = 2 rounds of 8 (producer) + 4 (learner) prompts
-    state = json.load(open(os.path.join(tmp_path, "ref", f"step_{step}", checkpointing.RUN_STATE)))
+    state = json.load(open(os.path.join(learner_reference, f"step_{step}", checkpointing.RUN_STATE)))
     # At the boundary v1 was just published: the producer's round 1 is either in the buffer already (stored) or
     # not (regenerated on resume); both resume exactly.
     assert state["pending_groups"] in {2: (0,), 3: (0, 8)}[step]  # step 2: the round is in the consumer state
-    launch(demo_assets, data, tmp_path, "resumed", *LEARNER, "--resume", os.path.join(tmp_path, "ref", f"step_{step}"))
+    checkpoint = os.path.join(learner_reference, f"step_{step}")
+    launch(demo_assets, data, tmp_path, "resumed", *LEARNER, "--resume", checkpoint)
     resumed = train_rows(os.path.join(tmp_path, "resumed"))
     assert sorted(resumed) == list(range(step + 1, 7))
-    assert_same_steps(train_rows(os.path.join(tmp_path, "ref")), resumed, range(step + 1, 7), f"learner, step {step}")
+    assert_same_steps(train_rows(learner_reference), resumed, range(step + 1, 7), f"learner, step {step}")
     assert sum(resumed[s]["learner_groups"] for s in resumed) == {2: 4, 3: 4}[step]
 
 
