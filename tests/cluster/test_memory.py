@@ -84,3 +84,19 @@ def test_torch_mixed_precision_keeps_fp32_parameters():
                                                                       "optimizer": 8 * P}
     assert trainer_states(shape, TrainerLayout(dp=2, zero=2, precision="bf16")) == {
         "weights": 2 * P + 2 * P, "gradients": 2 * P, "optimizer": 4 * P}
+
+
+def test_lora_adapters_and_their_states():
+    shape = ModelShape.from_config(QWEN05)  # hidden 896, kv 2 x 64 = 128, intermediate 4864, 24 layers
+    # rank 16, per block: q 16 x (896 + 896), k and v 16 x (896 + 128), o 16 x (896 + 896), gate and up
+    # 16 x (896 + 4864), down 16 x (4864 + 896)
+    per_block = 16 * (2 * 1792 + 2 * 1024 + 3 * 5760)
+    assert shape.adapter_params(16) == 24 * per_block == 8_798_208  # what peft counts (benchmarks/bench_lora.py)
+    assert shape.adapter_params(16, ("q_proj", "v_proj")) == 24 * 16 * (1792 + 1024)
+    P, A = shape.params, 8_798_208
+    # the frozen base in fp32, no masters; gradients and Adam for the adapters only
+    assert trainer_states(shape, TrainerLayout(adapter_params=A)) == {"weights": 4 * P + 4 * A, "gradients": 4 * A,
+                                                                      "optimizer": 8 * A}
+    # FSDP2 x2 -zero 2: the base sharded, gathered from forward to backward
+    fsdp = trainer_states(shape, TrainerLayout(dp=2, zero=2, adapter_params=A))
+    assert fsdp["weights"] == 2 * P + 4 * P + 4 * A
