@@ -155,12 +155,14 @@ def colocated_memory(train: dict[str, float], engine: dict[str, float], engine_i
     return {"train_phase": train_phase, "generate_phase": generate_phase, "total": max(train_phase, generate_phase)}
 
 
-def publish_bytes(shape: ModelShape, weight_sync: str, bucket_mb: float, dtype_bytes: int = 4) -> float:
+def publish_bytes(shape: ModelShape, weight_sync: str, bucket_mb: float, dtype_bytes: int = 4,
+                  params: int | None = None) -> float:
     """Host memory the sending trainer rank adds by publishing, at its peak: the gathered full weights and one
     more full copy (collective: the broadcast buckets it keeps to re-send a version to a restarted producer;
     object store: the packed copy it puts). Measured: 2.0x the fp32 weights over the other rank's peak
-    (docs/results.md); ``bucket_mb`` does not change the total."""
-    return 2 * dtype_bytes * shape.params
+    (docs/results.md); ``bucket_mb`` does not change the total. ``params``: the parameters a version holds when
+    not the whole model (LoRA: the adapters)."""
+    return 2 * dtype_bytes * (shape.params if params is None else params)
 
 
 def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int) -> int:

@@ -161,8 +161,8 @@ def estimate(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: l
             if config.algo.uses_critic:  # a second trained model of the policy's shape, same layout
                 memory["critic"] = sum(v for k, v in memory.items() if k in ("weights", "gradients", "optimizer"))
             if actor.name == "trainer rank 0" and on_cpu and not p.colocate:  # the sender's host copies
-                memory["publish"] = (2 * 4 * adapters if config.engine_adapters is not None
-                                     else publish_bytes(shape, p.weight_sync, p.weight_sync_bucket_mb))
+                version = adapters if config.engine_adapters is not None else None  # LoRA: the adapters alone
+                memory["publish"] = publish_bytes(shape, p.weight_sync, p.weight_sync_bucket_mb, params=version)
             if p.colocate:  # the peak of either phase, not their sum
                 memory = colocated_memory(memory, engine_memory(actor.node, memory), p.engine_is_policy,
                                           p.offload_optimizer and not on_cpu, p.backend_spec.sleeps and not on_cpu)

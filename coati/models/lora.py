@@ -40,8 +40,9 @@ def is_adapted(model) -> bool:
 
 
 def add_adapters(model: torch.nn.Module, lora, trained_modules: tuple[str, ...] = ()) -> torch.nn.Module:
-    """``model`` with LoRA adapters as ``lora`` (a ``coati.config.lora.LoraConfig``) says; base weights frozen. ``trained_modules``: modules
-    trained in full beside the adapters (a critic's fresh value head), never adapted themselves."""
+    """``model`` with LoRA adapters as ``lora`` (a ``coati.config.lora.LoraConfig``) says; base weights frozen.
+    ``trained_modules``: modules trained in full beside the adapters (a critic's fresh value head), never adapted
+    themselves."""
     from peft import LoraConfig as PeftLoraConfig, get_peft_model
 
     targets = list(lora.targets)

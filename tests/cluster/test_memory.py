@@ -100,3 +100,8 @@ def test_lora_adapters_and_their_states():
     # FSDP2 x2 -zero 2: the base sharded, gathered from forward to backward
     fsdp = trainer_states(shape, TrainerLayout(dp=2, zero=2, adapter_params=A))
     assert fsdp["weights"] == 2 * P + 4 * P + 4 * A
+
+
+def test_a_lora_version_publishes_the_adapters_alone():
+    shape = ModelShape.from_config(QWEN05)
+    assert publish_bytes(shape, "object-store", 128, params=8_798_208) == 8 * 8_798_208
