@@ -100,11 +100,6 @@ class ParallelConfig(TrainerLayout):
         return backend_spec(self.backend)
 
     @property
-    def engine_takes_adapters(self) -> bool:
-        """Whether the inference engine loads LoRA adapter tensors itself (else a version is merged first)."""
-        return self.backend_spec.takes_adapters
-
-    @property
     def rollout_sources(self) -> int:
         """Generators that put a round's ``-ibs`` batches into the buffer: the inferencers, or with --colocate
         every trainer rank (generator r is trainer rank r)."""

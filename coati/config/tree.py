@@ -60,11 +60,11 @@ class RLConfig:
         adapter tensors alone. None without LoRA, or when the engine takes full weights only (each version is
         merged into full weights first: ``merges_adapters``)."""
         lora = self.model.lora
-        return lora if lora.enabled and self.parallel.engine_takes_adapters else None
+        return lora if lora.enabled and self.parallel.backend_spec.takes_adapters_of_rank(lora.lora_rank) else None
 
     @property
     def merges_adapters(self) -> bool:
-        return self.model.lora.enabled and not self.parallel.engine_takes_adapters
+        return self.model.lora.enabled and self.engine_adapters is None
 
     @property
     def schedule(self):

@@ -69,8 +69,7 @@ def run(config: RLConfig, log=print) -> RunResult:
     if line:
         log(line)
     if config.merges_adapters:
-        log(f"--lora-rank with -b {config.parallel.backend}: this engine takes full weights, so each weight version "
-            "is the adapters merged into the base (a full-size sync); -b transformers loads the adapters alone")
+        log(_merged_adapters_line(config))
     reservation = reserve(config)  # before any actor: a cluster too small for the flags is one ClusterError line
     try:
         return _run(config, log, reservation, start)
@@ -223,6 +222,13 @@ def _rounds_to_run(config, consumers, producers, log) -> int:
     if rounds == 0:
         raise RuntimeError("no full inference batch of prompts fits -mpt; raise -mpt/--max-prompt-tokens or lower -ibs")
     return rounds
+
+
+def _merged_adapters_line(config: RLConfig) -> str:
+    spec, rank = config.parallel.backend_spec, config.model.lora.lora_rank
+    why = f"takes adapters up to rank {spec.max_adapter_rank}" if spec.takes_adapters else "takes full weights"
+    return (f"--lora-rank {rank} with -b {spec.name}: this engine {why}, so each weight version is the adapters "
+            "merged into the base (a full-size sync)")
 
 
 def _evaluator_threads(cores: dict[str, int], node: str, reservation, concurrent: bool) -> int:

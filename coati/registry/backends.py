@@ -22,6 +22,10 @@ class BackendSpec:
     #   engine that generates with the trained module itself on plugins that yield it whole (no copy, no sync)
     colocates: bool = True  # can run inside a trainer rank (--colocate)
     takes_adapters: bool = False  # loads LoRA adapter tensors in place (else each version is merged first)
+    max_adapter_rank: int | None = None  # the highest LoRA rank it takes (None: any); higher ranks are merged
+
+    def takes_adapters_of_rank(self, rank: int) -> bool:
+        return self.takes_adapters and (self.max_adapter_rank is None or rank <= self.max_adapter_rank)
 
 
 # The first row is the default engine.
@@ -30,7 +34,8 @@ BACKENDS: dict[str, BackendSpec] = {spec.name: spec for spec in (
                 wraps_trained_module="coati.rollout.inference_backend:TransformersBackend", takes_adapters=True),
     BackendSpec("vllm", build="coati.rollout.vllm_backend:build_vllm_backend",
                 preflight="coati.rollout.vllm_backend:check_vllm_usable", tensor_parallel=True,
-                kv_cache_budget=True, cpu_runtime_bytes=2.0 * GiB, sleeps=True),
+                kv_cache_budget=True, cpu_runtime_bytes=2.0 * GiB, sleeps=True, takes_adapters=True,
+                max_adapter_rank=512),  # vLLM's largest max_lora_rank
 )}
 
 DEFAULT_BACKEND = next(iter(BACKENDS))

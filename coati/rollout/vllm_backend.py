@@ -21,6 +21,12 @@ worker depends on where it lives:
   ``shm``     otherwise, when /dev/shm has room: one file of raw bytes in /dev/shm, mapped by every rank
               (one copy in, one copy out), removed after the update;
   ``bytes``   fallback: the same bytes inside the RPC message.
+
+LoRA. With adapters (``--lora-rank``) the engine starts with vLLM's LoRA support (one adapter slot) and a
+weight version is the adapter tensors alone: every worker builds vLLM's ``LoRAModel`` from them in memory and
+puts it in the slot under one fixed adapter id, replacing the previous version (vLLM itself only loads
+adapters from a directory). Requests name that id once a version has been loaded; before that the engine
+runs the base, which is what the adapters start as (B = 0).
 """
 
 from __future__ import annotations
@@ -44,6 +50,10 @@ INSTALL_HINT = ("-b vllm needs vLLM: on CPU run `bash scripts/install_vllm_cpu.s
                 "on a CUDA GPU `pip install -r requirements/gpu.txt` (or the project's [gpu] extra)")
 WORKER_EXTENSION = "coati.rollout.vllm_backend.CoatiWorkerExtension"
 _FINISH_REASONS = {"stop": "stop", "length": "length"}
+ADAPTER_ID = 1  # the one adapter slot's id: every version replaces the one before under it
+# vLLM sizes its adapter buffers by max_lora_rank, which must be one of these (the largest is the backend's
+# max_adapter_rank in coati/registry/backends.py; higher ranks are merged into full weights instead)
+_LORA_RANK_SIZES = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def vllm_available() -> bool:
@@ -74,7 +84,27 @@ def build_vllm_backend(config, rank: int, placement) -> VLLMBackend:
         tensor_parallel_size=p.producer_tensor_parallel_size, kv_cache_gb=p.vllm_kv_cache_gb,
         gpu_memory_utilization=p.vllm_gpu_memory_utilization, seed=config.run.seed + 1000 + rank,
         max_model_len=config.data.max_prompt_tokens + longest, dtype=placement.vllm_dtype,
-        sleep_mode=bool(p.colocate)))
+        sleep_mode=bool(p.colocate)), adapters=config.engine_adapters)
+
+
+def lora_rank_size(rank: int) -> int:
+    """The smallest adapter-buffer rank vLLM accepts that holds adapters of ``rank``."""
+    return next(size for size in _LORA_RANK_SIZES if size >= rank)
+
+
+def peft_adapter_config(lora) -> dict:
+    """What a PEFT ``adapter_config.json`` would say of the run's adapters, as vLLM's ``PEFTHelper`` reads it."""
+    targets = list(lora.targets)
+    return {"r": lora.lora_rank, "lora_alpha": lora.lora_alpha, "bias": "none",
+            "target_modules": targets[0] if len(targets) == 1 else targets}
+
+
+def vllm_lora_name(peft_name: str) -> str:
+    """peft's parameter name of an adapter tensor -> the name in an adapter file, which vLLM parses (without the
+    adapter's name: ``...q_proj.lora_A.default.weight`` -> ``...q_proj.lora_A.weight``)."""
+    from coati.models.lora import ADAPTER
+
+    return peft_name.replace(f".{ADAPTER}.", ".")
 
 
 @dataclass(frozen=True)
@@ -121,6 +151,27 @@ class CoatiWorkerExtension:
         for module in model.modules():
             if isinstance(module, ParallelLMHead) and id(getattr(module, "weight", None)) in embeddings:
                 module.quant_method.process_weights_after_loading(module)
+
+    def coati_load_adapter(self, payload, adapter_config: dict) -> int:
+        """A new version of the one adapter, built from its tensors in memory, in place of the previous one."""
+        from vllm.lora.lora_model import LoRAModel
+        from vllm.lora.peft_helper import PEFTHelper
+
+        loras = self.model_runner.lora_manager
+        with _opened_payload(payload) as named:  # cloned: the payload's buffer closes after the call
+            tensors = {vllm_lora_name(name): tensor.clone() for name, tensor in named}
+            named.clear()
+        helper = PEFTHelper.from_dict(adapter_config)
+        helper.validate_legal(loras.lora_config)
+        mapper = getattr(loras._adapter_manager.model, "hf_to_vllm_mapper", None)
+        adapter = LoRAModel.from_lora_tensors(
+            ADAPTER_ID, tensors, helper, device="cpu", dtype=loras.lora_config.lora_dtype,
+            model_vocab_size=loras.vocab_size, weights_mapper=mapper.get_rename_mapper() if mapper else None)
+        slots = loras._adapter_manager
+        slots.remove_adapter(ADAPTER_ID)
+        slots.add_adapter(adapter)
+        slots.activate_adapter(ADAPTER_ID)
+        return len(tensors)
 
     def coati_set_logit_scale(self, factor: float) -> int:
         """Scale every LogitsProcessor of the model by ``factor`` relative to the model's own scale."""
@@ -192,15 +243,18 @@ class VLLMBackend:
     """Generates with a vLLM ``LLM`` engine; weights are replaced in place between rounds.
 
     ``model_path`` is an HF directory (the trainer's starting point). The engine starts in the constructor
-    (20-30 s on 2 CPU cores); call ``close()`` to stop its processes.
+    (20-30 s on 2 CPU cores); call ``close()`` to stop its processes. ``adapters``: the run's LoRA settings
+    (``RLConfig.engine_adapters``) when weight versions are adapter tensors.
     """
 
-    def __init__(self, model_path: str, options: VLLMEngineOptions = VLLMEngineOptions(), tokenizer=None):
+    def __init__(self, model_path: str, options: VLLMEngineOptions = VLLMEngineOptions(), tokenizer=None,
+                 adapters=None):
         if not vllm_available():
             raise RuntimeError(INSTALL_HINT)
         from transformers import AutoTokenizer
 
-        self.model_path, self.options = model_path, options
+        self.model_path, self.options, self.adapters = model_path, options, adapters
+        self._lora_request = None  # set once an adapter version is loaded
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
         self.eos_id = self.tokenizer.eos_token_id
         on_gpu = cuda_available()
@@ -235,6 +289,8 @@ class VLLMBackend:
             logprobs_mode="raw_logprobs",
             worker_extension_cls=WORKER_EXTENSION,
         )
+        if adapters is not None:
+            engine_args.update(enable_lora=True, max_loras=1, max_lora_rank=lora_rank_size(adapters.lora_rank))
         if options.max_model_len is not None:
             engine_args["max_model_len"] = options.max_model_len
         if options.max_num_seqs is not None:
@@ -292,7 +348,7 @@ class VLLMBackend:
         else:  # one seeded generator per request (prompt), so a request's samples do not depend on the batch
             request_params = [self._vllm_params(params, (params.seed + index) % 2**63) for index in range(len(prompts))]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
-                                    request_params, use_tqdm=False)
+                                    request_params, use_tqdm=False, lora_request=self._lora_request)
         results = []
         for request in outputs:
             group = []
@@ -308,6 +364,7 @@ class VLLMBackend:
 
     # -- weight sync ------------------------------------------------------------------------------------
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """A weight version in place: the full weights, or with adapters the adapter tensors (by peft name)."""
         if self.transport == "inproc":
             tensors = list(named_tensors)
             self._rpc_load({"kind": "inproc", "tensors": tensors}, len(tensors))
@@ -339,9 +396,16 @@ class VLLMBackend:
             position = offset + nbytes
 
     def _rpc_load(self, payload, expected: int) -> None:
-        counts = self.llm.collective_rpc("coati_load_weights", args=(payload,))
+        if self.adapters is None:
+            counts = self.llm.collective_rpc("coati_load_weights", args=(payload,))
+        else:
+            counts = self.llm.collective_rpc("coati_load_adapter", args=(payload, peft_adapter_config(self.adapters)))
         if any(count != expected for count in counts):
             raise RuntimeError(f"weight sync: workers loaded {counts} tensors, expected {expected}")
+        if self.adapters is not None and self._lora_request is None:
+            from vllm.lora.request import LoRARequest
+
+            self._lora_request = LoRARequest("coati", ADAPTER_ID, lora_path="in-memory")
         self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
 
     # -- memory hand-over with a colocated trainer (sleep mode on GPU; nothing to do otherwise) -------------

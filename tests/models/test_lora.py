@@ -220,17 +220,27 @@ def test_export_refuses_in_one_line(tiny_model_dir, tmp_path, capsys):
     assert "--base" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("backend", ["transformers", "vllm"])
-def test_a_consumers_weight_version_is_adapters_or_merged_weights(demo_assets, backend):
+@pytest.mark.parametrize("backend,rank", [("transformers", 4), ("vllm", 520)])
+def test_a_consumers_weight_version_is_adapters_or_merged_weights(demo_assets, backend, rank):
     """What the sending trainer publishes with LoRA: the adapters alone for an engine that takes them, the merged
-    full weights (plain HF names) for one that does not. Ray-free: a one-process consumer, published by hand."""
+    full weights (plain HF names) for one that does not (vLLM above its largest adapter rank, 512). Ray-free: a
+    one-process consumer, published by hand."""
     from coati.config.cli import build_parser, config_from_args
+    from coati.launcher.rl import _merged_adapters_line
     from coati.trainer.consumer import Consumer
 
     parser = build_parser()
-    args = parser.parse_args(["--lora-rank", "4", "-b", backend, "-ibs", "8", "-imbs", "8", "-tbs", "8", "-tMbs", "8", "-tmbs", "16"])
+    flags = ["-b", backend, "-ibs", "8", "-imbs", "8", "-tbs", "8", "-tMbs", "8", "-tmbs", "16"]
+    for takes_rank in (1, 512):
+        assert config_from_args(parser.parse_args(["--lora-rank", str(takes_rank), *flags]), demo_assets,
+                                parser.given).engine_adapters is not None
+    args = parser.parse_args(["--lora-rank", str(rank), *flags])
     config = config_from_args(args, demo_assets, parser.given)
     assert config.merges_adapters == (backend == "vllm")
+    if config.merges_adapters:
+        assert _merged_adapters_line(config) == ("--lora-rank 520 with -b vllm: this engine takes adapters up to "
+                                                 "rank 512, so each weight version is the adapters merged into the "
+                                                 "base (a full-size sync)")
     consumer = Consumer(config, 0, buffer=None, weight_store=None, num_threads=1)
     consumer.setup()
     with torch.no_grad():  # adapters that changed the model

@@ -193,6 +193,59 @@ def test_weight_update_in_place_changes_outputs_and_reagrees(engine, hf_model):
 
 @needs_vllm
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("layout", ["in-process", "multiprocess"])
+def test_adapter_versions_load_in_memory_and_agree_with_the_trainer(demo_assets, hf_model, layout):
+    """LoRA: the engine takes adapter tensors alone (vLLM's LoRA, built in memory in the worker, in this process
+    or another), and its behaviour logprobs are the peft model's; a second version replaces the first in place."""
+    import copy
+
+    from coati.config.lora import LoraConfig
+    from coati.models.lora import add_adapters, version_parameters
+
+    lora = LoraConfig(lora_rank=4, lora_alpha=8.0)
+    policy = add_adapters(copy.deepcopy(hf_model), lora).eval()
+    options = VLLMEngineOptions(max_model_len=128, kv_cache_gb=0.25, gpu_memory_utilization=0.2, seed=0,
+                                multiprocessing=layout == "multiprocess")
+    engine = VLLMBackend(demo_assets.model_dir, options, adapters=lora)
+    assert (engine.transport == "inproc") == (layout == "in-process")
+    try:
+        prompts = prompt_ids(engine.tokenizer)
+        greedy, sampled = SamplingParams(temperature=0.0, max_new_tokens=8), \
+            SamplingParams(n=4, temperature=0.8, top_p=0.9, max_new_tokens=8)
+        base = engine.generate(prompts, greedy)  # no version yet: the base, which the adapters start as
+        behaviour, recomputed = trainer_logprobs(policy, prompts, base, 1.0)
+        torch.testing.assert_close(behaviour, recomputed, atol=ATOL, rtol=0)
+        full_size = sum(p.numel() for p in hf_model.parameters())
+        for version in range(2):
+            generator = torch.Generator().manual_seed(version)
+            with torch.no_grad():  # "trained" adapters
+                for _, param in version_parameters(policy):
+                    param.copy_(0.1 * torch.randn(param.shape, generator=generator))
+            tensors = list(unpack_named_tensors(pack_named_tensors(version_parameters(policy))))
+            assert sum(t.numel() for _, t in tensors) < full_size / 10
+            engine.load_weights(tensors)
+            outputs = engine.generate(prompts, greedy)
+            assert [c.logprobs for g in outputs for c in g] != [c.logprobs for g in base for c in g]
+            for params in (greedy, sampled):
+                behaviour, recomputed = trainer_logprobs(policy, prompts, engine.generate(prompts, params),
+                                                         params.logprob_temperature)
+                torch.testing.assert_close(behaviour, recomputed, atol=ATOL, rtol=0)
+    finally:
+        engine.close()
+
+
+def test_vllm_adapter_buffers_and_config():
+    from coati.config.lora import LoraConfig
+
+    assert [vllm_backend.lora_rank_size(r) for r in (1, 2, 8, 9, 16, 300, 512)] == [1, 8, 8, 16, 16, 320, 512]
+    config = vllm_backend.peft_adapter_config(LoraConfig(lora_rank=4, lora_alpha=8.0))
+    assert config == {"r": 4, "lora_alpha": 8.0, "bias": "none", "target_modules": "all-linear"}
+    assert vllm_backend.vllm_lora_name("base_model.model.model.layers.0.mlp.up_proj.lora_B.default.weight") == \
+        "base_model.model.model.layers.0.mlp.up_proj.lora_B.weight"
+
+
+@needs_vllm
+@pytest.mark.timeout(300)
 def test_stop_strings_end_the_completion_and_stay_in_the_text(engine):
     tokenizer = engine.tokenizer
     prompts = prompt_ids(tokenizer)
