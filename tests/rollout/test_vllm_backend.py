@@ -196,18 +196,26 @@ def test_weight_update_in_place_changes_outputs_and_reagrees(engine, hf_model):
 @pytest.mark.parametrize("layout", ["in-process", "multiprocess"])
 def test_adapter_versions_load_in_memory_and_agree_with_the_trainer(demo_assets, hf_model, layout):
     """LoRA: the engine takes adapter tensors alone (vLLM's LoRA, built in memory in the worker, in this process
-    or another), and its behaviour logprobs are the peft model's; a second version replaces the first in place."""
+    or another), and its behaviour logprobs are the peft model's; a second version replaces the first in place.
+    In-process, the engine is built as a producer builds it, from the run's flags."""
     import copy
 
-    from coati.config.lora import LoraConfig
+    from coati.config.cli import build_parser, config_from_args
     from coati.models.lora import add_adapters, version_parameters
+    from coati.rollout.producer import make_backend
 
-    lora = LoraConfig(lora_rank=4, lora_alpha=8.0)
+    parser = build_parser()
+    config = config_from_args(parser.parse_args(["-b", "vllm", "--lora-rank", "4", "--lora-alpha", "8",
+                                                 "--vllm-kv-cache-gb", "0.25"]), demo_assets, parser.given)
+    lora = config.engine_adapters
+    if layout == "in-process":
+        engine = make_backend(config)
+    else:
+        engine = VLLMBackend(demo_assets.model_dir, VLLMEngineOptions(
+            max_model_len=128, kv_cache_gb=0.25, gpu_memory_utilization=0.2, seed=0, multiprocessing=True),
+            adapters=lora)
+    assert (engine.transport == "inproc") == (layout == "in-process") and engine.adapters == lora
     policy = add_adapters(copy.deepcopy(hf_model), lora).eval()
-    options = VLLMEngineOptions(max_model_len=128, kv_cache_gb=0.25, gpu_memory_utilization=0.2, seed=0,
-                                multiprocessing=layout == "multiprocess")
-    engine = VLLMBackend(demo_assets.model_dir, options, adapters=lora)
-    assert (engine.transport == "inproc") == (layout == "in-process")
     try:
         prompts = prompt_ids(engine.tokenizer)
         greedy, sampled = SamplingParams(temperature=0.0, max_new_tokens=8), \
