@@ -194,7 +194,7 @@ def test_weight_update_in_place_changes_outputs_and_reagrees(engine, hf_model):
 @needs_vllm
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("layout", ["in-process", "multiprocess"])
-def test_adapter_versions_load_in_memory_and_agree_with_the_trainer(demo_assets, hf_model, layout):
+def test_adapter_versions_load_in_memory_and_agree_with_the_trainer(demo_assets, hf_model, layout, monkeypatch):
     """LoRA: the engine takes adapter tensors alone (vLLM's LoRA, built in memory in the worker, in this process
     or another), and its behaviour logprobs are the peft model's; a second version replaces the first in place.
     In-process, the engine is built as a producer builds it, from the run's flags."""
@@ -209,6 +209,7 @@ def test_adapter_versions_load_in_memory_and_agree_with_the_trainer(demo_assets,
                                                  "--vllm-kv-cache-gb", "0.25"]), demo_assets, parser.given)
     lora = config.engine_adapters
     if layout == "in-process":
+        monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)  # an earlier engine's choice: CPU's default
         engine = make_backend(config)
     else:
         engine = VLLMBackend(demo_assets.model_dir, VLLMEngineOptions(
