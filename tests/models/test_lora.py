@@ -1,6 +1,7 @@
 """LoRA adapters (coati/models/lora.py) on the single plugin and the transformers engine: the adapted model starts
 as the base, only adapters train, the reference is the base, an adapter-only version makes an engine equal the
-trainer, merging equals peft's, the PEFT directory and the merged export load, and trainer state resumes exactly."""
+trainer, merging equals peft's, the PEFT directory and the merged export load, and trainer state resumes exactly.
+The same on trainer groups (torch DDP, ColossalAI DDP and ZeRO): tests/plugins/test_lora_plugins.py."""
 
 from __future__ import annotations
 
