@@ -12,8 +12,9 @@ an inference engine built with the same settings, so adapter tensors travel by n
 - ``merged_tensors``: adapter-model tensors -> the plain HF model's, each adapted weight ``W + (alpha / r) B A``
   (a weight version for engines that take full weights only; equal to peft's ``merge_and_unload``, which
   ``export_merged`` uses).
-- ``save_adapter`` / ``load_adapter_weights`` / ``load_adapted`` / ``export_merged``: PEFT's directory format (``adapter_config.json``,
-  ``adapter_model.safetensors``), which ``peft.PeftModel.from_pretrained`` and vLLM's LoRA loader read.
+- ``save_adapter`` / ``load_adapter_weights`` / ``load_adapted`` / ``export_merged``: PEFT's directory format
+  (``adapter_config.json``, ``adapter_model.safetensors``), which ``peft.PeftModel.from_pretrained`` and
+  vLLM's LoRA loader read.
 """
 
 from __future__ import annotations

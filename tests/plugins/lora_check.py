@@ -8,10 +8,11 @@ rank 4) on the tiny Qwen2 under each layout and, on rank 0, writes ``DIR/<layout
 - ``optimised``: names of the parameters the optimizer updates (for ZeRO its working parameters, whose fp32
   masters it partitions), ``master_dtypes`` / ``master_numel`` of what it keeps on this rank, ``with_grad``
   (parameters holding a gradient after a backward, where the layout leaves gradients on them);
-- ``version``: ``named_full_tensors()`` after two steps (batches A, B), and ``frozen_moved``: how far the
-  frozen base of ``named_full_tensors(include_frozen=True)`` moved from the initial weights;
+- ``grad_norms``: the two steps' gradient norms (batches A, B); ``version``: ``named_full_tensors()`` after them;
+  ``frozen_moved``: how far the frozen base of ``named_full_tensors(include_frozen=True)`` moved from the start;
 - ``off_diff`` / ``on_diff``: forwards inside ``adapters_off()`` against the base, and outside it;
-  ``logprobs``: the plugin's forward after the steps; ``merged_diff``: the plain model loaded with ``merged_tensors`` against the plugin's forward;
+  ``logprobs``: the plugin's forward after the steps; ``merged_diff``: the plain model loaded with
+  ``merged_tensors`` against the plugin's forward;
   ``saved_diff``: the ``save_pretrained`` directory (a PEFT one, loaded by peft) against the plugin's forward;
 - ``state_files``: what a ColossalAI trainer state keeps of the model (its ``model/`` directory);
 - ``resumed_diff``: a fresh plugin with other adapters that loads the state saved after step 1 and trains step
@@ -72,7 +73,8 @@ def _optimised(plugin) -> tuple[list[str], list[str], int]:
     optimizer = plugin.optimizer
     inner = getattr(optimizer, "optim", optimizer)
     working = getattr(optimizer, "_working_param_groups", None)  # LowLevelZero: masters stand in for them
-    params = [p for group in (working.values() if working else [g["params"] for g in inner.param_groups]) for p in group]
+    groups = working.values() if working else [group["params"] for group in inner.param_groups]
+    params = [p for group in groups for p in group]
     names = {id(p): n for n, p in plugin.module.named_parameters()}
     masters = [p for group in inner.param_groups for p in group["params"]]
     return (sorted(names[id(p)] for p in params), sorted({str(p.dtype) for p in masters}),
@@ -92,12 +94,13 @@ def check_layout(layout: str, out: str) -> dict:
     result["optimised"], result["master_dtypes"], result["master_numel"] = _optimised(plugin)
     initial = dict(plugin.named_full_tensors(include_frozen=True))
 
-    train_step(plugin, batches[0])
+    norms = [train_step(plugin, batches[0])[1]]
     state = os.path.join(out, "state", layout.replace(":", "_"))
     plugin.save_state(state)
     model_state = os.path.join(state, "model")  # ColossalAI's layout of a trainer state (DCP has none)
     result["state_files"] = sorted(os.listdir(model_state)) if os.path.isdir(model_state) else []
-    train_step(plugin, batches[1])
+    norms.append(train_step(plugin, batches[1])[1])
+    result["grad_norms"] = norms
     result["version"] = dict(plugin.named_full_tensors())
     full = dict(plugin.named_full_tensors(include_frozen=True))
     frozen = [name for name in full if name not in result["version"]]

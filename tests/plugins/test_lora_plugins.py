@@ -67,10 +67,15 @@ def test_adapters_alone_train_from_the_base_and_resume_exactly(runs, layout):
 @pytest.mark.parametrize("layout", FP32[1:])
 def test_colossalai_trains_the_adapters_as_torch_ddp_does(runs, layout):
     reference, found = runs["torch-ddp"], runs[layout]
-    assert torch.allclose(found["logprobs"], reference["logprobs"], atol=1e-5)
+    logprobs = float((found["logprobs"] - reference["logprobs"]).abs().max())
+    version = _max_diff(found["version"], reference["version"])
+    print(f"{layout} against torch-ddp after 2 steps: |dlogprob| {logprobs:.1e}  max|dw| {version:.1e}")
+    assert logprobs <= 1e-5
+    # the adapters' gradients, averaged over the ranks as torch DDP does (Adam alone would hide a scale)
+    assert found["grad_norms"] == pytest.approx(reference["grad_norms"], rel=1e-5)
     # Adam's first steps on the lora_A elements with near-zero gradients amplify summation-order noise: a
     # tenth of one step (lr) still tells a missed or different update
-    assert _max_diff(found["version"], reference["version"]) < 1e-3
+    assert version < 1e-3
 
 
 def test_colossalai_ddp_resumes_a_torch_ddp_lora_state(runs):
@@ -87,7 +92,10 @@ def test_bf16_zero_keeps_fp32_masters_of_the_adapters_only(runs):
     # and the saved adapter compute the trained model; training follows torch DDP's
     assert found["init_diff"] < 2e-2 and found["off_diff"] < 2e-2
     assert found["merged_diff"] < 2e-2 and found["saved_diff"] < 2e-2
-    assert float((found["logprobs"] - reference["logprobs"]).abs().max()) < 5e-2 < found["on_diff"]
+    logprobs = float((found["logprobs"] - reference["logprobs"]).abs().max())
+    print(f"{BF16} against torch-ddp (fp32) after 2 steps: |dlogprob| {logprobs:.1e}; "
+          f"the steps moved {found['on_diff']:.2f}")
+    assert logprobs < 5e-2 < found["on_diff"]
 
 
 def test_a_colossalai_state_resumes_only_with_or_without_adapters_as_saved():
