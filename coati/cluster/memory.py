@@ -17,7 +17,8 @@ Trainer rank (Adam):
 - the reference model (KL > 0) whole on every rank; the process's own runtime (CPU: Python, torch, Ray);
 - with LoRA (``adapter_params`` > 0): the frozen base as loaded (fp32, sharded like the weights under FSDP2) and
   no master copy; gradients and Adam states for the adapters only (``ModelShape.adapter_params``); no reference
-  model (it is the base with the adapters off); a published version is the adapters alone.
+  model (it is the base with the adapters off); a published version is the adapters alone. ColossalAI's ZeRO
+  holds the base in the compute dtype and shards the adapters' masters, states (and stage-2 gradients).
 Inferencer: weights / ptp, the KV cache (vLLM: its budget; transformers: the generate cache and kept logits),
 the received weight version (a CPU copy: object store or collective staging), the runtime. The sending trainer
 rank also holds the published version twice over (``publish_bytes``).
@@ -105,6 +106,8 @@ def trainer_states(shape: ModelShape, layout: TrainerLayout) -> dict[str, float]
     mixed = layout.precision != "fp32"
     dp, zero = layout.dp, layout.zero
     spec = plugin_spec(plugin_for(layout.plugin, dp * layout.tp * layout.pp, layout.tp, layout.pp, zero))
+    if layout.adapter_params and zero >= 1 and not spec.zero_shards_parameters:
+        return _colossal_zero_adapters(local, layout.adapter_params / (layout.tp * layout.pp), layout)
     if layout.adapter_params:  # a frozen base as loaded (no masters), adapters with gradients and Adam
         adapters = layout.adapter_params / (layout.tp * layout.pp)
         base = 4 * local / dp + b * local if spec.zero_shards_parameters and zero >= 1 else 4 * local
@@ -116,6 +119,15 @@ def trainer_states(shape: ModelShape, layout: TrainerLayout) -> dict[str, float]
     grads = 4 * local  # fp32 gradients: of the fp32 parameters, or for ColossalAI's fp32 masters
     return {"weights": b * local + master, "gradients": grads / (dp if zero >= 2 else 1),
             "optimizer": 8 * local / (dp if zero >= 1 else 1)}
+
+
+def _colossal_zero_adapters(local: float, adapters: float, layout: TrainerLayout) -> dict[str, float]:
+    """LoRA under ColossalAI's ZeRO: the whole model (frozen base and adapters) as working weights in the compute
+    dtype; fp32 masters (mixed precision), gradients (stage 2) and Adam states of the adapters, sharded over dp."""
+    b, dp = DTYPE_BYTES[layout.precision], layout.dp
+    master = 4 * adapters / dp if layout.precision != "fp32" else 0.0
+    return {"weights": b * (local + adapters) + master, "gradients": 4 * adapters / (dp if layout.zero >= 2 else 1),
+            "optimizer": 8 * adapters / dp}
 
 
 def activation_bytes(shape: ModelShape, layout: TrainerLayout, micro_batch: int, seq_len: int) -> dict[str, float]:

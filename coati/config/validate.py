@@ -89,7 +89,7 @@ def _validate_lora(config: RLConfig) -> None:
     lora.check()
     require(not lora.enabled or plugin_spec(plugin).trains_adapters,
             f"--lora-rank: the {plugin} plugin does not train LoRA adapters (those that do: {adapter_plugins()}, "
-            "i.e. --plugin torch without -tp/-pp): change the layout or drop --lora-rank")
+            "i.e. any --plugin without -tp/-pp): change the layout or drop --lora-rank")
 
 
 def _validate_colocation(config: RLConfig) -> None:

@@ -12,8 +12,9 @@ an inference engine built with the same settings, so adapter tensors travel by n
 - ``merged_tensors``: adapter-model tensors -> the plain HF model's, each adapted weight ``W + (alpha / r) B A``
   (a weight version for engines that take full weights only; equal to peft's ``merge_and_unload``, which
   ``export_merged`` uses).
-- ``save_adapter`` / ``load_adapted`` / ``export_merged``: PEFT's directory format (``adapter_config.json``,
-  ``adapter_model.safetensors``), which ``peft.PeftModel.from_pretrained`` and vLLM's LoRA loader read.
+- ``save_adapter`` / ``load_adapter_weights`` / ``load_adapted`` / ``export_merged``: PEFT's directory format
+  (``adapter_config.json``, ``adapter_model.safetensors``), which ``peft.PeftModel.from_pretrained`` and
+  vLLM's LoRA loader read.
 """
 
 from __future__ import annotations
@@ -132,6 +133,19 @@ def save_adapter(model: torch.nn.Module, tensors: dict[str, torch.Tensor], path:
     model.peft_config[ADAPTER].save_pretrained(path)
     save_file({name: tensor.detach().cpu().contiguous() for name, tensor in state.items()},
               os.path.join(path, ADAPTER_WEIGHTS), metadata={"format": "pt"})
+
+
+def load_adapter_weights(model: torch.nn.Module, path: str) -> None:
+    """Copy the adapter weights of PEFT directory ``path`` into ``model``'s adapters, in place (a wrapper's or a
+    ZeRO optimizer's references to the parameters stay valid)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    result = set_peft_model_state_dict(model, load_file(os.path.join(path, ADAPTER_WEIGHTS)), adapter_name=ADAPTER)
+    missing = [name for name in result.missing_keys if ".lora_" in name]
+    if result.unexpected_keys or missing:
+        raise ValueError(f"the adapter in {path} does not fit this model: "
+                         f"{(result.unexpected_keys or missing)[:3]} unexpected or missing")
 
 
 def is_adapter_dir(path: str) -> bool:

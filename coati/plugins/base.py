@@ -106,7 +106,7 @@ class TrainerPlugin(ABC):
                                            self.device)
 
     # The trained HF module (a peft model with adapters) on layouts that keep it whole or shard it in place
-    # (single, torch DDP/FSDP2); None where it is split into stages or wrapped by another library.
+    # (single, torch DDP/FSDP2, ColossalAI TorchDDP/LowLevelZero); None where it is split into stages or shards.
     module: torch.nn.Module | None = None
 
     def adapters_off(self):

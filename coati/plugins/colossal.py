@@ -8,6 +8,11 @@
   ``booster.execute_pipeline`` (our own Qwen2 policy for transformers 5: ``colossal_policies``), ZeRO 1/2
   over dp (bf16/fp16 only: ColossalAI refuses fp32 ZeRO here).
 
+LoRA (``ddp``, ``zero``): the model arrives with its adapters (``coati.models.lora.add_adapters``, the same as
+the torch layouts'), frozen base included, and is boosted whole; the optimizer holds the adapters only, so
+LowLevelZero keeps fp32 masters, states and partitions for them alone (under bf16/fp16 it casts the frozen base to
+the compute dtype, as it does every working weight). ``module`` is the peft model (``adapters_off``, PEFT saves).
+
 Clipping: the ColossalAI optimizers clip inside ``step`` with ``max_norm`` fixed at construction; the value
 ``optimizer_step`` receives is written to the optimizer before stepping, and the pre-clip norm it reports
 is ColossalAI's (``get_grad_norm``). On CPU, ``colossal_cpu_compat`` is applied first.
@@ -30,6 +35,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
+from coati.models.lora import is_adapted, load_adapter_weights, save_adapter, version_parameters
 from coati.plugins import colossal_cpu_compat
 from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin
 from coati.plugins.dist import trainer_device, world
@@ -64,7 +70,7 @@ class ColossalPlugin(TrainerPlugin):
         self.layout = layout or ParallelLayout()
         self.max_grad_norm = max_grad_norm
         self._use_mesh(mesh)
-        self.booster = self.plugin = self.model = self.optimizer = None
+        self.booster = self.plugin = self.model = self.optimizer = self.module = None
         self._hf_names: list[str] = []
         self._owners: dict[str, int] = {}  # pipeline: HF name -> global rank that sends it
 
@@ -123,6 +129,7 @@ class ColossalPlugin(TrainerPlugin):
         self.device = trainer_device()
         self.config = config
         self._hf_names = [name for name, _ in model.named_parameters()]  # tied weights once, HF order
+        self._version_names = {name for name, _ in version_parameters(model)}  # with LoRA: the adapters
         self.plugin = self._make_booster_plugin(cpu, config)
         if self.kind == "hybrid":
             check_same_mesh(self.plugin, self.mesh)
@@ -137,6 +144,8 @@ class ColossalPlugin(TrainerPlugin):
         if placed != self.device:
             raise RuntimeError(f"ColossalAI placed the model on {placed}, the trainer computes on {self.device}")
         self._index_owners()
+        # the (peft) model itself, unsharded and in place: adapters_off flips its layers' switches
+        self.module = self.model.unwrap(unwrap_peft=False) if self.kind != "hybrid" else None
 
     # --- training ---
     def forward_backward(self, micro_batches: list[MicroBatch], loss_fn: LossFn):
@@ -213,7 +222,8 @@ class ColossalPlugin(TrainerPlugin):
 
     # --- weights out ---
     def _local_named(self):
-        module = self.model.unwrap() if hasattr(self.model, "unwrap") else self.model
+        # unwrap_peft=False: ColossalAI's peft unwrapping renames the base layers for its checkpoints
+        module = self.model.unwrap(unwrap_peft=False) if hasattr(self.model, "unwrap") else self.model
         return dict(module.named_parameters())
 
     def _index_owners(self) -> None:
@@ -240,6 +250,8 @@ class ColossalPlugin(TrainerPlugin):
         if self.dp_rank != 0:  # data-parallel replicas hold the same weights
             return
         for name in self._hf_names:
+            if not include_frozen and name not in self._version_names:
+                continue
             if name not in local:  # held by another pipeline stage
                 if self.is_weight_sender:
                     payload = [None]
@@ -270,7 +282,10 @@ class ColossalPlugin(TrainerPlugin):
         if self.is_weight_sender:
             from coati.plugins.torch_native import save_hf
 
-            save_hf(_HFConfigHolder(self.config), state, path)
+            if is_adapted(self.module):
+                save_adapter(self.module, state, path)
+            else:
+                save_hf(_HFConfigHolder(self.config), state, path)
         if self.world_size > 1:
             dist.barrier()
 
@@ -278,19 +293,25 @@ class ColossalPlugin(TrainerPlugin):
     def _manifest(self) -> dict:
         from coati.plugins.state import layout_manifest
 
-        return layout_manifest(f"colossalai-{self.kind}", self.world_size, tp_size=self.tp_size, pp_size=self.pp_size,
-                               zero_stage=self.layout.zero_stage, precision=self.layout.precision)
+        return {**layout_manifest(f"colossalai-{self.kind}", self.world_size, tp_size=self.tp_size,
+                                  pp_size=self.pp_size, zero_stage=self.layout.zero_stage,
+                                  precision=self.layout.precision),
+                "adapters": is_adapted(self.module)}
 
     def save_state(self, path: str) -> None:
         """Model and optimizer in ColossalAI's sharded format (``booster.save_model/save_optimizer(shard=True)``,
         into ``path/model`` and ``path/optimizer``): full (TP-gathered, unpadded) tensors by HF name, optimizer
         states by parameter index. Each pipeline stage writes its own files, from its first dp/tp rank; TP and
-        ZeRO shards are gathered there one tensor at a time."""
+        ZeRO shards are gathered there one tensor at a time. With LoRA ``path/model`` holds the adapters alone
+        (``booster.save_lora_as_pretrained``), as the torch layouts' states leave out the frozen base."""
         from coati.plugins.state import COLOSSAL_FORMAT, write_manifest
 
         _fix_padded_vocab_checkpoints()
         os.makedirs(path, exist_ok=True)
-        self.booster.save_model(self.model, os.path.join(path, "model"), shard=True)
+        if is_adapted(self.module):  # ColossalAI's LoRA save: a PEFT directory of the adapters, not the frozen base
+            self.booster.save_lora_as_pretrained(self.model, os.path.join(path, "model"), use_safetensors=True)
+        else:
+            self.booster.save_model(self.model, os.path.join(path, "model"), shard=True)
         self.booster.save_optimizer(self.optimizer, os.path.join(path, "optimizer"), shard=True)
         if self.rank == 0:
             write_manifest(path, {"format": COLOSSAL_FORMAT, **self._manifest()})
@@ -304,17 +325,22 @@ class ColossalPlugin(TrainerPlugin):
         saved = read_manifest(path, requested)
         if saved.get("format") == DCP_FORMAT and self.kind == "ddp" and self.layout.precision == "fp32":
             # TorchDDPPlugin is torch DDP around the HF model: the torch layouts' checkpoints load as for torch-ddp
-            load_dcp(path, self.model.unwrap(), self.optimizer.optim, requested)
+            load_dcp(path, self.module, self.optimizer.optim, requested)
             return
         reason = colossal_mismatch(saved, requested)
         if reason:
             raise incompatible(path, saved, requested, reason)
         _fix_padded_vocab_checkpoints()
-        self.booster.load_model(self.model, os.path.join(path, "model"))
+        if is_adapted(self.module):
+            load_adapter_weights(self.module, os.path.join(path, "model"))
+            if hasattr(self.model, "update_master_params"):  # LowLevelZero: its fp32 masters from the loaded weights
+                self.model.update_master_params()
+        else:
+            self.booster.load_model(self.model, os.path.join(path, "model"))
         self.booster.load_optimizer(self.optimizer, os.path.join(path, "optimizer"))
 
     def close(self) -> None:
-        self.booster = self.plugin = self.model = self.optimizer = None
+        self.booster = self.plugin = self.model = self.optimizer = self.module = None
         self._close_mesh()
 
 
@@ -342,6 +368,8 @@ def colossal_mismatch(saved: dict, requested: dict) -> str | None:
         return f"it is a {saved.get('format')!r} checkpoint, ColossalAI plugins read {COLOSSAL_FORMAT!r} ones{extra}"
     if saved["precision"] != requested["precision"]:
         return "the precisions differ"
+    if saved.get("adapters", False) != requested["adapters"]:
+        return "one holds LoRA adapters (--lora-rank), the other full weights"
     if saved["plugin"] == "colossalai-hybrid" and saved["pp_size"] == 1 and \
             (requested["plugin"] != "colossalai-hybrid" or requested["pp_size"] > 1):
         return ("a HybridParallel checkpoint without pipeline stores tied embeddings once (no lm_head.weight); "

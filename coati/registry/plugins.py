@@ -62,8 +62,9 @@ def _plain(n: int, tp: int, pp: int, zero: int) -> bool:
 # Within a family exactly one row serves a layout.
 PLUGINS: dict[str, PluginSpec] = {spec.name: spec for spec in (
     # LoRA (trains_adapters): these run the peft model as it is (DDP and FSDP2 wrap or shard frozen and trained
-    # parameters alike); tensor-parallel plans and pipeline stages address the plain HF modules, and ColossalAI's
-    # booster wraps peft models its own way, which is not built here.
+    # parameters alike; ColossalAI's TorchDDP and LowLevelZero boost it whole and keep optimizer states, ZeRO
+    # partitions and fp32 masters for the trained parameters only); tensor-parallel plans and pipeline stages
+    # address the plain HF modules (ColossalAI 0.5.0's HybridParallel LoRA is pipeline-only and untested here).
     PluginSpec("single", "torch", lambda n, tp, pp, zero: _plain(n, tp, pp, zero) and n == 1,
                "coati.plugins.torch_single:SingleProcessPlugin", distributed=False, full_module=True,
                trains_adapters=True),
@@ -75,9 +76,10 @@ PLUGINS: dict[str, PluginSpec] = {spec.name: spec for spec in (
                variant="tp", tensor_parallel=True),
     PluginSpec("torch-pp", "torch", lambda n, tp, pp, zero: tp == 1 and pp > 1,
                "coati.plugins.torch_pipeline:TorchPipelinePlugin", pipeline_parallel=True, pipeline_max_zero=0),
-    _colossal("colossalai-ddp", lambda n, tp, pp, zero: _plain(n, tp, pp, zero), reads_dcp_in=("fp32",)),
+    _colossal("colossalai-ddp", lambda n, tp, pp, zero: _plain(n, tp, pp, zero), reads_dcp_in=("fp32",),
+              trains_adapters=True),
     _colossal("colossalai-zero", lambda n, tp, pp, zero: tp == 1 and pp == 1 and zero > 0, zero_stages=(1, 2),
-              precisions=ALL_PRECISIONS),
+              precisions=ALL_PRECISIONS, trains_adapters=True),
     _colossal("colossalai-hybrid", lambda n, tp, pp, zero: tp > 1 or pp > 1, tensor_parallel=True,
               pipeline_parallel=True, zero_stages=(0, 1, 2), zero_needs_mixed_precision=True, pipeline_max_zero=1,
               precisions=ALL_PRECISIONS, gradient_checkpointing=False,

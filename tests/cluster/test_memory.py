@@ -100,6 +100,12 @@ def test_lora_adapters_and_their_states():
     # FSDP2 x2 -zero 2: the base sharded, gathered from forward to backward
     fsdp = trainer_states(shape, TrainerLayout(dp=2, zero=2, adapter_params=A))
     assert fsdp["weights"] == 2 * P + 4 * P + 4 * A
+    # ColossalAI ZeRO-2 x2 in bf16: base and adapters as bf16 working weights, the adapters' fp32 masters,
+    # gradients and Adam states halved over the 2 ranks
+    zero = trainer_states(shape, TrainerLayout("colossalai", dp=2, zero=2, precision="bf16", adapter_params=A))
+    assert zero == {"weights": 2 * P + 2 * A + 2 * A, "gradients": 2 * A, "optimizer": 4 * A}
+    assert trainer_states(shape, TrainerLayout("colossalai", dp=2, zero=1, adapter_params=A)) == \
+        {"weights": 4 * P + 4 * A, "gradients": 4 * A, "optimizer": 4 * A}
 
 
 def test_a_lora_version_publishes_the_adapters_alone():

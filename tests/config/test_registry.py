@@ -55,7 +55,8 @@ def test_plugin_for_picks_as_the_layout_flags_say():
 
 def test_capabilities_the_code_asks_for():
     assert [name for name, spec in PLUGINS.items() if spec.full_module] == ["single", "torch-ddp"]
-    assert [name for name, spec in PLUGINS.items() if spec.trains_adapters] == ["single", "torch-ddp", "torch-fsdp2"]
+    assert [name for name, spec in PLUGINS.items() if spec.trains_adapters] == \
+        ["single", "torch-ddp", "torch-fsdp2", "colossalai-ddp", "colossalai-zero"]
     assert [name for name, spec in BACKENDS.items() if spec.takes_adapters] == ["transformers", "vllm"]
     assert backend_spec("vllm").takes_adapters_of_rank(512) and not backend_spec("vllm").takes_adapters_of_rank(513)
     ddp = plugin_spec("colossalai-ddp")

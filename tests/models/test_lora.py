@@ -1,6 +1,7 @@
 """LoRA adapters (coati/models/lora.py) on the single plugin and the transformers engine: the adapted model starts
 as the base, only adapters train, the reference is the base, an adapter-only version makes an engine equal the
-trainer, merging equals peft's, the PEFT directory and the merged export load, and trainer state resumes exactly."""
+trainer, merging equals peft's, the PEFT directory and the merged export load, and trainer state resumes exactly.
+The same on trainer groups (torch DDP, ColossalAI DDP and ZeRO): tests/plugins/test_lora_plugins.py."""
 
 from __future__ import annotations
 
@@ -195,10 +196,15 @@ def test_lora_settings_are_checked_in_one_line(tiny_model_dir):
     assert (lora.enabled, lora.targets, lora.scaling) == (True, ("q_proj", "v_proj"), 2.0)
     assert config().model.lora.targets == ("all-linear",) and not config().model.lora.enabled
     assert config("--lora-rank", "8").engine_adapters is not None
+    for flags in (("-t", "2", "--plugin", "colossalai"), ("-t", "2", "-zero", "2", "--plugin", "colossalai")):
+        assert config("--lora-rank", "4", *flags).model.lora.enabled  # colossalai-ddp, colossalai-zero
     for flags, message in ((("--lora-rank", "-1"), "--lora-rank must be >= 0"),
                            (("--lora-rank", "4", "--lora-dropout", "1"), "--lora-dropout"),
-                           (("--lora-rank", "4", "-t", "2", "-tp", "2"), "does not train LoRA adapters"),
-                           (("--lora-rank", "4", "-t", "2", "--plugin", "colossalai"), "does not train LoRA adapters")):
+                           (("--lora-rank", "4", "-t", "2", "-tp", "2"), "the torch-tp plugin does not train LoRA"),
+                           (("--lora-rank", "4", "-t", "2", "-pp", "2", "--plugin", "colossalai"),
+                            "the colossalai-hybrid plugin does not train LoRA adapters \\(those that do: single, "
+                            "torch-ddp, torch-fsdp2, colossalai-ddp, colossalai-zero, i.e. any --plugin without "
+                            "-tp/-pp\\): change the layout or drop --lora-rank$")):
         with pytest.raises(ConfigError, match=message):
             config(*flags)
 
