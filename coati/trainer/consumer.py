@@ -53,6 +53,7 @@ import time
 import ray
 import torch
 
+from coati.algorithm.batch import split_micro_batches
 from coati.cluster.trainer_group import rendezvous_address
 from coati.cluster.weight_sync import make_publisher, pack_named_tensors
 from coati.registry.weight_sync import weight_sync_spec
@@ -61,7 +62,7 @@ from coati.config.tree import RLConfig
 from coati.models.lora import merged_tensors
 from coati.plugins.dist import all_reduce_stats
 from coati.plugins.mesh import TrainerMesh
-from coati.rollout.group import RolloutGroup, split_micro_batches
+from coati.rollout.group import RolloutGroup
 from coati.rollout.rollout_log import rollout_log_due, rollout_records
 from coati.trainer.critic_algorithm import CriticAlgorithm
 from coati.trainer.group_algorithm import GroupAlgorithm
