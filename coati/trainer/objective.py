@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from coati.algorithm.loss import aggregate, policy_loss, token_entropy
 from coati.algorithm.batch import split_micro_batches, token_logprobs
+from coati.algorithm.loss import aggregate, policy_loss, token_entropy
 
 
 def load_reference(config, policy_plugin):
