@@ -31,7 +31,7 @@ def measure(checkpointing: bool, steps: int) -> dict:
 
     from coati.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
     from coati.plugins import make_plugin
-    from coati.rollout.group import token_logprobs
+    from coati.algorithm.batch import token_logprobs
 
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(TinyModelSpec(**SHAPE), tokenizer, seed=1)

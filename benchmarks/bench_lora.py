@@ -51,7 +51,7 @@ def measure(rank: int, steps: int, batch: int, seq: int) -> dict:
     from coati.cluster.weight_sync import pack_named_tensors, unpack_named_tensors
     from coati.models.lora import add_adapters
     from coati.plugins.torch_single import SingleProcessPlugin
-    from coati.rollout.group import token_logprobs
+    from coati.algorithm.batch import token_logprobs
     from coati.rollout.inference_backend import TransformersBackend
 
     model = build_model()

@@ -212,7 +212,7 @@ def demo_step_share(steps: int) -> dict:
     from coati.demo.math_demo import ensure_demo_assets
     from coati.plugins.torch_single import SingleProcessPlugin
     from coati.rollout.generation import rollout_groups, tokenise_prompts
-    from coati.rollout.group import collate, split_micro_batches, token_logprobs
+    from coati.algorithm.batch import collate, split_micro_batches, token_logprobs
     from coati.rollout.inference_backend import TransformersBackend
 
     torch.set_num_threads(1)

@@ -7,7 +7,7 @@
   gathered parameters are bf16 for compute, gradients are reduced and kept in fp32 on the fp32 shards.
 
 fp16 needs a loss scaler, which these plugins do not have: ``validation.validate_layout`` refuses it for them.
-Losses take the bf16 logits and compute log-softmax in fp32 (``coati.rollout.group.token_logprobs``).
+Losses take the bf16 logits and compute log-softmax in fp32 (``coati.algorithm.batch.token_logprobs``).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import torch
 
 from coati.algorithm.loss import bradley_terry_loss, completion_nll
 from coati.dataset.jsonl import build_prompt
-from coati.rollout.group import token_logprobs
+from coati.algorithm.batch import token_logprobs
 
 
 def _ids(tokenizer, text: str) -> list[int]:

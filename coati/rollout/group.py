@@ -1,14 +1,13 @@
-"""What producers hand to trainers: groups of G completions of one prompt, and their collation to tensors.
+"""What producers hand to trainers: groups of G completions of one prompt.
 
 A group carries what the producer observed (tokens, behaviour logprobs, rewards); advantages are the
-trainer's business (coati.algorithm), computed from the rewards at training time.
+trainer's business (coati.algorithm), computed from the rewards at training time, and so are its tensors
+(coati.algorithm.batch.collate).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-
-import torch
 
 
 @dataclass
@@ -49,47 +48,3 @@ class RolloutGroup:
         known = {f.name for f in fields(cls)}
         return cls(**{key: value for key, value in row.items() if key in known})
 
-
-def collate(groups: list[RolloutGroup], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded prompt+response rows and per-position tensors aligned with next-token logprobs.
-
-    ``action_mask[b, t]`` is 1 when token ``t + 1`` of row ``b`` is a response token the model wrote (the
-    group's loss mask: an environment's tokens inside a multi-turn response are 0), so it lines up with
-    ``logits[:, :-1]``; ``old_logprobs`` sits at the same positions.
-    """
-    rows, spans, logprobs, masks = [], [], [], []
-    for group in groups:
-        for index, (response, logp) in enumerate(zip(group.responses, group.logprobs)):
-            rows.append(group.prompt_ids + response)
-            spans.append((len(group.prompt_ids), len(response)))
-            logprobs.append(logp)
-            masks.append(group.loss_mask(index))
-    width = max(len(r) for r in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    action_mask = torch.zeros((len(rows), width - 1), dtype=torch.float32)
-    old_logprobs = torch.zeros((len(rows), width - 1), dtype=torch.float32)
-    for b, (row, (prompt_len, response_len), logp, mask) in enumerate(zip(rows, spans, logprobs, masks)):
-        input_ids[b, : len(row)] = torch.tensor(row)
-        attention_mask[b, : len(row)] = 1
-        action_mask[b, prompt_len - 1 : prompt_len - 1 + response_len] = torch.tensor(mask, dtype=torch.float32)
-        old_logprobs[b, prompt_len - 1 : prompt_len - 1 + response_len] = torch.tensor(logp, dtype=torch.float32)
-    return {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "action_mask": action_mask,
-        "old_logprobs": old_logprobs,
-    }
-
-
-def split_micro_batches(batch: dict[str, torch.Tensor], size: int) -> list[dict[str, torch.Tensor]]:
-    total = batch["input_ids"].shape[0]
-    return [{k: v[start : start + size] for k, v in batch.items()} for start in range(0, total, size)]
-
-
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log p(input_ids[:, t+1] | prefix) for every t: shape [B, L-1], computed in float32."""
-    logits = logits[:, :-1].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)

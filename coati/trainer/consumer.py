@@ -53,6 +53,7 @@ import time
 import ray
 import torch
 
+from coati.algorithm.batch import split_micro_batches
 from coati.cluster.trainer_group import rendezvous_address
 from coati.cluster.weight_sync import make_publisher, pack_named_tensors
 from coati.registry.weight_sync import weight_sync_spec
@@ -61,7 +62,7 @@ from coati.config.tree import RLConfig
 from coati.models.lora import merged_tensors
 from coati.plugins.dist import all_reduce_stats
 from coati.plugins.mesh import TrainerMesh
-from coati.rollout.group import RolloutGroup, split_micro_batches
+from coati.rollout.group import RolloutGroup
 from coati.rollout.rollout_log import rollout_log_due, rollout_records
 from coati.trainer.critic_algorithm import CriticAlgorithm
 from coati.trainer.group_algorithm import GroupAlgorithm
@@ -124,7 +125,9 @@ class Consumer:
             init_trainer_group(self.rank, p.num_trainers, master_address or "127.0.0.1", master_port or 29506)
         self.mesh = TrainerMesh.build(p.tensor_parallel_size, p.pipeline_parallel_size)
         model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=p.model_placement("policy").dtype)
-        self.roles[ACTOR] = TrainedModel.build(ACTOR, p, model, config.algo.learning_rate, self.loss_fn, model_config,
+        # the policy's loss function is the algorithm's objective, built below once this plugin exists (a LoRA
+        # policy's plugin also serves the objective's reference)
+        self.roles[ACTOR] = TrainedModel.build(ACTOR, p, model, config.algo.learning_rate, None, model_config,
                                                mesh=self.mesh, optim=config.algo.optim, lora=config.model.lora)
         self.plugin = self.roles[ACTOR].plugin  # the policy's: it sets the data-parallel shares and is published
         if self.plugin.is_weight_sender and not p.colocate:
@@ -136,6 +139,7 @@ class Consumer:
             self.learner = LearnerGenerator(config)
         torch.manual_seed(config.run.seed + self.rank)
         self.algorithm = STEP_ALGORITHMS[estimator_family(config.algo.groups.advantage)](self)
+        self.roles[ACTOR].loss_fn = self.algorithm.objective.loss
         if p.colocate:  # after the algorithm: its extra roles (PPO's critic) hand over memory too
             from coati.trainer.colocated import ColocatedGenerator
 
@@ -156,9 +160,6 @@ class Consumer:
                                               optim=self.config.algo.optim, lora=self.config.model.lora,
                                               trained_modules=trained_modules)
         return self.roles[name]
-
-    def loss_fn(self, logits: torch.Tensor, micro_batch: dict) -> tuple[torch.Tensor, dict]:
-        return self.algorithm.policy_loss(logits, micro_batch)
 
     def set_total_groups(self, total: int | None) -> None:
         """Groups the trainer group will draw in all (None: unbounded); ``step()`` returns None after the last."""
@@ -268,7 +269,6 @@ class Consumer:
         Collective: every rank of the trainer group calls it the same number of times.
         """
         start = time.perf_counter()
-        self.algorithm.begin_step()
         work = self._round_part() if self.round_steps > 1 else self._whole_groups()
         if work is None:
             return None
@@ -333,14 +333,14 @@ class Consumer:
         totals: dict[str, float] = {}
         grad_norms: dict[str, list[float]] = {name: [] for name in self.roles}
         for epoch in range(epochs):
-            self.algorithm.begin_epoch(epoch)
+            self.algorithm.objective.begin_epoch(epoch)
             stats: list[dict] = []
             for batch in batches:
                 micro_batches = split_micro_batches(batch, self._micro_batch_samples())
                 for role in self.roles.values():  # each role's statistics have names of their own
-                    stats += role.accumulate(micro_batches)
+                    stats += role.plugin.forward_backward(micro_batches, role.loss_fn)
             for name, role in self.roles.items():
-                grad_norms[name].append(role.optimizer_step(self.config.algo.max_grad_norm))
+                grad_norms[name].append(role.plugin.optimizer_step(self.config.algo.max_grad_norm))
             for name in dict.fromkeys(key for s in stats for key in s):
                 values = [float(s[name]) for s in stats if name in s]
                 if name in self.algorithm.max_stats:

@@ -29,10 +29,11 @@ from __future__ import annotations
 import torch
 
 from coati.algorithm.advantage import get_adv_estimator, kl_penalised_rewards
+from coati.algorithm.batch import collate, split_micro_batches
 from coati.algorithm.kl_control import KLController
 from coati.algorithm.loss import MAX_STATS, kl_k1, normaliser_from_counts, value_loss
 from coati.plugins.dist import all_reduce_stats
-from coati.rollout.group import RolloutGroup, collate, split_micro_batches
+from coati.rollout.group import RolloutGroup
 from coati.trainer.group_algorithm import filter_groups
 from coati.trainer.objective import PolicyObjective, load_reference
 from coati.trainer.step_algorithm import StepAlgorithm

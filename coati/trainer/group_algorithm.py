@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import torch
 
+from coati.algorithm.batch import collate
 from coati.algorithm.loss import MAX_STATS, normaliser_from_counts
 from coati.algorithm.pipeline import GroupStages, GroupTensors
-from coati.rollout.group import RolloutGroup, collate
+from coati.rollout.group import RolloutGroup
 from coati.trainer.objective import PolicyObjective, load_reference
 from coati.trainer.step_algorithm import StepAlgorithm
 

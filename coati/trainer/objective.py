@@ -1,5 +1,7 @@
 """The policy's loss in every algorithm: the clipped surrogate of loss.py on the advantages an algorithm put in the
-batch, with the reference model's KL term when the loss has one, and the policy's token entropy.
+batch, with the reference model's KL term when the loss has one, and the policy's token entropy. The algorithm's
+``PolicyObjective.loss`` is the loss function the policy's plugin calls per micro-batch (consumer.py hands it over);
+``begin_epoch`` is called at the start of every ppo epoch.
 
 Proximal logprobs (the trainer's policy at the start of the step, for the decoupled off-policy correction and the
 mismatch metrics) cost no extra forward pass: within the first ppo epoch no optimizer step has happened yet, so
@@ -11,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from coati.algorithm.batch import split_micro_batches, token_logprobs
 from coati.algorithm.loss import aggregate, policy_loss, token_entropy
-from coati.rollout.group import split_micro_batches, token_logprobs
 
 
 def load_reference(config, policy_plugin):
@@ -65,13 +67,12 @@ class PolicyObjective:
         self.micro_batch_size = config.batch.train_microbatch_size
         self.keep_proximal = config.algo.ppo_epochs > 1
         self.reference = reference
-        self.begin_step()
-
-    def begin_step(self) -> None:
-        self._prox: list[torch.Tensor] = []  # first-epoch logprobs per micro-batch, for later ppo epochs
-        self.epoch, self._prox_at = 0, 0
+        self.begin_epoch(0)
 
     def begin_epoch(self, epoch: int) -> None:
+        """A ppo epoch starts; a step's first one (``epoch`` 0) keeps its proximal logprobs afresh."""
+        if epoch == 0:
+            self._prox: list[torch.Tensor] = []  # first-epoch logprobs per micro-batch, for later ppo epochs
         self.epoch, self._prox_at = epoch, 0
 
     def reference_logprobs(self, batch: dict) -> torch.Tensor:

@@ -2,8 +2,8 @@
 and, for PPO, the ``critic``.
 
 The trainer group (consumer.py) owns what is shared: drawing groups, data-parallel shares, publishing weights,
-checkpoints. A ``TrainedModel`` owns one model's plugin, its loss and its optimizer steps, so adding a model
-to the group (a critic beside the policy, as verl's workers separate them) is one more role, not another
+checkpoints. A ``TrainedModel`` owns one model's plugin, the loss function that plugin is handed, its learning-rate
+schedule and its state, so adding a model to the group (a critic beside the policy, as verl's workers separate them) is one more role, not another
 trainer. Every role uses the group's layout (-t/-zero/--plugin) on the group's one TrainerMesh (one set of
 sub-groups; coati.plugins.mesh), and
 checkpoints its state under ``trainer_state/<role>/``.
@@ -32,12 +32,12 @@ ACTOR = "actor"
 class TrainedModel:
     name: str
     plugin: TrainerPlugin
-    loss_fn: LossFn
+    loss_fn: LossFn | None  # what the plugin's forward_backward calls per micro-batch
     learning_rate: float = 0.0  # the base rate the schedule scales
     optim: OptimConfig = OptimConfig()
 
     @classmethod
-    def build(cls, name: str, parallel, model: torch.nn.Module, learning_rate: float, loss_fn: LossFn,
+    def build(cls, name: str, parallel, model: torch.nn.Module, learning_rate: float, loss_fn: LossFn | None,
               model_config=None, mesh: TrainerMesh | None = None, optim: OptimConfig = OptimConfig(),
               lora: LoraConfig = LoraConfig(), trained_modules: tuple[str, ...] = ()) -> "TrainedModel":
         """Lay ``model`` out as the group's ``parallel`` config says, on the group's ``mesh`` (collective: every
@@ -60,13 +60,6 @@ class TrainedModel:
         rate = self.learning_rate * lr_multiplier(step, total_steps, warmup, self.optim.lr_scheduler)
         self.plugin.set_learning_rate(rate)
         return rate
-
-    def accumulate(self, micro_batches: list[dict]) -> list[dict]:
-        """Forward and backward every micro-batch with this role's loss; its statistics per micro-batch."""
-        return self.plugin.forward_backward(micro_batches, self.loss_fn)
-
-    def optimizer_step(self, max_grad_norm: float) -> float:
-        return self.plugin.optimizer_step(max_grad_norm)
 
     def state_dir(self, trainer_state: str) -> str:
         return os.path.join(trainer_state, self.name)

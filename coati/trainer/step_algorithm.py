@@ -7,7 +7,9 @@ advantage estimator's family, config.algo.estimator_family):
 - ``round_tensors`` once per round with round-level minibatches: what needs whole groups (advantages);
 - ``build_batches`` once per step: this rank's minibatches with advantages, masks, normalisers and whatever the
   losses read (reference logprobs, a critic's values and returns);
-- ``policy_loss`` per micro-batch: the policy's loss (objective.py), the same for every family;
+- ``objective``: the policy's loss (objective.py, the same for every family), whose ``loss`` is the function the
+  policy's plugin calls per micro-batch and whose ``begin_epoch`` starts each ppo epoch;
+- ``rollout_tensors`` when the rollout log is due: the shaped rewards, advantages and masks the loss used;
 - ``finish_step``: the step's own metrics (and e.g. the KL controller's update).
 
 A family adds the models it trains beside the policy as roles (``trainer.add_role``: PPO's critic); the pure math
@@ -66,19 +68,10 @@ class StepAlgorithm:
         used them."""
         raise NotImplementedError
 
-    def begin_step(self) -> None:
-        self.step_stats = {}
-        self.objective.begin_step()
-
-    def begin_epoch(self, epoch: int) -> None:
-        self.objective.begin_epoch(epoch)
-
-    def policy_loss(self, logits: torch.Tensor, micro_batch: dict) -> tuple[torch.Tensor, dict]:
-        return self.objective.loss(logits, micro_batch)
-
     def finish_step(self, metrics: dict) -> None:
-        """Add the step's own metrics to those of a trained step."""
+        """Add the step's own metrics (those ``build_batches`` set; none for a skipped step) to the step's."""
         metrics.update(self.step_stats)
+        self.step_stats = {}
 
     def state(self) -> dict:
         """The algorithm's own state a checkpoint keeps (plain values, equal on every rank)."""

@@ -14,7 +14,7 @@ from coati.config.lora import LoraConfig
 from coati.models.lora import (adapters_off, add_adapters, export_merged, is_adapter_dir, load_adapted,
                                merged_tensors, version_parameters)
 from coati.plugins.torch_single import SingleProcessPlugin
-from coati.rollout.group import token_logprobs
+from coati.algorithm.batch import token_logprobs
 
 LORA = LoraConfig(lora_rank=4, lora_alpha=8.0)
 

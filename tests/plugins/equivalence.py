@@ -25,7 +25,8 @@ import traceback
 import torch
 
 from coati.algorithm.loss import PolicyLossConfig, batch_normaliser, policy_loss
-from coati.rollout.group import RolloutGroup, collate, split_micro_batches, token_logprobs
+from coati.algorithm.batch import collate, split_micro_batches, token_logprobs
+from coati.rollout.group import RolloutGroup
 
 LOSS_CONFIG = PolicyLossConfig(clip_eps_low=0.2, clip_eps_high=0.28, loss_variation="token_level")
 

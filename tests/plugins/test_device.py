@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from coati.plugins import dist as plugin_dist
 from coati.plugins import make_plugin
-from coati.rollout.group import split_micro_batches
+from coati.algorithm.batch import split_micro_batches
 from tests.plugins.equivalence import grpo_batch, grpo_loss_fn, tiny_model
 
 

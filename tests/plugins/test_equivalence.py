@@ -1,7 +1,7 @@
 """The same GRPO step gives the same loss, gradient norm and weights under every trainer layout (CPU, gloo).
 
 Every layout trains one optimizer step of the tiny Qwen2 (fp32, AdamW lr 1e-4, max_grad_norm 1.0) on the
-same 8-sample GRPO batch (coati.rollout.group.collate, token-level policy_loss with varied old
+same 8-sample GRPO batch (coati.algorithm.batch.collate, token-level policy_loss with varied old
 logprobs and advantages, one sample masked out), split over data-parallel ranks with the global
 normaliser. Reference: the single-process plugin. Each multi-process group runs all its layouts in one
 set of processes (imports dominate the time) under a hard timeout; see tests/plugins/group.py.

@@ -9,7 +9,8 @@ from coati.config.sampling import SamplingParams
 from coati.dataset.rows import Example
 from coati.rollout.env import Environment, StepResult
 from coati.rollout.episode import EpisodeBudget, episode_groups
-from coati.rollout.group import RolloutGroup, collate, token_logprobs
+from coati.algorithm.batch import collate, token_logprobs
+from coati.rollout.group import RolloutGroup
 from coati.rollout.inference_backend import TransformersBackend
 
 # Many one-character stop strings: the random tiny model ends most turns at one of them within a few tokens.

@@ -1,7 +1,8 @@
 import torch
 
 from coati.config.sampling import SamplingParams
-from coati.rollout.group import RolloutGroup, collate, token_logprobs
+from coati.algorithm.batch import collate, token_logprobs
+from coati.rollout.group import RolloutGroup
 from coati.rollout.inference_backend import TransformersBackend, truncate_completion
 
 

@@ -15,7 +15,8 @@ import rl_example
 from coati.cluster.weight_sync import pack_named_tensors, unpack_named_tensors
 from coati.config.sampling import SamplingParams
 from coati.rollout import vllm_backend
-from coati.rollout.group import RolloutGroup, collate, token_logprobs
+from coati.algorithm.batch import collate, token_logprobs
+from coati.rollout.group import RolloutGroup
 from coati.rollout.inference_backend import TransformersBackend
 from coati.rollout.vllm_backend import VLLMBackend, VLLMEngineOptions, vllm_available
 

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 import rl_example
 from coati.config.cli import build_parser, config_from_args
 from coati.rollout.generation import prompt_shard
-from coati.rollout.group import collate, token_logprobs
+from coati.algorithm.batch import collate, token_logprobs
 from coati.trainer.learner_generation import LearnerGenerator
 
 
