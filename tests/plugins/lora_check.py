@@ -50,14 +50,14 @@ def _adapted_plugin(layout: str, scramble: bool = False):
 
 
 def _logprobs(plugin, micro_batches) -> torch.Tensor:
-    from coati.rollout.group import token_logprobs
+    from coati.algorithm.batch import token_logprobs
 
     return torch.cat(plugin.forward_only(micro_batches, lambda logits, m: token_logprobs(logits.float(),
                                                                                           m["input_ids"]).cpu()))
 
 
 def _model_logprobs(model, micro_batches) -> torch.Tensor:
-    from coati.rollout.group import token_logprobs
+    from coati.algorithm.batch import token_logprobs
 
     with torch.no_grad():
         return torch.cat([token_logprobs(model(input_ids=m["input_ids"], attention_mask=m["attention_mask"]).logits,
