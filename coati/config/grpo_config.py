@@ -53,8 +53,8 @@ class Knob:
 
     @property
     def names(self) -> tuple[str, ...]:
-        """The key, its flag's long aliases' names and older names (``beta``)."""
-        return field_keys(self.field)
+        """The key, its flag's destination and long aliases' names and older names (``beta``)."""
+        return tuple(dict.fromkeys((self.key, *field_keys(self.field))))
 
     @property
     def flag(self) -> str | None:

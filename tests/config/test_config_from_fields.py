@@ -61,6 +61,17 @@ def test_a_new_field_is_a_grpo_config_key_with_its_type_and_help():
     assert "--entropy-floor" in {flag for opt in options(EntropyAlgo) for flag in opt.flags}
 
 
+def test_every_listed_grpo_config_key_is_taken():
+    """The keys the help and the unknown-key error list are the ones parse_grpo_config takes, also where a field's
+    flag has another name (``correction`` is --off-policy-correction)."""
+    knobs = grpo_keys()
+    for key, knob in knobs.items():
+        value = knob.field.default
+        assert parse_grpo_config(json.dumps({key: value})) == {key: value}, key
+    assert parse_grpo_config('{"off_policy_correction": "decoupled"}') == {"correction": "decoupled"}
+    assert config_for("--grpo-config", '{"correction": "decoupled"}').algo.loss.correction == "decoupled"
+
+
 def test_a_preset_row_must_name_fields(monkeypatch):
     from coati.config import algo
     from coati.config.grpo_config import check_presets
