@@ -36,7 +36,7 @@ def check_given_inputs(config: StageConfig) -> None:
     """The model directory and every row of the files the options name, before the embedded model or data is
     built."""
     from coati.rlhf.stage import load_stage_rows
-    from coati.rlhf.stage_checkpoint import resume_point
+    from coati.launcher.stage_checkpoint import resume_point
 
     resume_point(config)
     if config.model is not None:

@@ -253,8 +253,8 @@ def run_stage(config: StageConfig, train_path: str, eval_path: str | None, model
     <run_dir>/metrics.jsonl."""
     from tqdm import tqdm
 
-    from coati.rlhf import stage_checkpoint
-    from coati.trainer.checkpointing import trim_metrics
+    from coati.launcher import stage_checkpoint
+    from coati.launcher.checkpoints import trim_metrics
     from coati.utils.metrics import MetricsLogger
 
     start = time.time()
@@ -321,7 +321,7 @@ def _train(group: _Group, config: StageConfig, steps: int, logger, evaluate, fir
     checkpoint replaces the previous one (the final model is written after the loop)."""
     from tqdm import tqdm
 
-    from coati.rlhf import stage_checkpoint
+    from coati.launcher import stage_checkpoint
     from coati.utils.checkpoint import prune_checkpoints
 
     bar = tqdm(total=steps, initial=first, desc=config.stage, disable=not config.progress_bar, leave=False)

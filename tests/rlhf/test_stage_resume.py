@@ -54,7 +54,7 @@ def test_resume_problems_are_one_line_before_any_model(tmp_path, capsys, monkeyp
     monkeypatch.chdir(tmp_path)
     assert cli.main(["sft", "--resume", "latest", "-sd", str(tmp_path)]) == 2
     assert "--resume latest: no complete checkpoint under" in capsys.readouterr().err
-    from coati.rlhf import stage_checkpoint
+    from coati.launcher import stage_checkpoint
 
     class Group:
         def call(self, *args):
@@ -70,7 +70,8 @@ def test_resume_problems_are_one_line_before_any_model(tmp_path, capsys, monkeyp
 def test_the_pipeline_resumes_from_the_stage_it_stopped_in(tmp_path, monkeypatch):
     import json
 
-    from coati.rlhf import pipeline, stage_checkpoint
+    from coati.launcher import stage_checkpoint
+    from coati.rlhf import pipeline
     from coati.rlhf.pipeline import Plan, ppo_values
 
     data = write_dummy_data(str(tmp_path / "data"), num_sft=64, num_pairs=64, num_eval=8)

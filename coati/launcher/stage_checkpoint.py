@@ -1,8 +1,8 @@
-"""Checkpoints of the supervised stages (``coati sft`` / ``coati rm``) and ``--resume`` from one.
+"""Checkpoints of the supervised stages (``coati sft`` / ``coati rm``), the driver's side, and ``--resume`` from one.
 
 Every ``-si`` steps the stage writes ``<save-dir>/<project>/step_N`` atomically (coati/utils/checkpoint.py): the
-trainer state (parameters and optimizer state, every rank its shards, in any layout the plugin reads back) and
-the step with the held-out metrics from before training. A step's rows depend only on the step and the seed
+trainer state (parameters and optimizer state, every rank its shards, in any layout the plugin reads back;
+coati/trainer/checkpointing.py) and the step with the held-out metrics from before training. A step's rows depend only on the step and the seed
 (``StageTrainer.batch_items``), so a resumed run trains the same batches an uninterrupted one would.
 """
 
@@ -12,10 +12,10 @@ import json
 import os
 
 from coati.config.errors import ConfigError, require
+from coati.trainer.checkpointing import TRAINER_STATE
 from coati.utils.checkpoint import COMPLETE_MARKER, atomic_directory, resolve_resume
 
 STATE = "stage_state.json"
-TRAINER_STATE = "trainer_state"
 # what must not change between the run that saved and the one that resumes: the batches would differ
 KEPT = ("stage", "batch_size", "seed", "epochs", "eval_fraction")
 
