@@ -3,7 +3,7 @@
 Every ``-si`` steps the stage writes ``<save-dir>/<project>/step_N`` atomically (coati/utils/checkpoint.py): the
 trainer state (parameters and optimizer state, every rank its shards, in any layout the plugin reads back;
 coati/trainer/checkpointing.py) and the step with the held-out metrics from before training. A step's rows depend only on the step and the seed
-(``StageTrainer.batch_items``), so a resumed run trains the same batches an uninterrupted one would.
+(``coati.trainer.stage_trainer.StageTrainer.batch_items``), so a resumed run trains the same batches an uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import json
 import os
 
 from coati.config.errors import ConfigError, require
-from coati.trainer.checkpointing import TRAINER_STATE
 from coati.utils.checkpoint import COMPLETE_MARKER, atomic_directory, resolve_resume
 
 STATE = "stage_state.json"
@@ -28,7 +27,7 @@ def save(group, config, step: int, before: dict) -> str:
     """Collective: ``step_<step>`` of the run, complete or absent."""
     path = os.path.join(config.run_dir, f"step_{step}")
     with atomic_directory(path) as staging:
-        group.call("save_state", os.path.join(staging, TRAINER_STATE))
+        group.call("save_checkpoint", staging)
         with open(os.path.join(staging, STATE), "w", encoding="utf-8") as handle:
             json.dump({"step": step, "before": before, **_kept(config)}, handle)
         with open(os.path.join(staging, COMPLETE_MARKER), "w", encoding="utf-8") as handle:
@@ -63,7 +62,7 @@ def read_state(path: str) -> dict:
 def restore(group, path: str) -> dict:
     """Collective, after setup: the trainer state of ``path``; its step and metrics from before training."""
     try:
-        group.call("load_state", os.path.join(path, TRAINER_STATE))
+        group.call("load_checkpoint", path)
     except ValueError as err:  # a layout that cannot read the checkpoint's
         raise ConfigError(f"--resume {path}: {err}") from None
     return read_state(path)

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from coati import cli
-from coati.rlhf.config import SFTConfig
+from coati.config.stage import SFTConfig
 from coati.rlhf.dummy import write_dummy_data
-from coati.rlhf.stage import run_stage
+from coati.launcher.stage import run_stage
 from coati.utils.checkpoint import list_checkpoints
 
 
@@ -91,7 +91,7 @@ def test_the_pipeline_resumes_from_the_stage_it_stopped_in(tmp_path, monkeypatch
     rm = pipeline.stage_config(plan, "rm")  # rm stopped after its step 2
     stage_checkpoint.save(Group(), rm, 2, {})
     trained = []
-    monkeypatch.setattr("coati.rlhf.stage.run_stage", lambda config, *args, **kwargs: trained.append(config))
+    monkeypatch.setattr("coati.launcher.stage.run_stage", lambda config, *args, **kwargs: trained.append(config))
     monkeypatch.setattr("coati.rlhf.cli.resolve_inputs", lambda config, log=None: ("m", "t", None))
     pipeline.run_pipeline(plan, log=lambda line: None)
     assert [(config.stage, config.resume) for config in trained] == [("rm", "latest")]
@@ -109,7 +109,7 @@ def test_a_reward_model_checkpoint_of_fsdp2_x2_resumes_in_one_process(tiny_model
     import ray
     from transformers import AutoModelForSequenceClassification
 
-    from coati.rlhf.config import RMConfig
+    from coati.config.stage import RMConfig
 
     data = write_dummy_data(str(tmp_path / "data"), num_sft=8, num_pairs=48, num_eval=8)
     config = RMConfig(model=tiny_model_dir, dataset=data["preferences"], save_dir=str(tmp_path / "runs"),
@@ -141,8 +141,8 @@ def test_lora_stages_write_merged_models_and_resume_exactly(tiny_model_dir, tmp_
 
     from coati.config.lora import LoraConfig
     from coati.models.lora import is_adapter_dir
-    from coati.rlhf.config import RMConfig
-    from coati.rlhf.stage import ADAPTER_SUBDIR
+    from coati.config.stage import RMConfig
+    from coati.trainer.stage_trainer import ADAPTER_SUBDIR
 
     lora = LoraConfig(lora_rank=4, lora_alpha=8.0)
     data = write_dummy_data(str(tmp_path / "data"), num_sft=96, num_pairs=32, num_eval=8)

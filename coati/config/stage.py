@@ -2,7 +2,7 @@
 flags and the YAML keys (coati/utils/dataclass_cli.py). Short aliases follow rl_example.py's (ColossalChat's).
 
 Checks raise ``ConfigError`` with one line naming the problem and the fix, before any model or data is read
-(``validate``) or before any training (``check_inputs`` in stage.py reads the files).
+(``validate``) or before any training (``check_given_inputs`` in coati/rlhf/cli.py reads the files).
 """
 
 from __future__ import annotations
