@@ -69,15 +69,17 @@ class TrainerLayout:
                 f"num_trainers ({self.num_trainers}) must be a multiple of tp*pp ({tp * pp}): change -t, -tp or -pp")
         require(self.zero_stage in (0, 1, 2, 3), f"-zero/--zero-stage must be 0, 1, 2 or 3, got {self.zero_stage}")
         spec = self.plugin_spec
+        both = families_with(lambda s: s.tensor_parallel and s.pipeline_parallel)
         require(not (tp > 1 and pp > 1 and not (spec.tensor_parallel and spec.pipeline_parallel)),
-                f"-tp and -pp together need --plugin {families_with(lambda s: s.tensor_parallel and s.pipeline_parallel)} "
-                f"(one plugin for both); the {self.plugin} family does one of them")
+                f"-tp and -pp together need --plugin {both} (one plugin for both); the {self.plugin} family does "
+                "one of them")
+        zero_pipelines = families_with(lambda s: s.pipeline_parallel and s.pipeline_max_zero > 0)
         require(not (self.zero_stage > 0 and pp > 1 and spec.pipeline_max_zero == 0),
-                f"-zero with -pp needs --plugin {families_with(lambda s: s.pipeline_parallel and s.pipeline_max_zero > 0)}; "
-                f"the {self.plugin} pipeline plugin is data parallel by DDP only")
+                f"-zero with -pp needs --plugin {zero_pipelines}; the {self.plugin} pipeline plugin is data parallel "
+                "by DDP only")
+        layout = ParallelLayout(tp_size=tp, pp_size=pp, zero_stage=self.zero_stage, precision=self.precision)
         try:
-            validate_layout(self.plugin_name, self.num_trainers,
-                            ParallelLayout(tp_size=tp, pp_size=pp, zero_stage=self.zero_stage, precision=self.precision))
+            validate_layout(self.plugin_name, self.num_trainers, layout)
         except ValueError as err:
             raise ConfigError(f"trainer layout (-t {self.num_trainers} -tp {tp} -pp {pp} -zero {self.zero_stage} "
                               f"--plugin {self.plugin} --precision {self.precision}): {err}") from None

@@ -13,14 +13,15 @@ policy as an HF directory, ``trainer_state/<role>/``, ``consumer_state/rank_R.pt
   leaves the previous checkpoint as the newest complete one.
 
 What is pending: the trainer saves between steps, so every group it has drawn has been trained on (or
-filtered), or belongs to the round it is training, which the consumer state keeps. The buffer's ``snapshot`` gives, at one instant, the groups put but not drawn and how many whole
-rounds each producer has put. Those groups are stored and put back into the buffer on resume, and each producer
-restarts at its first round not put (a round it was generating is generated again from the start), so every
-group is trained on exactly once. Producers reseed from (seed, rank, round) at every round (``coati.cluster.schedule.round_seed``);
-in sync mode (``--max-staleness 0``) a round is generated with exactly the weights of its version, so the rounds
-after the resume sample exactly what the uninterrupted run sampled. In async mode the version a round starts
-with depends on timing, so a resumed run trains on the same prompts but not on the same samples. The driver
-renames the staging directory once every rank has finished.
+filtered), or belongs to the round it is training, which the consumer state keeps. The buffer's ``snapshot``
+gives, at one instant, the groups put but not drawn and how many whole rounds each producer has put. Those
+groups are stored and put back into the buffer on resume, and each producer restarts at its first round not
+put (a round it was generating is generated again from the start), so every group is trained on exactly once.
+Producers reseed from (seed, rank, round) at every round (``coati.cluster.schedule.round_seed``); in sync mode
+(``--max-staleness 0``) a round is generated with exactly the weights of its version, so the rounds after the
+resume sample exactly what the uninterrupted run sampled. In async mode the version a round starts with depends
+on timing, so a resumed run trains on the same prompts but not on the same samples. The driver renames the
+staging directory once every rank has finished.
 """
 
 from __future__ import annotations

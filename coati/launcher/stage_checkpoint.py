@@ -1,9 +1,10 @@
-"""Checkpoints of the supervised stages (``coati sft`` / ``coati rm``), the driver's side, and ``--resume`` from one.
+"""Checkpoints of the supervised stages (``coati sft`` / ``coati rm``), the driver's side, and ``--resume``.
 
 Every ``-si`` steps the stage writes ``<save-dir>/<project>/step_N`` atomically (coati/utils/checkpoint.py): the
 trainer state (parameters and optimizer state, every rank its shards, in any layout the plugin reads back;
-coati/trainer/checkpointing.py) and the step with the held-out metrics from before training. A step's rows depend only on the step and the seed
-(``coati.trainer.stage_trainer.StageTrainer.batch_items``), so a resumed run trains the same batches an uninterrupted one would.
+coati/trainer/checkpointing.py) and the step with the held-out metrics from before training. A step's rows
+depend only on the step and the seed (``StageTrainer.batch_items`` in coati/trainer/stage_trainer.py), so a
+resumed run trains the same batches an uninterrupted one would.
 """
 
 from __future__ import annotations
