@@ -47,6 +47,28 @@ def test_a_resumed_sft_run_ends_where_an_uninterrupted_one_does(tiny_model_dir, 
     assert resumed.before == whole.before  # the held-out metrics before training travel with the checkpoint
 
 
+def test_a_stage_checkpoint_with_its_state_directly_in_trainer_state_resumes(tiny_model_dir, tmp_path):
+    """Stage checkpoints hold the trained model's state under trainer_state/actor/, as run checkpoints do; those
+    that hold it directly in trainer_state/ (written before) resume to the same weights."""
+    data = write_dummy_data(str(tmp_path / "data"), num_sft=48, num_pairs=8, num_eval=8)
+    config = SFTConfig(model=tiny_model_dir, dataset=data["sft"], eval_dataset=data["sft_eval"],
+                       save_dir=str(tmp_path / "runs"), project="whole", batch_size=16, micro_batch_size=16,
+                       learning_rate=1e-3, save_interval=2, progress_bar=False)
+    whole = run_stage(config, config.dataset, config.eval_dataset, config.model, log=lambda line: None)
+    assert whole.steps == 3 and [step for step, _ in list_checkpoints(config.run_dir)] == [2]
+    flat = dataclasses.replace(config, project="flat")
+    state = os.path.join(flat.run_dir, "step_2", "trainer_state")
+    shutil.copytree(os.path.join(config.run_dir, "step_2"), os.path.dirname(state))
+    role = os.path.join(state, "actor")
+    for name in os.listdir(role):
+        shutil.move(os.path.join(role, name), state)
+    os.rmdir(role)
+    resumed = run_stage(dataclasses.replace(flat, resume="latest"), config.dataset, config.eval_dataset,
+                        config.model, log=lambda line: None)
+    expected, got = weights(whole.model_dir), weights(resumed.model_dir)
+    assert all(torch.allclose(expected[name], got[name], atol=1e-6) for name in expected)
+
+
 def test_resume_problems_are_one_line_before_any_model(tmp_path, capsys, monkeypatch):
     from coati.demo import math_demo
 
