@@ -99,7 +99,7 @@ def restore_options(args, given: set[str]) -> None:
 
     from coati.config.cli import resumed_values, run_name
     from coati.config.errors import ConfigError
-    from coati.trainer.checkpointing import read_run_state
+    from coati.launcher.checkpoints import read_run_state
     from coati.utils.checkpoint import resolve_resume
 
     if args.resume != "latest" and not os.path.exists(args.resume):

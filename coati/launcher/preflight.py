@@ -163,7 +163,7 @@ def check_inputs(config: RLConfig, engine: bool = True) -> None:
     if config.algo.uses_critic:
         _check_ppo_models(config.algo.ppo)
     if config.run.resume is not None:
-        from coati.trainer.checkpointing import check_resume
+        from coati.launcher.checkpoints import check_resume
 
         try:
             check_resume(config)

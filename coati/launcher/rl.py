@@ -26,7 +26,7 @@ from coati.config.colocation import choose_colocation
 from coati.config.tree import RLConfig
 from coati.launcher.eval_schedule import EvalSchedule
 from coati.rollout.producer import Producer
-from coati.trainer.checkpointing import check_resume, restore_run, save_checkpoint, trim_metrics
+from coati.launcher.checkpoints import check_resume, restore_run, save_checkpoint, trim_metrics
 from coati.trainer.consumer import Consumer
 from coati.utils.checkpoint import prune_checkpoints
 from coati.utils.metrics import MetricsLogger

@@ -12,7 +12,7 @@ import os
 import sys
 
 from coati.config.errors import ConfigError
-from coati.rlhf.config import RMConfig, SFTConfig, StageConfig, validate
+from coati.config.stage import RMConfig, SFTConfig, StageConfig, validate
 from coati.utils.dataclass_cli import ConfigFileError, parse
 
 DESCRIPTIONS = {
@@ -35,8 +35,8 @@ def check_model_dir(path: str) -> None:
 def check_given_inputs(config: StageConfig) -> None:
     """The model directory and every row of the files the options name, before the embedded model or data is
     built."""
-    from coati.rlhf.stage import load_stage_rows
-    from coati.rlhf.stage_checkpoint import resume_point
+    from coati.trainer.stage_trainer import load_stage_rows
+    from coati.launcher.stage_checkpoint import resume_point
 
     resume_point(config)
     if config.model is not None:
@@ -66,7 +66,7 @@ def resolve_inputs(config: StageConfig, log=print) -> tuple[str, str, str | None
 
 
 def run(cls, argv: list[str] | None, prog: str) -> int:
-    from coati.rlhf.stage import load_stage_rows
+    from coati.trainer.stage_trainer import load_stage_rows
 
     try:
         config = parse(cls, argv, prog, DESCRIPTIONS[cls.stage])
@@ -79,7 +79,7 @@ def run(cls, argv: list[str] | None, prog: str) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
 
-    from coati.rlhf.stage import run_stage
+    from coati.launcher.stage import run_stage
 
     try:
         result = run_stage(config, train_path, eval_path, model_path)

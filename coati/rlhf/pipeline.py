@@ -127,7 +127,7 @@ def dummy_plan(save_dir: str, project: str) -> Plan:
 
 def stage_config(plan: Plan, stage: str):
     """The checked options of a supervised stage, with the links to the previous stage filled in."""
-    from coati.rlhf.config import RMConfig, SFTConfig, validate
+    from coati.config.stage import RMConfig, SFTConfig, validate
 
     from coati.utils.dataclass_cli import ConfigFileError, check_values, construct, defaults, key_index, unknown_key_hint
 
@@ -208,7 +208,8 @@ class PipelineResult:
 def run_pipeline(plan: Plan, log=print) -> PipelineResult:
     """Check every stage, then run them in order."""
     from coati.rlhf.cli import check_model_dir, resolve_inputs
-    from coati.rlhf.stage import load_stage_rows, run_stage
+    from coati.launcher.stage import run_stage
+    from coati.trainer.stage_trainer import load_stage_rows
 
     start = time.time()
     if plan.model is not None:  # the first stage's model, before any stage trains

@@ -2,7 +2,7 @@
 
 Used by ``coati evaluate`` and by the PPO producers, so it is plain torch + transformers: no Ray, no plugin.
 
-How a response is scored, and why it matches training (coati/rlhf/tasks.py ``RewardTask``): a row is the prompt
+How a response is scored, and why it matches training (coati/trainer/stage_tasks.py ``RewardTask``): a row is the prompt
 ids, the response ids and one EOS, right-padded with the model's pad id and scored in one forward; the score is
 ``logits[:, 0]``, which transformers pools at the last token that is not the pad id. Training rows always end
 in EOS, so the head has only learnt to read a hidden state at an EOS: a response is given its EOS when it does

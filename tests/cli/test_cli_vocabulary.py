@@ -12,7 +12,7 @@ from coati import cli
 from coati.config.algo import ALGOS
 from coati.config.cli import RLOptions, build_parser, config_from_args, config_from_dict
 from coati.config.errors import ConfigError
-from coati.rlhf.config import RMConfig, SFTConfig
+from coati.config.stage import RMConfig, SFTConfig
 from coati.rlhf.eval_config import EvalConfig
 from coati.utils import dataclass_cli
 from coati.utils.dataclass_cli import ConfigFileError, parse

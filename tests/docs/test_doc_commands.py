@@ -108,7 +108,7 @@ def check_train(argv: list[str], defaults: dict) -> None:
 
 
 def check_stage(cls, argv: list[str]) -> None:
-    from coati.rlhf.config import validate
+    from coati.config.stage import validate
     from coati.utils.dataclass_cli import parse
 
     validate(parse(cls, argv, "coati stage", ""))
@@ -133,7 +133,7 @@ def test_doc_command_parses_and_validates(page, command, argv, monkeypatch, tmp_
     if command in ("train", "ppo"):
         check_train(argv, {"algo": "PPO"} if command == "ppo" else {})
     elif command in ("sft", "rm"):
-        from coati.rlhf.config import RMConfig, SFTConfig
+        from coati.config.stage import RMConfig, SFTConfig
 
         check_stage(SFTConfig if command == "sft" else RMConfig, argv)
     elif command == "evaluate":

@@ -66,7 +66,7 @@ def test_rlhf_quickstart(tmp_path, demo_assets):
     from transformers import AutoTokenizer
 
     from coati.dataset.rlhf_rows import load_preferences
-    from coati.rlhf.tasks import RewardTask
+    from coati.trainer.stage_tasks import RewardTask
 
     task = RewardTask(AutoTokenizer.from_pretrained(str(run / "rm" / "final")), "", 512)
     items, _ = task.tokenise(load_preferences(str(run / "data" / "preferences_eval.jsonl")))

@@ -20,7 +20,7 @@ def reward_model_dir(demo_assets, tmp_path_factory):
     """The demo model's body with a seeded random head (what matters here is that scores are computed right)."""
     from transformers import AutoTokenizer
 
-    from coati.rlhf.tasks import RewardTask
+    from coati.trainer.stage_tasks import RewardTask
 
     torch.manual_seed(0)
     path = str(tmp_path_factory.mktemp("rm"))

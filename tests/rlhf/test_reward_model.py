@@ -19,7 +19,7 @@ def reward_model_dir(tiny_model_dir, tmp_path_factory):
     """The tiny model's body with a seeded random score head, saved as `coati rm` saves one."""
     from transformers import AutoTokenizer
 
-    from coati.rlhf.tasks import RewardTask
+    from coati.trainer.stage_tasks import RewardTask
 
     torch.manual_seed(0)
     path = str(tmp_path_factory.mktemp("rm"))
@@ -66,7 +66,7 @@ def test_scores_are_unpadded_forwards_of_prompt_response_eos(rm):
 
 def test_scores_equal_reward_task_training_rows(rm):
     from coati.dataset.rlhf_rows import PreferenceExample
-    from coati.rlhf.tasks import RewardTask
+    from coati.trainer.stage_tasks import RewardTask
 
     model, tokenizer = rm
     pairs = [PreferenceExample(({"role": "user", "content": f"{a}+{b}="},), f"\\boxed{{{a + b}}}", f"\\boxed{{{a}}}")

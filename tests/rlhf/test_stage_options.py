@@ -6,7 +6,7 @@ import json
 import pytest
 
 from coati import cli
-from coati.rlhf.config import RMConfig, SFTConfig
+from coati.config.stage import RMConfig, SFTConfig
 from coati.utils.dataclass_cli import ConfigFileError, build_parser, parse
 
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from coati import cli
-from coati.rlhf.config import SFTConfig
+from coati.config.stage import SFTConfig
 from coati.rlhf.dummy import write_dummy_data
-from coati.rlhf.stage import run_stage
+from coati.launcher.stage import run_stage
 from coati.utils.checkpoint import list_checkpoints
 
 
@@ -47,6 +47,28 @@ def test_a_resumed_sft_run_ends_where_an_uninterrupted_one_does(tiny_model_dir, 
     assert resumed.before == whole.before  # the held-out metrics before training travel with the checkpoint
 
 
+def test_a_stage_checkpoint_with_its_state_directly_in_trainer_state_resumes(tiny_model_dir, tmp_path):
+    """Stage checkpoints hold the trained model's state under trainer_state/actor/, as run checkpoints do; those
+    that hold it directly in trainer_state/ (written before) resume to the same weights."""
+    data = write_dummy_data(str(tmp_path / "data"), num_sft=48, num_pairs=8, num_eval=8)
+    config = SFTConfig(model=tiny_model_dir, dataset=data["sft"], eval_dataset=data["sft_eval"],
+                       save_dir=str(tmp_path / "runs"), project="whole", batch_size=16, micro_batch_size=16,
+                       learning_rate=1e-3, save_interval=2, progress_bar=False)
+    whole = run_stage(config, config.dataset, config.eval_dataset, config.model, log=lambda line: None)
+    assert whole.steps == 3 and [step for step, _ in list_checkpoints(config.run_dir)] == [2]
+    flat = dataclasses.replace(config, project="flat")
+    state = os.path.join(flat.run_dir, "step_2", "trainer_state")
+    shutil.copytree(os.path.join(config.run_dir, "step_2"), os.path.dirname(state))
+    role = os.path.join(state, "actor")
+    for name in os.listdir(role):
+        shutil.move(os.path.join(role, name), state)
+    os.rmdir(role)
+    resumed = run_stage(dataclasses.replace(flat, resume="latest"), config.dataset, config.eval_dataset,
+                        config.model, log=lambda line: None)
+    expected, got = weights(whole.model_dir), weights(resumed.model_dir)
+    assert all(torch.allclose(expected[name], got[name], atol=1e-6) for name in expected)
+
+
 def test_resume_problems_are_one_line_before_any_model(tmp_path, capsys, monkeypatch):
     from coati.demo import math_demo
 
@@ -54,7 +76,7 @@ def test_resume_problems_are_one_line_before_any_model(tmp_path, capsys, monkeyp
     monkeypatch.chdir(tmp_path)
     assert cli.main(["sft", "--resume", "latest", "-sd", str(tmp_path)]) == 2
     assert "--resume latest: no complete checkpoint under" in capsys.readouterr().err
-    from coati.rlhf import stage_checkpoint
+    from coati.launcher import stage_checkpoint
 
     class Group:
         def call(self, *args):
@@ -70,7 +92,8 @@ def test_resume_problems_are_one_line_before_any_model(tmp_path, capsys, monkeyp
 def test_the_pipeline_resumes_from_the_stage_it_stopped_in(tmp_path, monkeypatch):
     import json
 
-    from coati.rlhf import pipeline, stage_checkpoint
+    from coati.launcher import stage_checkpoint
+    from coati.rlhf import pipeline
     from coati.rlhf.pipeline import Plan, ppo_values
 
     data = write_dummy_data(str(tmp_path / "data"), num_sft=64, num_pairs=64, num_eval=8)
@@ -90,7 +113,7 @@ def test_the_pipeline_resumes_from_the_stage_it_stopped_in(tmp_path, monkeypatch
     rm = pipeline.stage_config(plan, "rm")  # rm stopped after its step 2
     stage_checkpoint.save(Group(), rm, 2, {})
     trained = []
-    monkeypatch.setattr("coati.rlhf.stage.run_stage", lambda config, *args, **kwargs: trained.append(config))
+    monkeypatch.setattr("coati.launcher.stage.run_stage", lambda config, *args, **kwargs: trained.append(config))
     monkeypatch.setattr("coati.rlhf.cli.resolve_inputs", lambda config, log=None: ("m", "t", None))
     pipeline.run_pipeline(plan, log=lambda line: None)
     assert [(config.stage, config.resume) for config in trained] == [("rm", "latest")]
@@ -108,7 +131,7 @@ def test_a_reward_model_checkpoint_of_fsdp2_x2_resumes_in_one_process(tiny_model
     import ray
     from transformers import AutoModelForSequenceClassification
 
-    from coati.rlhf.config import RMConfig
+    from coati.config.stage import RMConfig
 
     data = write_dummy_data(str(tmp_path / "data"), num_sft=8, num_pairs=48, num_eval=8)
     config = RMConfig(model=tiny_model_dir, dataset=data["preferences"], save_dir=str(tmp_path / "runs"),
@@ -140,8 +163,8 @@ def test_lora_stages_write_merged_models_and_resume_exactly(tiny_model_dir, tmp_
 
     from coati.config.lora import LoraConfig
     from coati.models.lora import is_adapter_dir
-    from coati.rlhf.config import RMConfig
-    from coati.rlhf.stage import ADAPTER_SUBDIR
+    from coati.config.stage import RMConfig
+    from coati.trainer.stage_trainer import ADAPTER_SUBDIR
 
     lora = LoraConfig(lora_rank=4, lora_alpha=8.0)
     data = write_dummy_data(str(tmp_path / "data"), num_sft=96, num_pairs=32, num_eval=8)

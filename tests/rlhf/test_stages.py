@@ -11,9 +11,9 @@ import os
 import pytest
 
 from coati.rlhf.cli import resolve_inputs
-from coati.rlhf.config import RMConfig, SFTConfig
-from coati.rlhf.stage import run_stage
-from coati.rlhf.tasks import SFTTask
+from coati.config.stage import RMConfig, SFTConfig
+from coati.launcher.stage import run_stage
+from coati.trainer.stage_tasks import SFTTask
 
 
 @pytest.fixture(autouse=True)

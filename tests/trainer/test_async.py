@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 from run_helpers import head, killed_while_saving, run_cli
 
-import coati.trainer.checkpointing as checkpointing
+import coati.launcher.checkpoints as checkpointing
 from coati.utils.checkpoint import list_checkpoints
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]

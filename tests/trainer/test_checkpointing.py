@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from coati.cluster.schedule import round_seed
 from coati.rollout.round_generator import RoundGenerator
-from coati.trainer.checkpointing import producer_rounds, trim_metrics
+from coati.launcher.checkpoints import producer_rounds, trim_metrics
 
 
 def test_round_seeds_are_deterministic_and_distinct():

@@ -18,7 +18,7 @@ import torch
 from run_helpers import head, killed_while_saving
 from transformers import AutoModelForCausalLM
 
-import coati.trainer.checkpointing as checkpointing
+import coati.launcher.checkpoints as checkpointing
 from coati.config.cli import build_parser, config_from_args
 from coati.config.errors import ConfigError
 from coati.launcher.preflight import check_inputs

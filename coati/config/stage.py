@@ -2,7 +2,7 @@
 flags and the YAML keys (coati/utils/dataclass_cli.py). Short aliases follow rl_example.py's (ColossalChat's).
 
 Checks raise ``ConfigError`` with one line naming the problem and the fix, before any model or data is read
-(``validate``) or before any training (``check_inputs`` in stage.py reads the files).
+(``validate``) or before any training (``check_given_inputs`` in coati/rlhf/cli.py reads the files).
 """
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from coati.config.errors import ConfigError, require
-
-from coati.config.layout import DEFAULT_PLUGIN_FAMILY, PLUGIN_FAMILIES, TrainerLayout
+from coati.config.errors import require
+from coati.config.layout import TrainerLayout
 from coati.config.lora import LoraConfig
 from coati.config.run import SAVE_INTERVAL
 from coati.utils.dataclass_cli import option
@@ -24,6 +23,9 @@ MODEL_LR = {"sft": 2e-5, "rm": 9e-6}
 
 @dataclass(frozen=True)
 class StageConfig(TrainerLayout):
+    """The trainer group's layout (-t/-tp/-pp/-zero/--plugin/--precision, as ``coati train`` spells it) and the
+    stage's own options."""
+
     model: str | None = option(None, "local HF model directory to start from (default: the embedded tiny model: "
                                      "untrained for sft, the demo's warm-started one for rm)", "-m")
     dataset: str | None = option(None, "training rows: .jsonl, .json list, .parquet or save_to_disk directory "
@@ -50,14 +52,6 @@ class StageConfig(TrainerLayout):
     resume: str | None = option(None, "continue from a step_N checkpoint of this stage (or the newest under "
                                       "<save-dir>/<project>); the layout (-t/-tp/-pp/-zero) may differ",
                                 metavar="PATH|latest")
-    num_trainers: int = option(1, "trainer processes forming one torch.distributed group", "-t")
-    tensor_parallel_size: int = option(1, "trainer tensor parallelism", "-tp")
-    pipeline_parallel_size: int = option(1, "trainer pipeline parallelism", "-pp")
-    zero_stage: int = option(0, "ZeRO stage: torch = FSDP2, colossalai = LowLevelZero 1/2", "-zero")
-    plugin: str = option(DEFAULT_PLUGIN_FAMILY, "trainer plugin family", choices=PLUGIN_FAMILIES)
-    precision: str = option("fp32", "trainer compute precision (fp32 masters; fp16 needs --plugin colossalai with "
-                                    "-zero or -tp/-pp)",
-                            choices=("fp32", "bf16", "fp16"))
     progress_bar: bool = option(True, "a progress bar while training", "--progress-bar", flag="--progress")
     lora: LoraConfig = LoraConfig()  # adapters instead of full fine-tuning (--lora-rank); the final model is merged
 
@@ -106,23 +100,15 @@ class RMConfig(StageConfig):
 
 def validate(config: StageConfig) -> None:
     """Cheap checks of the options themselves."""
-    from coati.plugins.validation import ParallelLayout, validate_layout
-    from coati.registry.plugins import adapter_plugins, plugin_spec
-
     for flag, value in (("-e/--epochs", config.epochs), ("-bs/--batch-size", config.batch_size),
-                        ("-tmbs/--micro-batch-size", config.micro_batch_size), ("-t/--num-trainers", config.num_trainers),
-                        ("-ml/--max-length", config.max_length), ("-tp", config.tensor_parallel_size),
-                        ("-pp", config.pipeline_parallel_size)):
+                        ("-tmbs/--micro-batch-size", config.micro_batch_size), ("-ml/--max-length", config.max_length)):
         require(value >= 1, f"{flag} must be at least 1, got {value}")
     require(config.lr > 0, f"-lr/--learning-rate must be > 0, got {config.lr}")
     require(config.max_grad_norm >= 0, f"--max-grad-norm must be >= 0 (0: off), got {config.max_grad_norm}")
     require(0 <= config.eval_fraction < 1, f"--eval-fraction must lie in [0, 1), got {config.eval_fraction}")
     require(config.eval_interval >= 0, f"-ei/--eval-interval must be >= 0, got {config.eval_interval}")
     require(config.save_interval >= 0, f"-si/--save-interval must be >= 0 (0: none), got {config.save_interval}")
-    model_parallel = config.mesh_shape.model_parallel_size
-    require(config.num_trainers % model_parallel == 0,
-             f"-t ({config.num_trainers}) must be a multiple of tp*pp ({model_parallel}): change -t, -tp or -pp")
-    require(config.zero_stage in (0, 1, 2, 3), f"-zero/--zero-stage must be 0, 1, 2 or 3, got {config.zero_stage}")
+    config.check()
     dp = config.dp_size
     require(config.batch_size % dp == 0,
              f"-bs ({config.batch_size}) must be a multiple of the {dp} data-parallel trainers: each trains an equal share")
@@ -138,15 +124,4 @@ def validate(config: StageConfig) -> None:
         require(config.pipeline_parallel_size == 1 and config.tensor_parallel_size == 1,
                  "the reward model trains with data parallelism and FSDP2/ZeRO (-t, -zero); the -tp/-pp stage and "
                  "shard policies only know the LM head, not its scalar head: drop -tp/-pp")
-    config.lora.check()
-    require(not config.lora.enabled or plugin_spec(config.plugin_name).trains_adapters,
-            f"--lora-rank: the {config.plugin_name} plugin does not train LoRA adapters (those that do: "
-            f"{adapter_plugins()}): change the layout or drop --lora-rank")
-    layout = ParallelLayout(tp_size=config.tensor_parallel_size, pp_size=config.pipeline_parallel_size,
-                            zero_stage=config.zero_stage, precision=config.precision)
-    try:
-        validate_layout(config.plugin_name, config.num_trainers, layout)
-    except ValueError as err:
-        raise ConfigError(f"trainer layout (-t {config.num_trainers} -tp {config.tensor_parallel_size} "
-                          f"-pp {config.pipeline_parallel_size} -zero {config.zero_stage} --plugin {config.plugin} "
-                          f"--precision {config.precision}): {err}") from None
+    config.check_lora(config.lora)

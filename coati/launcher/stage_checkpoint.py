@@ -1,9 +1,10 @@
-"""Checkpoints of the supervised stages (``coati sft`` / ``coati rm``) and ``--resume`` from one.
+"""Checkpoints of the supervised stages (``coati sft`` / ``coati rm``), the driver's side, and ``--resume``.
 
 Every ``-si`` steps the stage writes ``<save-dir>/<project>/step_N`` atomically (coati/utils/checkpoint.py): the
-trainer state (parameters and optimizer state, every rank its shards, in any layout the plugin reads back) and
-the step with the held-out metrics from before training. A step's rows depend only on the step and the seed
-(``StageTrainer.batch_items``), so a resumed run trains the same batches an uninterrupted one would.
+trainer state (parameters and optimizer state, every rank its shards, in any layout the plugin reads back;
+coati/trainer/checkpointing.py) and the step with the held-out metrics from before training. A step's rows
+depend only on the step and the seed (``StageTrainer.batch_items`` in coati/trainer/stage_trainer.py), so a
+resumed run trains the same batches an uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from coati.config.errors import ConfigError, require
 from coati.utils.checkpoint import COMPLETE_MARKER, atomic_directory, resolve_resume
 
 STATE = "stage_state.json"
-TRAINER_STATE = "trainer_state"
 # what must not change between the run that saved and the one that resumes: the batches would differ
 KEPT = ("stage", "batch_size", "seed", "epochs", "eval_fraction")
 
@@ -28,7 +28,7 @@ def save(group, config, step: int, before: dict) -> str:
     """Collective: ``step_<step>`` of the run, complete or absent."""
     path = os.path.join(config.run_dir, f"step_{step}")
     with atomic_directory(path) as staging:
-        group.call("save_state", os.path.join(staging, TRAINER_STATE))
+        group.call("save_checkpoint", staging)
         with open(os.path.join(staging, STATE), "w", encoding="utf-8") as handle:
             json.dump({"step": step, "before": before, **_kept(config)}, handle)
         with open(os.path.join(staging, COMPLETE_MARKER), "w", encoding="utf-8") as handle:
@@ -63,7 +63,7 @@ def read_state(path: str) -> dict:
 def restore(group, path: str) -> dict:
     """Collective, after setup: the trainer state of ``path``; its step and metrics from before training."""
     try:
-        group.call("load_state", os.path.join(path, TRAINER_STATE))
+        group.call("load_checkpoint", path)
     except ValueError as err:  # a layout that cannot read the checkpoint's
         raise ConfigError(f"--resume {path}: {err}") from None
     return read_state(path)

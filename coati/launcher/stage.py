@@ -1,0 +1,155 @@
+"""One supervised stage (``coati sft`` / ``coati rm``), the driver's side: the trainer ranks, the loop over steps
+with evaluations and checkpoints, and the final model.
+
+``run_stage`` runs one ``StageTrainer`` (coati/trainer/stage_trainer.py) in-process, or ``-t`` of them as Ray
+actors (a local cluster, or the one RAY_ADDRESS names), and writes ``metrics.jsonl`` and the final HF directory
+``<save-dir>/<project>/final`` (``from_pretrained`` loads it; the reward model with
+``AutoModelForSequenceClassification``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+
+from coati.cluster.connect import init_ray_for
+from coati.cluster.trainer_group import even_threads, join_trainer_group, one_unit_each, start_trainer_group
+from coati.config.errors import ConfigError
+from coati.config.stage import StageConfig
+from coati.launcher import stage_checkpoint
+from coati.launcher.checkpoints import trim_metrics
+from coati.trainer.stage_trainer import StageTrainer
+
+
+@dataclass
+class StageResult:
+    steps: int
+    before: dict  # held-out metrics before training
+    after: dict
+    losses: list  # training loss of every step
+    model_dir: str
+    metrics_path: str
+    data: dict  # row counts
+    wall_s: float
+
+
+class _Group:
+    """The trainer ranks: one in-process StageTrainer, or -t Ray actors called in lockstep."""
+
+    def __init__(self, config: StageConfig, train_path: str, eval_path: str | None, model_path: str):
+        self.ray = config.num_trainers > 1
+        if not self.ray:
+            self.ranks = [StageTrainer(config, train_path, eval_path, model_path)]
+            self.info = self.ranks[0].setup()
+            return
+        n = config.num_trainers
+        init_ray_for(n)  # a local cluster, or the one RAY_ADDRESS names
+        self.group = start_trainer_group(StageTrainer, n, dict(config=config, train_path=train_path, eval_path=eval_path,
+                                                               model_path=model_path, actor=True),
+                                         even_threads(n), one_unit_each(n))
+        self.ranks = self.group.actors
+        try:
+            self.info = join_trainer_group(self.group)[0]
+        except BaseException:
+            self.group.kill()
+            raise
+
+    def call(self, method: str, *args):
+        """Every rank's result of ``method(*args)`` (collective calls reach all ranks together)."""
+        if not self.ray:
+            return [getattr(self.ranks[0], method)(*args)]
+        return self.group.call(method, *args)
+
+    def close(self) -> None:
+        self.call("shutdown")
+        if self.ray:
+            self.group.kill()
+
+
+def run_stage(config: StageConfig, train_path: str, eval_path: str | None, model_path: str, log=print) -> StageResult:
+    """Train the stage (from ``--resume``'s checkpoint when given) and save the final model; metrics go to
+    <run_dir>/metrics.jsonl."""
+    from tqdm import tqdm
+
+    from coati.utils.metrics import MetricsLogger
+
+    start = time.time()
+    if log is print:  # lines printed while the progress bar is up go above it
+        log = tqdm.write
+    resume = stage_checkpoint.resume_point(config)
+    os.makedirs(config.run_dir, exist_ok=True)
+    if resume and trim_metrics(config.run_dir, stage_checkpoint.read_state(resume)["step"]):
+        log("metrics.jsonl: dropped the rows after the checkpoint's step, which this resumed run redoes")
+    logger = MetricsLogger(config.run_dir, config.project or config.stage, asdict(config), log=log,
+                           resume=bool(resume))
+    group = None
+    try:
+        group = _Group(config, train_path, eval_path, model_path)
+        info = group.info
+        _check_start(config, info, train_path, log)
+
+        def evaluate(step: int) -> dict:
+            return _evaluate(group, config, logger, log, step)
+
+        if resume:
+            state = stage_checkpoint.restore(group, resume)
+            log(f"resuming from {resume}: step {state['step']} of {info['steps']}")
+            first, before = state["step"], state["before"]
+        else:
+            first, before = 0, evaluate(0)
+        _train(group, config, info["steps"], logger, evaluate, first, before)
+        after = evaluate(info["steps"])
+        model_dir = os.path.join(config.run_dir, "final")
+        group.call("save_pretrained", model_dir)
+        with open(os.path.join(config.run_dir, "stage_config.json"), "w") as handle:
+            json.dump({**asdict(config), "model_path": model_path, "train_path": train_path,
+                       "eval_path": eval_path}, handle, indent=1)
+    finally:
+        if group is not None:
+            group.close()
+        logger.close()
+    losses = stage_checkpoint.earlier_losses(logger.path)  # a resumed run's too
+    return StageResult(info["steps"], before, after, losses, model_dir, logger.path, info, time.time() - start)
+
+
+def _check_start(config: StageConfig, info: dict, train_path: str, log) -> None:
+    log(f"{config.stage}: {info['train_rows']} training rows, {info['eval_rows']} held out"
+        + (f", {info['skipped_too_long']} skipped as longer than -ml {config.max_length}"
+           if info["skipped_too_long"] else "") + f"; {info['steps']} steps on {config.plugin_name} "
+        f"x{config.num_trainers}")
+    if info["steps"] == 0:
+        raise ConfigError(f"{train_path}: {info['train_rows']} usable training rows, fewer than one batch of "
+                          f"-bs {config.batch_size}; lower -bs or add rows")
+
+
+def _evaluate(group: _Group, config: StageConfig, logger, log, step: int) -> dict:
+    result = next((r for r in group.call("evaluate") if r is not None), None) or {}
+    if result:
+        # kind "eval" rows name metrics without the prefix (coati plot draws their accuracy)
+        logger.log(step, {"task": config.stage, "mode": "held_out",
+                          **{k.removeprefix("eval_"): v for k, v in result.items()}}, kind="eval")
+        log(f"eval step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in result.items()))
+    return result
+
+
+def _train(group: _Group, config: StageConfig, steps: int, logger, evaluate, first: int, before: dict) -> None:
+    """Steps ``first`` .. ``steps`` - 1, with evaluations and checkpoints (-ei, -si) between them; a new
+    checkpoint replaces the previous one (the final model is written after the loop)."""
+    from tqdm import tqdm
+
+    from coati.utils.checkpoint import prune_checkpoints
+
+    bar = tqdm(total=steps, initial=first, desc=config.stage, disable=not config.progress_bar, leave=False)
+    for step in range(first, steps):
+        row = group.call("step", step)[0]
+        logger.log(step + 1, row)
+        bar.update(1)
+        bar.set_postfix(loss=f"{row['loss']:.4f}")
+        done = step + 1
+        if config.eval_interval and done % config.eval_interval == 0 and done < steps:
+            evaluate(done)
+        if config.save_interval and done % config.save_interval == 0 and done < steps:
+            prune_checkpoints(config.run_dir, 1, stage_checkpoint.save(group, config, done, before))
+    bar.close()
