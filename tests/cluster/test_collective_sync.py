@@ -173,6 +173,7 @@ def test_a_corrupted_bucket_is_one_clear_error_and_no_producer_keeps_the_version
             ray.kill(producer, no_restart=True)
 
 
+@pytest.mark.e2e
 def test_timeouts_name_the_producer_and_the_version(ray_cluster):
     store, sender = start(2, timeout_s=3.0)
     producers = [Producer.remote(store, rank, 2, 3.0) for rank in range(2)]

@@ -55,11 +55,13 @@ def test_single_process_reference_saves_and_reloads(reference):
     assert reference["grad_norm"] > 1.0  # the step clips (max_grad_norm 1.0): clipping is compared too
 
 
+@pytest.mark.e2e
 def test_torch_native_layouts_match_single_process(reference, tmp_path):
     results = run_group(TORCH_LAYOUTS, 2, str(tmp_path), timeout_s=240, save=True)
     check(results, reference)
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not has_colossalai, reason="colossalai is not installed (scripts/install_colossalai.sh)")
 def test_colossalai_layouts_match_single_process(reference, tmp_path):
     results = run_group(COLOSSAL_LAYOUTS, 2, str(tmp_path), timeout_s=240, save=True)

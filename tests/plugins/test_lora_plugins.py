@@ -41,6 +41,7 @@ def _max_diff(a: dict, b: dict) -> float:
     return max(float((a[n].float() - b[n].float()).abs().max()) for n in a)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("layout", FP32)
 def test_adapters_alone_train_from_the_base_and_resume_exactly(runs, layout):
     found = runs[layout]
@@ -64,6 +65,7 @@ def test_adapters_alone_train_from_the_base_and_resume_exactly(runs, layout):
         assert "adapter_model.safetensors" in files and not any(f.startswith(("pytorch_model", "model")) for f in files)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("layout", FP32[1:])
 def test_colossalai_trains_the_adapters_as_torch_ddp_does(runs, layout):
     reference, found = runs["torch-ddp"], runs[layout]
@@ -78,10 +80,12 @@ def test_colossalai_trains_the_adapters_as_torch_ddp_does(runs, layout):
     assert version < 1e-3
 
 
+@pytest.mark.e2e
 def test_colossalai_ddp_resumes_a_torch_ddp_lora_state(runs):
     assert _max_diff(runs[CROSS], runs["torch-ddp"]["version"]) <= 1e-6
 
 
+@pytest.mark.e2e
 def test_bf16_zero_keeps_fp32_masters_of_the_adapters_only(runs):
     found, reference = runs[BF16], runs["torch-ddp"]
     assert found["optimised"] == sorted(reference["version"])

@@ -44,6 +44,7 @@ def test_single_plugin_computes_in_its_precision(reference):
     check({"single:gc=1": reference["single:gc=1"]}, reference["single"])
 
 
+@pytest.mark.e2e
 def test_torch_plugins_compute_in_bf16_with_fp32_masters_and_checkpoint_exactly(reference, tmp_path):
     results = run_group(TORCH_BF16 + TORCH_CHECKPOINTED, 2, str(tmp_path), timeout_s=300)
     bf16 = {layout: results[layout] for layout in TORCH_BF16}

@@ -87,11 +87,13 @@ def compare(found: dict, layout: str, source: str, tol: float) -> str:
     return line
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("layout", ["single"] + TORCH_LAYOUTS)
 def test_torch_layouts_resume_exactly(torch_run, layout):
     compare(torch_run[1], layout, layout, SAME_TOL)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("layout, source", [("single", "torch-fsdp2"), ("torch-fsdp2", "single")])
 def test_fsdp2_and_single_load_each_others_checkpoints(torch_run, layout, source):
     compare(torch_run[1], layout, source, CROSS_TOL)
@@ -99,10 +101,12 @@ def test_fsdp2_and_single_load_each_others_checkpoints(torch_run, layout, source
 
 @pytest.mark.parametrize("layout, source", [c for c in TORCH_CROSS + SINGLE_CROSS
                                             if c not in [("single", "torch-fsdp2"), ("torch-fsdp2", "single")]])
+@pytest.mark.e2e
 def test_dcp_checkpoints_reshard_across_torch_layouts(torch_run, layout, source):
     compare(torch_run[1], layout, source, CROSS_TOL)
 
 
+@pytest.mark.e2e
 def test_sharded_layouts_write_their_own_shards(torch_run):
     out = torch_run[0]
     path = os.path.join(out, "ckpt", "torch-fsdp2")
@@ -169,18 +173,21 @@ def test_unloadable_directories_are_value_errors(tmp_path):
         other.load_state(str(tmp_path))
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not has_colossalai, reason="colossalai is not installed (scripts/install_colossalai.sh)")
 @pytest.mark.parametrize("layout", COLOSSAL_LAYOUTS)
 def test_colossalai_layouts_resume_exactly(colossal_run, layout):
     compare(colossal_run[1], layout, layout, SAME_TOL)
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not has_colossalai, reason="colossalai is not installed")
 @pytest.mark.parametrize("layout, source", COLOSSAL_CROSS)
 def test_colossalai_checkpoints_across_layouts(colossal_run, layout, source):
     compare(colossal_run[1], layout, source, CROSS_TOL)
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not has_colossalai, reason="colossalai is not installed")
 @pytest.mark.parametrize("layout, source", COLOSSAL_REFUSED)
 def test_unreadable_layouts_are_refused_with_both_layouts_named(colossal_run, layout, source):

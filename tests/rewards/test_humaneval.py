@@ -55,6 +55,7 @@ def test_writes_164_loadable_rows(tmp_path, capsys):
     assert len(tokens) == 164
 
 
+@pytest.mark.e2e
 @needs_bwrap
 def test_every_canonical_solution_passes_and_every_stub_fails(problems, rows, scorer):
     canonical = [block(p["prompt"] + p["canonical_solution"]) for p in problems]

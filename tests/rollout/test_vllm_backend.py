@@ -192,6 +192,7 @@ def test_weight_update_in_place_changes_outputs_and_reagrees(engine, hf_model):
                                torch.tensor([lp for g in before for c in g for lp in c.logprobs]), atol=1e-6, rtol=0)
 
 
+@pytest.mark.e2e
 @needs_vllm
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("layout", ["in-process", "multiprocess"])

@@ -126,6 +126,7 @@ def test_single_process_run_trains_and_publishes(single_run):
     assert all(r["groups_kept"] == 4 for r in rows)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("label, flags, tbs", LAYOUTS, ids=[layout[0] for layout in LAYOUTS])
 def test_layout_matches_single_process(local_ray, tiny_model_dir, single_run, label, flags, tbs):
     if "colossalai" in flags:
@@ -133,6 +134,7 @@ def test_layout_matches_single_process(local_ray, tiny_model_dir, single_run, la
     assert_same_run(single_run, train(tiny_model_dir, flags, rollouts(), tbs), label)
 
 
+@pytest.mark.e2e
 def test_dapo_filtering_over_two_data_parallel_ranks(local_ray, tiny_model_dir):
     """DAPO drops all-right/all-wrong groups: 5 of 8 survive, a round of 20 samples in 2 steps of 10, 5 per
     rank; the result equals one process's. Whole groups per step: 4, then 1 when the data runs out, so in the
@@ -152,6 +154,7 @@ def test_dapo_filtering_over_two_data_parallel_ranks(local_ray, tiny_model_dir):
     assert_same_run(reference, candidate, "DAPO torch DDP x2, whole groups")
 
 
+@pytest.mark.e2e
 def test_eval_snapshots_and_rollout_records_over_two_ranks(local_ray, tiny_model_dir, tmp_path):
     """-ei's weight snapshot is collective (FSDP2 shards are gathered) and holds exactly the current weights,
     mid-round (one extra gather) or right after a publish (the published object); -rsd records come from
