@@ -141,8 +141,8 @@ class StageTrainer:
             batch = self.task.collate(mine[first : first + config.micro_batch_size])
             batch["normaliser"] = torch.full((batch["input_ids"].shape[0],), normaliser)
             micro_batches.append(batch)
-        stats = self.trained.accumulate(micro_batches)
-        grad_norm = self.trained.optimizer_step(config.max_grad_norm)
+        stats = self.trained.plugin.forward_backward(micro_batches, self.trained.loss_fn)
+        grad_norm = self.trained.plugin.optimizer_step(config.max_grad_norm)
         totals = {name: sum(float(s[name]) for s in stats) for name in stats[0]}
         # each rank's statistics are its share of the global value times dp (normaliser global / dp)
         return {**all_reduce_stats(totals, mesh), "grad_norm": grad_norm, "step_time_s": time.perf_counter() - start}
