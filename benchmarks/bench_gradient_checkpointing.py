@@ -59,11 +59,11 @@ def measure(checkpointing: bool, steps: int) -> dict:
 
 
 def planned_activations(checkpointing: bool) -> float:
-    from coati.cluster.memory import ModelShape, TrainerLayout, activation_bytes
+    from coati.cluster.memory import ModelShape, MemoryLayout, activation_bytes
 
     shape = ModelShape(vocab=0, hidden=SHAPE["hidden_size"], layers=SHAPE["num_layers"], heads=SHAPE["num_heads"],
                        kv_heads=SHAPE["num_kv_heads"], intermediate=SHAPE["intermediate_size"])
-    return activation_bytes(shape, TrainerLayout(checkpointing=checkpointing), BATCH, SEQ)["activations"] / 2**30
+    return activation_bytes(shape, MemoryLayout(checkpointing=checkpointing), BATCH, SEQ)["activations"] / 2**30
 
 
 def main() -> None:

@@ -98,13 +98,13 @@ def measure(rank: int, steps: int, batch: int, seq: int) -> dict:
 
 
 def planned_gib(rank: int, batch: int, seq: int) -> float:
-    from coati.cluster.memory import ModelShape, TrainerLayout, trainer_memory
+    from coati.cluster.memory import ModelShape, MemoryLayout, trainer_memory
     from coati.models.scale import QWEN25_05B as s
 
     shape = ModelShape(vocab=s.vocab_size, hidden=s.hidden_size, layers=s.num_layers, heads=s.num_heads,
                        kv_heads=s.num_kv_heads, intermediate=s.intermediate_size, tied=s.tie_embeddings)
     adapters = shape.adapter_params(rank) if rank else 0
-    return trainer_memory(shape, TrainerLayout(adapter_params=adapters), batch, seq)["total"] / GiB
+    return trainer_memory(shape, MemoryLayout(adapter_params=adapters), batch, seq)["total"] / GiB
 
 
 def main() -> None:

@@ -88,7 +88,9 @@ class ModelShape:
 
 
 @dataclass(frozen=True)
-class TrainerLayout:
+class MemoryLayout:
+    """What the memory arithmetic reads of a trainer group's layout (the config's is ``config.layout.TrainerLayout``)."""
+
     plugin: str = DEFAULT_PLUGIN_FAMILY  # the family (coati.registry.plugins)
     tp: int = 1
     pp: int = 1
@@ -99,7 +101,7 @@ class TrainerLayout:
     adapter_params: int = 0  # LoRA adapters' parameters (0: every weight trains)
 
 
-def trainer_states(shape: ModelShape, layout: TrainerLayout) -> dict[str, float]:
+def trainer_states(shape: ModelShape, layout: MemoryLayout) -> dict[str, float]:
     """Bytes per rank of parameters (incl. fp32 masters and gathered full parameters), gradients, Adam."""
     local = shape.params / (layout.tp * layout.pp)
     b = DTYPE_BYTES[layout.precision]
@@ -121,7 +123,7 @@ def trainer_states(shape: ModelShape, layout: TrainerLayout) -> dict[str, float]
             "optimizer": 8 * local / (dp if zero >= 1 else 1)}
 
 
-def _colossal_zero_adapters(local: float, adapters: float, layout: TrainerLayout) -> dict[str, float]:
+def _colossal_zero_adapters(local: float, adapters: float, layout: MemoryLayout) -> dict[str, float]:
     """LoRA under ColossalAI's ZeRO: the whole model (frozen base and adapters) as working weights in the compute
     dtype; fp32 masters (mixed precision), gradients (stage 2) and Adam states of the adapters, sharded over dp."""
     b, dp = DTYPE_BYTES[layout.precision], layout.dp
@@ -130,7 +132,7 @@ def _colossal_zero_adapters(local: float, adapters: float, layout: TrainerLayout
             "optimizer": 8 * adapters / dp}
 
 
-def activation_bytes(shape: ModelShape, layout: TrainerLayout, micro_batch: int, seq_len: int) -> dict[str, float]:
+def activation_bytes(shape: ModelShape, layout: MemoryLayout, micro_batch: int, seq_len: int) -> dict[str, float]:
     """Saved activations and logits of one micro-batch (its tokens: samples x sequence length) on a rank."""
     b = DTYPE_BYTES[layout.precision]
     tokens = micro_batch * seq_len
@@ -140,7 +142,7 @@ def activation_bytes(shape: ModelShape, layout: TrainerLayout, micro_batch: int,
     return {"activations": b * tokens * kept, "logits": 3 * 4 * tokens * shape.vocab / layout.tp}
 
 
-def trainer_memory(shape: ModelShape, layout: TrainerLayout, micro_batch: int, seq_len: int,
+def trainer_memory(shape: ModelShape, layout: MemoryLayout, micro_batch: int, seq_len: int,
                    reference_bytes: int = 0, on_cpu: bool = True) -> dict[str, float]:
     """Every component of a trainer rank's peak, in bytes (``reference_bytes``: per parameter of the KL
     reference model, 0 without one); ``total`` is their sum."""

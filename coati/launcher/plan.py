@@ -18,7 +18,7 @@ from coati.cluster.memory import (
     DTYPE_BYTES,
     GiB,
     ModelShape,
-    TrainerLayout,
+    MemoryLayout,
     colocated_memory,
     inferencer_memory,
     kv_bytes_per_token,
@@ -137,7 +137,7 @@ def estimate(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: l
     gpus = () if on_cpu else (0,)
     lora = config.model.lora
     adapters = shape.adapter_params(lora.lora_rank, lora.targets) if lora.enabled else 0
-    layout = TrainerLayout(p.plugin, p.tensor_parallel_size, p.pipeline_parallel_size, p.dp_size, p.zero_stage,
+    layout = MemoryLayout(p.plugin, p.tensor_parallel_size, p.pipeline_parallel_size, p.dp_size, p.zero_stage,
                            p.precision, config.algo.optim.gradient_checkpointing, adapters)
     seq = config.data.max_prompt_tokens + config.sampling.max_new_tokens
     micro = min(batch.train_microbatch_size, batch.train_batch_size * batch.num_generations)

@@ -5,7 +5,7 @@ import pytest
 from coati.cluster.memory import (
     GiB,
     ModelShape,
-    TrainerLayout,
+    MemoryLayout,
     activation_bytes,
     inferencer_memory,
     kv_bytes_per_token,
@@ -29,27 +29,27 @@ def test_parameter_counts_are_the_published_ones():
 def test_trainer_states_by_layout():
     shape = ModelShape.from_config(QWEN05)
     P = shape.params
-    assert trainer_states(shape, TrainerLayout()) == {"weights": 4 * P, "gradients": 4 * P, "optimizer": 8 * P}
+    assert trainer_states(shape, MemoryLayout()) == {"weights": 4 * P, "gradients": 4 * P, "optimizer": 8 * P}
     # FSDP2 over 2 ranks: shards, plus the full parameters held from forward to backward (-zero 2)
-    assert trainer_states(shape, TrainerLayout(dp=2, zero=2)) == {"weights": 2 * P + 4 * P, "gradients": 2 * P,
+    assert trainer_states(shape, MemoryLayout(dp=2, zero=2)) == {"weights": 2 * P + 4 * P, "gradients": 2 * P,
                                                                   "optimizer": 4 * P}
     # -zero 3 reshards after forward: one layer (and the prefetched one) at a time
-    z3 = trainer_states(shape, TrainerLayout(dp=2, zero=3))
+    z3 = trainer_states(shape, MemoryLayout(dp=2, zero=3))
     assert z3["weights"] == 2 * P + 8 * shape.layer_params
     # ColossalAI HybridParallel TP 4 x PP 2 x DP 2, ZeRO-1, bf16: bf16 weights + fp32 masters / dp, fp32 grads,
     # Adam / dp, all over mp = 8
     seven = ModelShape.from_config(QWEN7)
     local = seven.params / 8
-    hybrid = trainer_states(seven, TrainerLayout("colossalai", tp=4, pp=2, dp=2, zero=1, precision="bf16"))
+    hybrid = trainer_states(seven, MemoryLayout("colossalai", tp=4, pp=2, dp=2, zero=1, precision="bf16"))
     assert hybrid == {"weights": 2 * local + 2 * local, "gradients": 4 * local, "optimizer": 4 * local}
     assert hybrid["weights"] / GiB == pytest.approx(3.546, abs=1e-3)
-    zero2 = trainer_states(seven, TrainerLayout("colossalai", tp=4, pp=2, dp=2, zero=2, precision="bf16"))
+    zero2 = trainer_states(seven, MemoryLayout("colossalai", tp=4, pp=2, dp=2, zero=2, precision="bf16"))
     assert zero2["gradients"] == 2 * local
 
 
 def test_activations_and_logits_of_a_micro_batch():
     shape = ModelShape.from_config(QWEN05)
-    out = activation_bytes(shape, TrainerLayout(), micro_batch=4, seq_len=104)
+    out = activation_bytes(shape, MemoryLayout(), micro_batch=4, seq_len=104)
     per_token_layer = 8 * 896 + 4 * 128 + 4 * 4864  # 27136 elements
     assert out["activations"] == 4 * 416 * per_token_layer * 24 == 1_083_703_296
     assert out["logits"] == 3 * 4 * 416 * 151936 == 758_464_512
@@ -69,7 +69,7 @@ def test_inferencer_and_publish():
 
 def test_gradient_checkpointing_keeps_each_layers_input_and_one_layer():
     shape = ModelShape.from_config(QWEN05)
-    out = activation_bytes(shape, TrainerLayout(checkpointing=True), micro_batch=4, seq_len=104)
+    out = activation_bytes(shape, MemoryLayout(checkpointing=True), micro_batch=4, seq_len=104)
     per_token_layer = 8 * 896 + 4 * 128 + 4 * 4864
     assert out["activations"] == 4 * 416 * (896 * 24 + per_token_layer) == 80_936_960  # 13x less
     assert out["logits"] == 3 * 4 * 416 * 151936  # the logits are not checkpointed
@@ -80,9 +80,9 @@ def test_torch_mixed_precision_keeps_fp32_parameters():
     precision keeps fp32 shards and fp32 gradients, gathering bf16 full parameters."""
     shape = ModelShape.from_config(QWEN05)
     P = shape.params
-    assert trainer_states(shape, TrainerLayout(precision="bf16")) == {"weights": 6 * P, "gradients": 4 * P,
+    assert trainer_states(shape, MemoryLayout(precision="bf16")) == {"weights": 6 * P, "gradients": 4 * P,
                                                                       "optimizer": 8 * P}
-    assert trainer_states(shape, TrainerLayout(dp=2, zero=2, precision="bf16")) == {
+    assert trainer_states(shape, MemoryLayout(dp=2, zero=2, precision="bf16")) == {
         "weights": 2 * P + 2 * P, "gradients": 2 * P, "optimizer": 4 * P}
 
 
@@ -95,16 +95,16 @@ def test_lora_adapters_and_their_states():
     assert shape.adapter_params(16, ("q_proj", "v_proj")) == 24 * 16 * (1792 + 1024)
     P, A = shape.params, 8_798_208
     # the frozen base in fp32, no masters; gradients and Adam for the adapters only
-    assert trainer_states(shape, TrainerLayout(adapter_params=A)) == {"weights": 4 * P + 4 * A, "gradients": 4 * A,
+    assert trainer_states(shape, MemoryLayout(adapter_params=A)) == {"weights": 4 * P + 4 * A, "gradients": 4 * A,
                                                                       "optimizer": 8 * A}
     # FSDP2 x2 -zero 2: the base sharded, gathered from forward to backward
-    fsdp = trainer_states(shape, TrainerLayout(dp=2, zero=2, adapter_params=A))
+    fsdp = trainer_states(shape, MemoryLayout(dp=2, zero=2, adapter_params=A))
     assert fsdp["weights"] == 2 * P + 4 * P + 4 * A
     # ColossalAI ZeRO-2 x2 in bf16: base and adapters as bf16 working weights, the adapters' fp32 masters,
     # gradients and Adam states halved over the 2 ranks
-    zero = trainer_states(shape, TrainerLayout("colossalai", dp=2, zero=2, precision="bf16", adapter_params=A))
+    zero = trainer_states(shape, MemoryLayout("colossalai", dp=2, zero=2, precision="bf16", adapter_params=A))
     assert zero == {"weights": 2 * P + 2 * A + 2 * A, "gradients": 2 * A, "optimizer": 4 * A}
-    assert trainer_states(shape, TrainerLayout("colossalai", dp=2, zero=1, adapter_params=A)) == \
+    assert trainer_states(shape, MemoryLayout("colossalai", dp=2, zero=1, adapter_params=A)) == \
         {"weights": 4 * P + 4 * A, "gradients": 4 * A, "optimizer": 4 * A}
 
 
