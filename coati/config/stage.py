@@ -97,7 +97,6 @@ class RMConfig(StageConfig):
         return 2 * self.micro_batch_size
 
 
-
 def validate(config: StageConfig) -> None:
     """Cheap checks of the options themselves."""
     for flag, value in (("-e/--epochs", config.epochs), ("-bs/--batch-size", config.batch_size),
@@ -111,10 +110,11 @@ def validate(config: StageConfig) -> None:
     config.check()
     dp = config.dp_size
     require(config.batch_size % dp == 0,
-             f"-bs ({config.batch_size}) must be a multiple of the {dp} data-parallel trainers: each trains an equal share")
+            f"-bs ({config.batch_size}) must be a multiple of the {dp} data-parallel trainers: each trains an equal "
+            "share")
     share = config.batch_size // dp
     require(share >= config.micro_batch_size,
-             f"-bs / data-parallel trainers ({share}) must be >= -tmbs ({config.micro_batch_size})")
+            f"-bs / data-parallel trainers ({share}) must be >= -tmbs ({config.micro_batch_size})")
     pp = config.pipeline_parallel_size
     require(pp == 1 or -(-share // config.micro_batch_size) >= pp,
              f"-pp {pp} needs at least {pp} micro-batches per step on each trainer: -bs / data-parallel trainers "
