@@ -195,6 +195,25 @@ def run_step(layout: str, lr: float = 1e-4, micro_batch_size: int = 2, max_grad_
     return result
 
 
+def run_rank_and_exit(work) -> None:
+    """Run this rank's ``work()``, then leave through ``os._exit`` (ColossalAI runs sometimes hang in interpreter
+    shutdown): 0 once every rank is done (rank 0 hosts the group's store, so it stays until the others are through
+    with it), 1 after printing a failure, without waiting for peers."""
+    code = 0
+    try:
+        work()
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.barrier()
+    except BaseException:  # noqa: BLE001 - report, then leave without waiting for peers
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--layouts", required=True, help="comma-separated layouts, run in order")

@@ -23,14 +23,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-import traceback
 
 import torch
 
 from coati.config.lora import LoraConfig
-from tests.plugins.equivalence import (grpo_batch, init_group, make_layout_plugin, rank_micro_batches, tiny_model,
-                                       train_step)
+from tests.plugins.equivalence import (grpo_batch, init_group, make_layout_plugin, rank_micro_batches,
+                                       run_rank_and_exit, tiny_model, train_step)
 
 LORA = LoraConfig(lora_rank=4, lora_alpha=8.0)
 LR = 1e-2  # large enough that two steps move the adapters well past the tolerances
@@ -154,8 +152,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    code = 0
-    try:
+
+    def work() -> None:
         layouts = args.layouts.split(",")
         init_group(layouts, rank, world_size)
         for layout in layouts:
@@ -169,16 +167,8 @@ def main(argv=None) -> int:
             version = resume(layout, source, args.out)
             if rank == 0:
                 torch.save(version, os.path.join(args.out, f"cross_{case.replace(':', '_')}.pt"))
-        import torch.distributed as dist
 
-        if dist.is_initialized():
-            dist.barrier()
-    except BaseException:  # noqa: BLE001 - report, then leave without waiting for peers
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # ColossalAI runs sometimes hang in interpreter shutdown
+    run_rank_and_exit(work)
 
 
 if __name__ == "__main__":

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-import traceback
 
 import torch
 
-from tests.plugins.equivalence import full_weights, grpo_batch, init_group, make_layout_plugin, tiny_model, train_step
+from tests.plugins.equivalence import (full_weights, grpo_batch, init_group, make_layout_plugin, run_rank_and_exit,
+                                       tiny_model, train_step)
 
 LR = 1e-4
 
@@ -93,8 +92,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    code = 0
-    try:
+
+    def work() -> None:
         cases = args.cases.split(",")
         init_group([case.split(":", 1)[1].split("@")[0] for case in cases], rank, world_size)
         for case in cases:
@@ -105,16 +104,8 @@ def main(argv=None) -> int:
                 print(f"[rank0] {case}: {time.perf_counter() - start:.1f}s "
                       + (f"loss {result['loss']:.8f}" if "loss" in result else f"refused: {result['error']}"),
                       flush=True)
-        import torch.distributed as dist
 
-        if dist.is_initialized():  # rank 0 hosts the group's store: stay until every rank is done with it
-            dist.barrier()
-    except BaseException:  # noqa: BLE001 - report, then leave without waiting for peers
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # ColossalAI runs sometimes hang in interpreter shutdown
+    run_rank_and_exit(work)
 
 
 if __name__ == "__main__":

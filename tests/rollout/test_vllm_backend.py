@@ -89,6 +89,14 @@ def trainer_logprobs(model, prompts, outputs, temperature: float) -> tuple[torch
     return batch["old_logprobs"][mask], recomputed[mask]
 
 
+def assert_engine_agrees(engine, model, prompts, params_list) -> None:
+    """The engine's behaviour logprobs under each of ``params_list`` are ``model``'s recompute (within ATOL)."""
+    for params in params_list:
+        behaviour, recomputed = trainer_logprobs(model, prompts, engine.generate(prompts, params),
+                                                 params.logprob_temperature)
+        torch.testing.assert_close(behaviour, recomputed, atol=ATOL, rtol=0)
+
+
 @needs_vllm
 @pytest.mark.timeout(300)
 def test_generation_shapes_and_finish_reasons(engine):
@@ -176,10 +184,7 @@ def test_weight_update_in_place_changes_outputs_and_reagrees(engine, hf_model):
             engine.load_weights(unpack_named_tensors(pack_named_tensors(hf_model.named_parameters())))
             after = engine.generate(prompts, greedy)
             assert [c.logprobs for g in after for c in g] != [c.logprobs for g in before for c in g]
-            for params in (greedy, sampled):
-                behaviour, recomputed = trainer_logprobs(hf_model, prompts, engine.generate(prompts, params),
-                                                         params.logprob_temperature)
-                torch.testing.assert_close(behaviour, recomputed, atol=ATOL, rtol=0)
+            assert_engine_agrees(engine, hf_model, prompts, (greedy, sampled))
     finally:
         with torch.no_grad():
             for name, p in hf_model.named_parameters():
@@ -237,10 +242,7 @@ def test_adapter_versions_load_in_memory_and_agree_with_the_trainer(demo_assets,
             engine.load_weights(tensors)
             outputs = engine.generate(prompts, greedy)
             assert [c.logprobs for g in outputs for c in g] != [c.logprobs for g in base for c in g]
-            for params in (greedy, sampled):
-                behaviour, recomputed = trainer_logprobs(policy, prompts, engine.generate(prompts, params),
-                                                         params.logprob_temperature)
-                torch.testing.assert_close(behaviour, recomputed, atol=ATOL, rtol=0)
+            assert_engine_agrees(engine, policy, prompts, (greedy, sampled))
     finally:
         engine.close()
 
