@@ -4,8 +4,13 @@ Ray cluster per test module."""
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
+
+# Runs log to their metrics.jsonl: an offline wandb run would cost each run seconds (wandb's import and start)
+# and leave directories behind. tests/utils/test_wandb_offline.py and test_run_files.py set their own mode.
+os.environ["WANDB_MODE"] = "disabled"
 
 
 @pytest.fixture(scope="session")
@@ -49,6 +54,18 @@ def tiny_model_dir(tmp_path_factory):
     tokenizer = build_char_tokenizer()
     save_tiny(build_tiny_model(TinyModelSpec(max_positions=2048), tokenizer, seed=1), tokenizer, path)
     return path
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_down_after_module():
+    """Whatever Ray cluster a module left up (run_helpers.run_in_module_ray keeps one for the module's runs) is
+    shut down before the next module, which may start its own with other resources."""
+    yield
+    if "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,12 @@ import subprocess
 import sys
 
 import pytest
-import ray
 import torch
 from transformers import AutoModelForCausalLM
 
 from coati.config.cli import build_parser, config_from_args
 from coati.launcher.preflight import check_inputs
-from coati.launcher.rl import run
+from run_helpers import run_in_module_ray
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -36,10 +35,7 @@ def test_few_grpo_steps_over_ray(demo_assets, tmp_path):
     config = config_from_args(build_parser().parse_args(argv), demo_assets)
     check_inputs(config)
     assert config.steps_per_sync == 2
-    try:
-        result = run(config, log=lambda message: None)
-    finally:
-        ray.shutdown()
+    result = run_in_module_ray(config)
     assert result.steps == 8  # 64 prompts / 16 per round = 4 rounds, 2 steps each
 
     rows = [json.loads(line) for line in open(result.metrics_path)]
@@ -94,10 +90,7 @@ def test_code_reward_pipeline_runs_end_to_end(code_demo_assets, tmp_path):
             "-tbs", "8", "-tMbs", "8", "-tmbs", "16", "-mnt", "24", "-e", "1", "-sd", str(tmp_path / "runs"), "--no-progress"]
     config = config_from_args(build_parser().parse_args(argv), code_demo_assets)
     check_inputs(config)
-    try:
-        result = run(config, log=lambda message: None)
-    finally:
-        ray.shutdown()
+    result = run_in_module_ray(config)
     assert result.steps == 2
     rows = [json.loads(line) for line in open(result.metrics_path)]
     assert [r["weight_version"] for r in rows if r["kind"] == "train"] == [1, 2]

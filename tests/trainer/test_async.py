@@ -87,14 +87,18 @@ def test_dapo_and_evaluation_under_staleness(demo_assets, tmp_path):
 
 
 def test_async_demo_learns(demo_assets, tmp_path):
-    """The embedded demo with -nb 1 (its 3 episodes, 192 steps): held-out sampled accuracy rises by 25+ points.
+    """The embedded demo with -nb 1 for the first half of its 192 steps (its learning rate is constant, as in
+    test_demo_cli_learns): held-out sampled accuracy rises by 15+ points.
 
-    With the default (behaviour) correction; the decoupled one measured about 12 points lower (docs/results.md)."""
-    result, rows = run_cli(["-nb", "1", "-sd", str(tmp_path), "-p", "demo", "--no-progress"], demo_assets)
+    Measured at step 96 with the default (behaviour) correction: +29.9 points (docs/results.md); async rounds
+    are not reproducible step for step, so the bar keeps half of that. After all 192 steps the gain is about 40
+    points, and the decoupled correction measured about 12 points lower."""
+    result, rows = run_cli(["-nb", "1", "--max-steps", "96", "-sd", str(tmp_path), "-p", "demo", "--no-progress"],
+                           demo_assets)
     before, after = result.eval_before["addition/sampled"], result.eval_after["addition/sampled"]
     train = [r for r in rows if r["kind"] == "train"]
     print(f"async demo -nb 1: {result.steps} steps in {result.wall_s:.0f} s, sampled {before:.3f} -> {after:.3f}, "
           f"greedy {result.eval_before['addition/greedy']:.3f} -> {result.eval_after['addition/greedy']:.3f}, "
           f"mean staleness {sum(r['staleness_mean'] for r in train) / len(train):.2f}")
-    assert after - before >= 0.25
+    assert result.steps == 96 and after - before >= 0.15
     assert max(r["staleness_max"] for r in train) == 1

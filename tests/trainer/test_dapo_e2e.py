@@ -12,7 +12,6 @@ import json
 import os
 
 import pytest
-import ray
 
 import coati.trainer.consumer as consumer_module
 from coati.config.cli import build_parser, config_from_args
@@ -263,7 +262,7 @@ def head(src, dst, n):
 
 def run_demo(assets, tmp_path, *flags):
     from coati.launcher.preflight import check_inputs
-    from coati.launcher.rl import run
+    from run_helpers import run_in_module_ray
 
     train = head(assets.train_path, tmp_path / "train.jsonl", 64)
     evals = head(assets.eval_path, tmp_path / "eval.jsonl", 32)
@@ -271,10 +270,7 @@ def run_demo(assets, tmp_path, *flags):
             "-tMbs", "8", "-tmbs", "32", "-e", "1", "-sd", str(tmp_path / "runs"), "-p", "t", "--no-progress", *flags]
     config = config_from_args(build_parser().parse_args(argv), assets)
     check_inputs(config)
-    try:
-        result = run(config, log=lambda message: None)
-    finally:
-        ray.shutdown()
+    result = run_in_module_ray(config)
     rows = [json.loads(line) for line in open(result.metrics_path)]
     return result, rows
 

@@ -13,16 +13,14 @@ import os
 import shutil
 
 import pytest
-import ray
 import torch
-from run_helpers import head, killed_while_saving
+from run_helpers import head, killed_while_saving, run_in_module_ray
 from transformers import AutoModelForCausalLM
 
 import coati.launcher.checkpoints as checkpointing
 from coati.config.cli import build_parser, config_from_args
 from coati.config.errors import ConfigError
 from coati.launcher.preflight import check_inputs
-from coati.launcher.rl import run
 from coati.utils.checkpoint import COMPLETE_MARKER, list_checkpoints, resolve_resume
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -43,11 +41,7 @@ def configure(demo_assets, data, save_dir, project, *flags):
 
 
 def launch(demo_assets, data, save_dir, project, *flags):
-    config = configure(demo_assets, data, save_dir, project, *flags)
-    try:
-        return run(config, log=lambda message: None)
-    finally:
-        ray.shutdown()
+    return run_in_module_ray(configure(demo_assets, data, save_dir, project, *flags))
 
 
 def train_rows(run_dir):
