@@ -49,6 +49,9 @@ class MetricsLogger:
         if mode == "disabled":
             self.log_message("wandb is off (WANDB_MODE=disabled): metrics go to the jsonl file only")
             return
+        # wandb.init advertises its Weave tracing once per process when an LLM client library (openai, which
+        # vLLM imports) is loaded, whatever "silent" says; a user who wants Weave sets this to false.
+        os.environ.setdefault("WANDB_DISABLE_WEAVE", "true")
         try:
             # silent: no banner or summary of its own; console off: it does not wrap this process's stdout.
             run = wandb.init(project=project, dir=run_dir, mode=mode, config=config or {},

@@ -112,6 +112,7 @@ def test_wandb_offline_by_default_and_eval_on_its_own_axis(tmp_path, monkeypatch
     ("log_fails", "wandb logging failed (OSError: disk full); from now on metrics go to the jsonl file only"),
 ])
 def test_a_failing_wandb_never_stops_the_run(fault, message, tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)  # the default (offline), not the tests' own setting
     run = FakeRun(fail_log=True)
     if fault == "missing":
         monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError

@@ -11,6 +11,8 @@ from coati.utils.metrics import MetricsLogger
 
 def test_offline_run_directory_that_wandb_sync_accepts(tmp_path, monkeypatch, capfd):
     monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_DISABLE_WEAVE", raising=False)
+    import openai  # noqa: F401 - loaded, as vLLM loads it: wandb would advertise Weave tracing
     messages = []
     logger = MetricsLogger(str(tmp_path), "p", {"lr": 1e-6}, log=messages.append)
     logger.log(1, {"reward": 0.5, "loss": 0.1})
