@@ -36,8 +36,9 @@ MODULE_RAY_CPUS = 8
 def run_in_module_ray(config, log=lambda message: None):
     """``launcher.rl.run`` on the test module's local Ray cluster: the module's first run starts it and
     conftest.py shuts it down after the module, so later runs skip Ray's own start-up (about 6 s on 2 cores).
-    A run ends by killing its actors and releasing its placement group, a failed run too (the group's
-    release takes its actors with it), so a run finds the cluster as the previous one found it."""
+    A run ends by killing its actors and removing its placement groups; a failed run's groups are removed too,
+    and the actors placed in them with them, so every run finds the CPU slots free (a failed run's buffer and
+    weight store, which hold no slot, stay until the module ends)."""
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=MODULE_RAY_CPUS, include_dashboard=False, logging_level="ERROR",
                  log_to_driver=False)
