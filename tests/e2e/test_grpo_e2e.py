@@ -12,16 +12,9 @@ from transformers import AutoModelForCausalLM
 
 from coati.config.cli import build_parser, config_from_args
 from coati.launcher.preflight import check_inputs
-from run_helpers import run_in_module_ray
+from run_helpers import head, run_in_module_ray
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def head(src, dst, n):
-    with open(src) as f_in, open(dst, "w") as f_out:
-        for _ in range(n):
-            f_out.write(f_in.readline())
-    return str(dst)
 
 
 @pytest.mark.e2e

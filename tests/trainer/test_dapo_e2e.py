@@ -253,16 +253,9 @@ def algo_demo_assets(tmp_path_factory):
     return ensure_demo_assets(cache_dir=cache, log=lambda message: None)
 
 
-def head(src, dst, n):
-    with open(src) as f_in, open(dst, "w") as f_out:
-        for _ in range(n):
-            f_out.write(f_in.readline())
-    return str(dst)
-
-
 def run_demo(assets, tmp_path, *flags):
     from coati.launcher.preflight import check_inputs
-    from run_helpers import run_in_module_ray
+    from run_helpers import head, run_in_module_ray
 
     train = head(assets.train_path, tmp_path / "train.jsonl", 64)
     evals = head(assets.eval_path, tmp_path / "eval.jsonl", 32)
