@@ -214,7 +214,7 @@ def run_rank_and_exit(work) -> None:
     os._exit(code)
 
 
-def main(argv=None) -> int:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--layouts", required=True, help="comma-separated layouts, run in order")
     parser.add_argument("--out", required=True)
@@ -223,8 +223,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    code = 0
-    try:
+
+    def work():
         layouts = args.layouts.split(",")
         init_group(layouts, rank, world_size)
         for layout in layouts:
@@ -233,12 +233,8 @@ def main(argv=None) -> int:
                 torch.save(result, os.path.join(args.out, layout.replace(":", "_") + ".pt"))
                 print(f"[rank0] {layout}: loss {result['loss']:.8f} grad_norm {result['grad_norm']:.6f} "
                       f"step {result['step_s']:.3f}s", flush=True)
-    except BaseException:  # noqa: BLE001 - report, then leave without waiting for peers
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+
+    run_rank_and_exit(work)
 
 
 if __name__ == "__main__":
