@@ -1,5 +1,5 @@
 """Shared fixtures: the embedded demos' assets (built once per session, or taken from $COATI_CACHE) and a local
-Ray cluster per test module."""
+Ray cluster per test module; under pytest-xdist (``-n N``), each worker pinned to its own share of the cores."""
 
 from __future__ import annotations
 
@@ -13,11 +13,37 @@ import pytest
 os.environ["WANDB_MODE"] = "disabled"
 
 
+def _pin_xdist_worker() -> None:
+    """Each xdist worker runs on its own cores, before torch is imported: every thread budget (coati's
+    usable_cores, torch's and OpenMP's defaults, vLLM's CPU binding) then counts that share, and two workers'
+    spinning OpenMP threads never compete for one core. Without it, two workers that each size threads for the
+    whole machine slow each other many times over."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if worker and 1 < count <= len(cores):
+        os.sched_setaffinity(0, cores[int(worker.removeprefix("gw")) % count::count])
+
+
+_pin_xdist_worker()
+
+
+def _asset_cache(tmp_path_factory) -> str:
+    """$COATI_CACHE, else one directory for the whole session: under xdist the workers share it (the parent of
+    each worker's base temp dir), and the builders' lock makes the first worker build while the others wait."""
+    if os.environ.get("COATI_CACHE"):
+        return os.environ["COATI_CACHE"]
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path = root / "coati_cache"
+    path.mkdir(exist_ok=True)
+    return str(path)
+
+
 @pytest.fixture(scope="session")
 def demo_assets(tmp_path_factory):
     from coati.demo.math_demo import ensure_demo_assets
 
-    cache = os.environ.get("COATI_CACHE") or str(tmp_path_factory.mktemp("coati_cache"))
+    cache = _asset_cache(tmp_path_factory)
     return ensure_demo_assets(cache_dir=cache, log=lambda message: None)
 
 
@@ -31,7 +57,7 @@ def code_demo_assets(tmp_path_factory):
         check_sandbox_available()
     except SandboxUnavailable as err:
         pytest.skip(str(err))
-    cache = os.environ.get("COATI_CACHE") or str(tmp_path_factory.mktemp("coati_cache"))
+    cache = _asset_cache(tmp_path_factory)
     return ensure_code_demo_assets(cache_dir=cache, log=lambda message: None)
 
 
@@ -40,7 +66,7 @@ def tool_demo_assets(tmp_path_factory):
     """The tool demo's assets (a third tiny model, warm-started to call a multiply tool sometimes)."""
     from coati.demo.tool_demo import ensure_tool_demo_assets
 
-    cache = os.environ.get("COATI_CACHE") or str(tmp_path_factory.mktemp("coati_cache"))
+    cache = _asset_cache(tmp_path_factory)
     return ensure_tool_demo_assets(cache_dir=cache, log=lambda message: None)
 
 

@@ -28,6 +28,8 @@ import re
 import socket
 from dataclasses import dataclass, field
 
+from coati.utils.machine import usable_cores
+
 DEFAULT_RAY_PORT = 6379
 PROBE_TIMEOUT_S = 5.0
 PLACEMENT_TIMEOUT_S = 60.0  # the resources exist (checked) but other jobs may hold them
@@ -85,7 +87,7 @@ def init_ray_for(actors: int, master_address: str | None = None, ray_dir: str | 
     log_once("log_dedup_warning")
     address, source = cluster_address(master_address)
     if address is None:
-        ray.init(address="local", num_cpus=max(actors, os.cpu_count() or 1), _temp_dir=ray_dir, **kwargs)
+        ray.init(address="local", num_cpus=max(actors, usable_cores()), _temp_dir=ray_dir, **kwargs)
         return
     if "://" in address:  # from RAY_ADDRESS (the flag's form is checked with the other flags)
         raise ClusterError(f"{source} {address}: Ray Client and job-server addresses are not supported; run the "

@@ -13,10 +13,11 @@ and has ``rendezvous_address()`` and ``setup(master_address, master_port)``.
 
 from __future__ import annotations
 
-import os
 import socket
 from dataclasses import dataclass
 from typing import Callable, Sequence
+
+from coati.utils.machine import usable_cores
 
 
 def rendezvous_address(port: int | None = None) -> tuple[str, int]:
@@ -34,7 +35,7 @@ def rendezvous_address(port: int | None = None) -> tuple[str, int]:
 
 def even_threads(world_size: int, cores: int | None = None) -> list[int]:
     """Each rank's torch threads when the group has this machine's ``cores`` to itself."""
-    return [max(1, (cores or os.cpu_count() or 1) // world_size)] * world_size
+    return [max(1, (cores or usable_cores()) // world_size)] * world_size
 
 
 def one_unit_each(world_size: int) -> Callable[[int], dict]:

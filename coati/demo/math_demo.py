@@ -9,6 +9,7 @@ not by step count, and GRPO starts from a model that is partly right. Run ``pyth
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -84,16 +85,8 @@ def ensure_demo_assets(cache_dir: str | None = None, recipe: DemoRecipe = DemoRe
 
 def ensure_built(root: str, build) -> DemoAssets:
     """The assets in ``root`` (model/, train.jsonl, eval.jsonl, report.json), running ``build(dir)`` first
-    when they are missing; a killed build never looks finished."""
-    if not os.path.isfile(os.path.join(root, "report.json")):
-        os.makedirs(os.path.dirname(root), exist_ok=True)
-        staging = tempfile.mkdtemp(prefix=".demo-building-", dir=os.path.dirname(root))
-        try:
-            build(staging)
-            shutil.rmtree(root, ignore_errors=True)  # an unfinished build never has report.json
-            os.replace(staging, root)  # atomic
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+    when they are missing."""
+    build_once(root, "report.json", build)
     with open(os.path.join(root, "report.json")) as handle:
         report = json.load(handle)
     return DemoAssets(os.path.join(root, "model"), os.path.join(root, "train.jsonl"),
@@ -104,17 +97,34 @@ def ensure_base_model(cache_dir: str | None = None, recipe: DemoRecipe = DemoRec
     """The demo's tiny model *before* its warm start (random weights, the demo's tokenizer), saved once: the
     starting point of ``coati sft`` on the embedded task."""
     path = os.path.join(cache_dir or default_cache_dir(), f"base-{recipe.fingerprint()}")
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        staging = tempfile.mkdtemp(prefix=".base-building-", dir=os.path.dirname(path))
+
+    def build(out_dir: str) -> None:
+        tokenizer = build_char_tokenizer()
+        save_tiny(build_tiny_model(recipe.spec, tokenizer, seed=recipe.seed), tokenizer, out_dir)
+
+    build_once(path, "config.json", build)
+    return path
+
+
+def build_once(root: str, marker: str, build) -> None:
+    """Runs ``build(dir)`` into a staging directory and renames it to ``root``, unless ``root/marker`` exists.
+    A killed build never looks finished (the marker comes with the rename), and runs sharing one cache build it
+    once: the others wait on the lock, then find it built."""
+    if os.path.isfile(os.path.join(root, marker)):
+        return
+    parent = os.path.dirname(root)
+    os.makedirs(parent, exist_ok=True)
+    with open(os.path.join(parent, f".{os.path.basename(root)}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.isfile(os.path.join(root, marker)):
+            return
+        staging = tempfile.mkdtemp(prefix=f".{os.path.basename(root)}.building-", dir=parent)
         try:
-            tokenizer = build_char_tokenizer()
-            save_tiny(build_tiny_model(recipe.spec, tokenizer, seed=recipe.seed), tokenizer, staging)
-            shutil.rmtree(path, ignore_errors=True)
-            os.replace(staging, path)
+            build(staging)
+            shutil.rmtree(root, ignore_errors=True)  # an unfinished build has no marker
+            os.replace(staging, root)  # atomic
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    return path
 
 
 def _sft_batch(texts: list[tuple[str, str]], tokenizer):

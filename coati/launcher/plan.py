@@ -9,7 +9,6 @@ group packed onto whole nodes first (consecutive ranks on a node), then each inf
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 
@@ -28,6 +27,7 @@ from coati.cluster.memory import (
 from coati.cluster.placement import plan as placement_plan
 from coati.cluster.placement import shortfall
 from coati.cluster.schedule import node_thread_budgets
+from coati.utils.machine import usable_cores
 
 GPU_USABLE = 0.95  # of a GPU's memory the trainer may fill (the CUDA context and the allocator's slack take the rest)
 SPEC = re.compile(r"^(\d+)x(\d+)x(\d+(?:\.\d+)?)(?:x(\d+))?$")
@@ -71,8 +71,8 @@ def this_machine(actors: int) -> list[Node]:
 
     if torch.cuda.is_available():
         memory = min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
-        return [Node(torch.cuda.device_count(), os.cpu_count() or 1, memory)]
-    return [Node(0, max(actors, os.cpu_count() or 1), psutil.virtual_memory().total)]
+        return [Node(torch.cuda.device_count(), usable_cores(), memory)]
+    return [Node(0, max(actors, usable_cores()), psutil.virtual_memory().total)]
 
 
 def running_cluster(address: str, source: str, ray_dir: str | None = None) -> list[Node]:

@@ -31,6 +31,7 @@ from coati.trainer.consumer import Consumer
 from coati.utils.checkpoint import prune_checkpoints
 from coati.utils.metrics import MetricsLogger
 from coati.utils.run_files import RolloutWriter
+from coati.utils.machine import usable_cores
 
 
 @dataclass
@@ -83,7 +84,7 @@ def _run(config: RLConfig, log, reservation, start: float) -> RunResult:
     p, schedule = config.parallel, config.schedule
     here = ray.get_runtime_context().get_node_id()
     # Thread budgets per node: each actor shares the cores of the node it was placed on (nodes differ).
-    cores = node_cores(reservation.node_cpus, here, max(1, os.cpu_count() or 1))
+    cores = node_cores(reservation.node_cpus, here, usable_cores())
     producer_threads, trainer_threads = node_thread_budgets(cores, reservation.inferencer_nodes,
                                                             reservation.trainer_nodes, schedule.is_async)
     evaluator_threads = _evaluator_threads(cores, reservation.evaluator_node or here, reservation, schedule.is_async)

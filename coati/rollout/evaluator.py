@@ -38,7 +38,6 @@ training distribution), one completion per prompt, scored with the training rewa
 
 from __future__ import annotations
 
-import os
 
 import ray
 import torch
@@ -53,6 +52,7 @@ from coati.rollout.evaluation import held_out_row
 from coati.rollout.generation import tokenise_prompts
 from coati.rollout.reward_model import reward_model_scorer
 from coati.utils.actor_process import start_actor_process
+from coati.utils.machine import usable_cores
 from rewards.scorer import RewardScorer
 
 MAX_PENDING = 2  # steps whose evals may be in flight at once (each holds one weight snapshot)
@@ -66,7 +66,7 @@ class Evaluator:
 
         start_actor_process()
         self.config = config
-        torch.set_num_threads(num_threads or os.cpu_count() or 1)
+        torch.set_num_threads(num_threads or usable_cores())
         torch.manual_seed(config.run.seed + 2000)  # its own stream for sampled evals
         # The seed offset keeps vLLM's sampling streams apart from every producer's.
         self.backend = make_backend(config, config.parallel.num_inferencers, role="evaluator")

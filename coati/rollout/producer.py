@@ -14,6 +14,7 @@ from coati.config.sampling import SamplingParams
 from coati.registry import resolve
 from coati.rollout.round_generator import RoundGenerator
 from coati.utils.actor_process import start_actor_process
+from coati.utils.machine import usable_cores
 
 
 def make_backend(config: RLConfig, rank: int = 0, role: str = "producer"):
@@ -33,7 +34,7 @@ class Producer:
         # no references (Ray warns on every run that a restart could fail once they are gone).
         buffer, weight_store = (ray.get_actor(h) if isinstance(h, str) else h for h in (buffer, weight_store))
         self.config, self.rank, self.buffer, self.weight_store = config, rank, buffer, weight_store
-        torch.set_num_threads(num_threads or os.cpu_count() or 1)
+        torch.set_num_threads(num_threads or usable_cores())
         torch.manual_seed(config.run.seed + 1000 + rank)
         # collective: joins the group and receives in the background from here on (also while the model loads)
         p = config.parallel

@@ -72,6 +72,7 @@ from coati.trainer.round_batches import RoundPool, parts_of_round, round_part
 from coati.trainer.step_data import StepWork, rollout_metrics, share_bounds
 from coati.utils.device import device_memory_metrics
 from coati.utils.actor_process import start_actor_process
+from coati.utils.machine import usable_cores
 
 # The advantage estimator's family (config.algo.estimator_family) -> what a step asks of the algorithm.
 STEP_ALGORITHMS: dict[str, type[StepAlgorithm]] = {"group": GroupAlgorithm, "critic": CriticAlgorithm}
@@ -81,7 +82,7 @@ class Consumer:
     def __init__(self, config: RLConfig, rank: int, buffer, weight_store, num_threads: int | None = None):
         start_actor_process()
         self.config, self.rank, self.buffer, self.weight_store = config, rank, buffer, weight_store
-        self.num_threads = num_threads or os.cpu_count() or 1
+        self.num_threads = num_threads or usable_cores()
         torch.set_num_threads(self.num_threads)
         self.plugin = None
         self.mesh = None  # the trainer group's TrainerMesh, shared by every role's plugin
