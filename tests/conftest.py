@@ -3,6 +3,7 @@ Ray cluster per test module; under pytest-xdist (``-n N``), each worker pinned t
 
 from __future__ import annotations
 
+import collections
 import os
 import sys
 
@@ -25,6 +26,24 @@ def _pin_xdist_worker() -> None:
 
 
 _pin_xdist_worker()
+
+
+E2E_COST = 100  # an end-to-end test costs about as much as this many quick ones
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under xdist, the costliest test modules first (e2e tests counted by E2E_COST), each module's tests kept
+    together and in order: --dist loadscope hands out modules in this order, and a long module handed out last
+    would leave the other worker idle until it ends. xdist's own reorder (--no-loadscope-reorder turns it off)
+    puts modules with the most tests first, which sends single long runs last."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    scope = lambda item: item.nodeid.rsplit("::", 1)[0]  # noqa: E731 - xdist's loadscope unit
+    cost, first = collections.Counter(), {}
+    for index, item in enumerate(items):
+        cost[scope(item)] += E2E_COST if item.get_closest_marker("e2e") else 1
+        first.setdefault(scope(item), index)
+    items.sort(key=lambda item: (-cost[scope(item)], first[scope(item)]))
 
 
 def _asset_cache(tmp_path_factory) -> str:

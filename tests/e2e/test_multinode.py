@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 
@@ -28,14 +30,17 @@ SMALL = ["-ibs", "4", "-imbs", "4", "-g", "2", "-tbs", "2", "-tMbs", "2", "-tmbs
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    nodes = RayNodes(tmp_path_factory.mktemp("ray"))
+def cluster():
+    # Not under pytest's temp dir: with an xdist worker's part added, Ray's socket paths would pass 107 characters.
+    root = tempfile.mkdtemp(prefix="coati-ray-")
+    nodes = RayNodes(root)
     try:
         nodes.start_head(num_cpus=1)
         nodes.add_worker(num_cpus=2)
         yield nodes
     finally:
         left = nodes.stop()
+        shutil.rmtree(root, ignore_errors=True)
     assert not left, f"processes of the test cluster survived stop(): {left}"
 
 
