@@ -31,11 +31,21 @@ _pin_xdist_worker()
 E2E_COST = 100  # an end-to-end test costs about as much as this many quick ones
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: without it installed, never called
+def pytest_xdist_make_scheduler(config, log):
+    """Under -n, a test module stays on one worker, so its module fixtures (a shared local Ray cluster, a
+    reference run) are set up once, and modules go out in the order below, not xdist's (most tests first, which
+    sends single long runs last). Set here, not in addopts, so that pytest without xdist still starts."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False
+    return LoadScopeScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     """Under xdist, the costliest test modules first (e2e tests counted by E2E_COST), each module's tests kept
-    together and in order: --dist loadscope hands out modules in this order, and a long module handed out last
-    would leave the other worker idle until it ends. xdist's own reorder (--no-loadscope-reorder turns it off)
-    puts modules with the most tests first, which sends single long runs last."""
+    together and in order: modules are handed out in this order, and a long module handed out last would leave
+    the other worker idle until it ends."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     scope = lambda item: item.nodeid.rsplit("::", 1)[0]  # noqa: E731 - xdist's loadscope unit
