@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from rewards.code import CodeRewardScorer, SandboxLimits, SandboxUnavailable, check_sandbox_available
+from rewards.code.uids import _UID_SLOTS as UID_SLOTS  # the uids a scorer claims from, above its base
 from rewards.types import FORMAT_REWARD
 
 pytestmark = pytest.mark.skipif(
@@ -38,7 +39,9 @@ def one_case(expected: str, stdin: str = "") -> dict:
 
 
 def sandbox_processes(uids) -> list[str]:
-    """Processes of the sandbox uids, or whose command line carries a sandbox marker, as 'pid cmdline'."""
+    """Processes of the sandbox uids, or whose command line carries a sandbox marker, as 'pid cmdline'. A
+    sandbox's command line counts only under this module's uid range: another pytest worker's scorers (the
+    default uid base) may be running programs at the same time."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -51,8 +54,9 @@ def sandbox_processes(uids) -> list[str]:
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
         if fields["State"].split()[0] in ("Z", "X"):  # exited, waiting to be reaped
             continue
-        uid_line = "Uid:" + fields["Uid"]
-        if any(int(u) in uids for u in uid_line.split()[1:]) or MARKER in cmdline or "/code/main.py" in cmdline:
+        process_uids = {int(u) for u in fields["Uid"].split()}
+        in_module_range = any(UID_BASE <= uid < UID_BASE + UID_SLOTS for uid in process_uids)
+        if process_uids & set(uids) or MARKER in cmdline or (in_module_range and "/code/main.py" in cmdline):
             found.append(f"{entry} {cmdline}")
     return found
 
