@@ -29,9 +29,9 @@ from coati.rollout.producer import Producer
 from coati.launcher.checkpoints import check_resume, restore_run, save_checkpoint, trim_metrics
 from coati.trainer.consumer import Consumer
 from coati.utils.checkpoint import prune_checkpoints
+from coati.utils.machine import usable_cores
 from coati.utils.metrics import MetricsLogger
 from coati.utils.run_files import RolloutWriter
-from coati.utils.machine import usable_cores
 
 
 @dataclass

@@ -38,7 +38,6 @@ training distribution), one completion per prompt, scored with the training rewa
 
 from __future__ import annotations
 
-
 import ray
 import torch
 

@@ -47,7 +47,6 @@ losses, extra roles such as PPO's critic) is the object its family names in ``ST
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 
 import ray
