@@ -36,6 +36,10 @@ class MetricsLogger:
         self._start_wandb(run_dir, project, config)
 
     def _start_wandb(self, run_dir: str, project: str, config: dict | None) -> None:
+        mode = os.environ.get("WANDB_MODE", "offline")
+        if mode == "disabled":  # checked before the import, which alone costs seconds
+            self.log_message("wandb is off (WANDB_MODE=disabled): metrics go to the jsonl file only")
+            return
         try:
             import wandb
         except ImportError:
@@ -44,10 +48,6 @@ class MetricsLogger:
         except Exception as err:  # noqa: BLE001 - a broken install (e.g. a protobuf clash) must not stop the run
             self.log_message(f"wandb could not be imported ({type(err).__name__}: {err}); "
                              "metrics go to the jsonl file only")
-            return
-        mode = os.environ.get("WANDB_MODE", "offline")
-        if mode == "disabled":
-            self.log_message("wandb is off (WANDB_MODE=disabled): metrics go to the jsonl file only")
             return
         # wandb.init advertises its Weave tracing once per process when an LLM client library (openai, which
         # vLLM imports) is loaded, whatever "silent" says; a user who wants Weave sets this to false.

@@ -37,3 +37,12 @@ def test_disabled_mode_logs_to_the_jsonl_only(tmp_path, monkeypatch):
     logger.close()
     assert messages == ["wandb is off (WANDB_MODE=disabled): metrics go to the jsonl file only"]
     assert not os.path.exists(tmp_path / "wandb") and os.path.getsize(tmp_path / "metrics.jsonl") > 0
+
+
+def test_disabled_mode_never_imports_wandb(tmp_path):
+    """Its import alone costs seconds of every run's start."""
+    code = ("import sys; from coati.utils.metrics import MetricsLogger; "
+            f"MetricsLogger({str(tmp_path)!r}, 'p', log=lambda m: None).close(); print('wandb' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "WANDB_MODE": "disabled"},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stdout + proc.stderr
