@@ -196,7 +196,7 @@ def ensure_demo(reward_type: str, env: str | None):
 
 def placeholder_demo():
     """Stands in for the demo assets while the flags are checked, so bad flags fail before the (cached) build."""
-    from coati.demo.math_demo import DemoAssets
+    from coati.demo.assets import DemoAssets
     from coati.launcher.preflight import PLACEHOLDER
 
     return DemoAssets(model_dir=PLACEHOLDER, train_path=PLACEHOLDER, eval_path=PLACEHOLDER, report={})

@@ -10,7 +10,8 @@ import json
 import shutil
 
 from coati.demo.code_demo import CodeDemoRecipe, ensure_code_demo_assets
-from coati.demo.math_demo import DemoRecipe, demo_root, ensure_demo_assets
+from coati.demo.assets import demo_root
+from coati.demo.math_demo import DemoRecipe, ensure_demo_assets
 from coati.demo.tool_demo import ToolDemoRecipe, ensure_tool_demo_assets
 
 

@@ -21,7 +21,8 @@ import torch
 
 from coati.dataset.code_demo_task import READ, completion_text, make_splits, prompt_text, write_rows
 from coati.dataset.jsonl import Example
-from coati.demo.math_demo import DemoAssets, WarmStart, demo_root, ensure_built, recipe_fingerprint, warm_start
+from coati.demo.assets import DemoAssets, demo_root, ensure_built
+from coati.demo.math_demo import WarmStart, recipe_fingerprint, warm_start
 from coati.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model, save_tiny
 from rewards.scorer import RewardScorer
 

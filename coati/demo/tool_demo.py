@@ -27,7 +27,8 @@ from coati.config.sampling import SamplingParams
 from coati.dataset.demo_task import make_splits
 from coati.dataset.jsonl import Example
 from coati.dataset.tool_demo_task import TOOL_WORD_TOKENS, episode_texts, prompt_text, write_rows
-from coati.demo.math_demo import DemoAssets, demo_root, ensure_built, recipe_fingerprint
+from coati.demo.assets import DemoAssets, demo_root, ensure_built
+from coati.demo.math_demo import recipe_fingerprint
 from coati.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model, save_tiny
 from coati.rollout.env import MultiplyEnv
 from coati.rollout.episode import EpisodeBudget

@@ -82,7 +82,7 @@ def test_bad_code_sandbox_flags(argv, message, capsys):
 
 def test_code_flags_reach_the_scorer_options():
     from coati.config.cli import build_parser, config_from_args
-    from coati.demo.math_demo import DemoAssets
+    from coati.demo.assets import DemoAssets
 
     demo = DemoAssets("m", "t", "e", {})
     args = build_parser().parse_args(["-rt", "code", "--code-all-or-nothing", "--code-memory-mb", "2048",
@@ -186,7 +186,7 @@ def test_real_cli_prints_no_traceback():
 def test_code_demo_defaults_and_what_overrides_them():
     """-rt code without a model takes the code demo's flags; a user's model or explicit flags do not."""
     from coati.config.cli import build_parser, config_from_args
-    from coati.demo.math_demo import DemoAssets
+    from coati.demo.assets import DemoAssets
 
     demo = DemoAssets("m", "t", "e", {})
 

@@ -95,7 +95,7 @@ def stand_in_files(argv: list[str], where) -> list[str]:
 
 def check_train(argv: list[str], defaults: dict) -> None:
     from coati.config.cli import build_parser, config_from_args
-    from coati.demo.math_demo import DemoAssets
+    from coati.demo.assets import DemoAssets
     from coati.train import add_dry_run_flags
 
     parser = build_parser("coati train", **defaults)

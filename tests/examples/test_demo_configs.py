@@ -9,7 +9,7 @@ import os
 import pytest
 
 from coati.config.cli import build_parser, config_from_args
-from coati.demo.math_demo import DemoAssets
+from coati.demo.assets import DemoAssets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEMO = DemoAssets(model_dir="/demo/model", train_path="/demo/train.jsonl", eval_path="/demo/eval.jsonl", report={})

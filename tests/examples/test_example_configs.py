@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from coati.config.cli import build_parser, config_from_args
-from coati.demo.math_demo import DemoAssets
+from coati.demo.assets import DemoAssets
 from coati.rlhf.pipeline import ppo_config, read_plan, stage_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
