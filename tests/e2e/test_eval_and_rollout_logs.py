@@ -15,13 +15,7 @@ from coati.launcher.rl import run
 from coati.rollout.evaluation import evaluate
 from coati.rollout.inference_backend import TransformersBackend
 from rewards.scorer import RewardScorer
-
-
-def head(src, dst, n):
-    with open(src) as f_in, open(dst, "w") as f_out:
-        for _ in range(n):
-            f_out.write(f_in.readline())
-    return str(dst)
+from tests.run_helpers import head
 
 
 def read_jsonl(path):

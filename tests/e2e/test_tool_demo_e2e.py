@@ -11,18 +11,12 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _head(src, dst, n):
-    with open(src) as f_in, open(dst, "w") as f_out:
-        f_out.writelines(f_in.readlines()[:n])
-    return str(dst)
+from tests.run_helpers import ROOT, head
 
 
 def _run(env_name, assets, tmp_path):
-    train = _head(assets.train_path, tmp_path / "train.jsonl", 256)
-    held_out = _head(assets.eval_path, tmp_path / "eval.jsonl", 128)
+    train = head(assets.train_path, tmp_path / "train.jsonl", 256)
+    held_out = head(assets.eval_path, tmp_path / "eval.jsonl", 128)
     env = dict(os.environ, COATI_CACHE=os.path.dirname(os.path.dirname(assets.model_dir)))
     proc = subprocess.run([sys.executable, "rl_example.py", "--env", env_name, "-d", train, "-ed",
                            json.dumps({"multiply": held_out}), "--no-progress", "-sd", str(tmp_path / env_name)],

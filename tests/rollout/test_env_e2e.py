@@ -8,16 +8,10 @@ import ray
 
 from coati.config.cli import build_parser, config_from_args
 from coati.rollout.env import boxed_answer
+from tests.run_helpers import head
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                        "examples", "calculator_env.py")
-
-
-def _head(src, dst, n):
-    with open(src) as f_in, open(dst, "w") as f_out:
-        for _ in range(n):
-            f_out.write(f_in.readline())
-    return str(dst)
 
 
 @pytest.mark.e2e
@@ -26,7 +20,7 @@ def test_env_file_from_the_command_line_trains(demo_assets, tmp_path):
     from coati.launcher.preflight import check_inputs
     from coati.launcher.rl import run
 
-    train = _head(demo_assets.train_path, tmp_path / "train.jsonl", 32)
+    train = head(demo_assets.train_path, tmp_path / "train.jsonl", 32)
     argv = ["-d", train, "-ibs", "8", "-imbs", "8", "-g", "4", "-tbs", "8", "-tMbs", "8", "-tmbs", "32", "-e", "1",
             "-sd", str(tmp_path / "runs"), "-p", "t", "--no-progress", "-ei", "0", "-rsd", str(tmp_path / "rollouts"),
             "--env", f"{EXAMPLE}:CalculatorEnv", "--max-turns", "3", "--max-episode-tokens", "48", "-mpt", "512"]

