@@ -9,7 +9,6 @@ here the simulated buffer raises instead.
 
 import dataclasses
 import json
-import os
 
 import pytest
 
@@ -245,14 +244,6 @@ def test_rollout_records_carry_the_trained_advantages(tiny_dir, monkeypatch, tmp
 # End to end on a real local Ray cluster
 
 
-@pytest.fixture(scope="session")
-def algo_demo_assets(tmp_path_factory):
-    from coati.demo.math_demo import ensure_demo_assets
-
-    cache = os.environ.get("COATI_CACHE") or str(tmp_path_factory.mktemp("coati_cache"))
-    return ensure_demo_assets(cache_dir=cache, log=lambda message: None)
-
-
 def run_demo(assets, tmp_path, *flags):
     from coati.launcher.preflight import check_inputs
     from run_helpers import head, run_in_module_ray
@@ -270,8 +261,8 @@ def run_demo(assets, tmp_path, *flags):
 
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
-def test_dapo_run_terminates_with_dynamic_batching(algo_demo_assets, tmp_path):
-    result, rows = run_demo(algo_demo_assets, tmp_path, "-a", "DAPO", "-ei", "2")
+def test_dapo_run_terminates_with_dynamic_batching(demo_assets, tmp_path):
+    result, rows = run_demo(demo_assets, tmp_path, "-a", "DAPO", "-ei", "2")
     train = [r for r in rows if r["kind"] == "train"]
     skipped = [r for r in rows if r["kind"] == "skipped"]
     assert 1 <= result.steps == len(train) <= 8
@@ -292,8 +283,8 @@ def test_dapo_run_terminates_with_dynamic_batching(algo_demo_assets, tmp_path):
 
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
-def test_pg_run_with_kl_terminates(algo_demo_assets, tmp_path):
-    result, rows = run_demo(algo_demo_assets, tmp_path, "-a", "PG", "-kl", "0.05", "--ppo-epochs", "2", "-ei", "100")
+def test_pg_run_with_kl_terminates(demo_assets, tmp_path):
+    result, rows = run_demo(demo_assets, tmp_path, "-a", "PG", "-kl", "0.05", "--ppo-epochs", "2", "-ei", "100")
     train = [r for r in rows if r["kind"] == "train"]
     assert result.steps == len(train) == 8
     for key in ("kl", "entropy", "clip_fraction_low", "clip_fraction_high", "groups_drawn", "loss"):
