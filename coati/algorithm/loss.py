@@ -150,17 +150,40 @@ def masked_max(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return masked.max().clamp(min=0.0) if mask.any() else values.new_zeros(())
 
 
-def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+ENTROPY_CHUNK_BYTES = 64 * 2**20  # float32 logits per slice of token_entropy's work
+
+
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0,
+                  chunk_bytes: int = ENTROPY_CHUNK_BYTES) -> torch.Tensor:
     """Entropy of the next-token distribution at every position of ``logits[:, :-1]``: shape [B, L-1].
 
-    Aligned with ``token_logprobs`` (and so with ``action_mask``); computed in float32, no gradient.
+    Aligned with ``token_logprobs`` (and so with ``action_mask``); computed in float32, no gradient. It is a
+    metric taken beside the loss, so it works through the logits a slice of about ``chunk_bytes`` (as float32)
+    at a time: done at once, its float32 copy, log-softmax, exp and product would be four more copies of the
+    logits at the forward's peak (measured: 2-2.5x the float32 logits above what the loss itself holds), the
+    largest tensors of a step at real vocabulary sizes.
     """
+    rows, positions, vocab = logits.shape[0], logits.shape[1] - 1, logits.shape[-1]
+    out = torch.empty(rows, positions, dtype=torch.float32, device=logits.device)
     with torch.no_grad():
-        logits = logits[:, :-1].float()
-        if temperature != 1.0:
-            logits = logits / temperature
-        log_p = torch.log_softmax(logits, dim=-1)
-        return -(log_p.exp() * log_p).sum(dim=-1)
+        for row_slice, position_slice in _entropy_slices(rows, positions, 4 * vocab, chunk_bytes):
+            piece = logits[row_slice, position_slice].float()
+            if temperature != 1.0:
+                piece = piece / temperature
+            log_p = torch.log_softmax(piece, dim=-1)
+            out[row_slice, position_slice] = -(log_p.exp() * log_p).sum(dim=-1)
+    return out
+
+
+def _entropy_slices(rows: int, positions: int, position_bytes: int, chunk_bytes: int):
+    """(rows, positions) slices covering a [rows, positions] grid, each about ``chunk_bytes`` of
+    ``position_bytes`` each: whole rows when a row fits, else parts of one row."""
+    row_bytes = positions * position_bytes
+    if row_bytes <= chunk_bytes:
+        step = max(1, chunk_bytes // max(row_bytes, 1))
+        return [(slice(r, r + step), slice(0, positions)) for r in range(0, rows, step)]
+    step = max(1, chunk_bytes // position_bytes)
+    return [(slice(r, r + 1), slice(p, min(p + step, positions))) for r in range(rows) for p in range(0, positions, step)]
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, variation: str, normaliser: float) -> torch.Tensor:

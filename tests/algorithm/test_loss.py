@@ -334,3 +334,36 @@ def test_bradley_terry_loss_by_hand():
 
 def test_kl_k1_is_the_log_ratio():
     assert torch.equal(kl_k1(torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -1.0])), torch.tensor([0.5, -1.0]))
+
+
+def _entropy_reference(logits):
+    log_p = torch.log_softmax(logits[:, :-1].double(), dim=-1)
+    return -(log_p.exp() * log_p).sum(dim=-1)
+
+
+@pytest.mark.parametrize("chunk_bytes", [10**9, 3 * 33 * 50 * 4, 7 * 50 * 4, 1])
+def test_token_entropy_in_slices_equals_it_at_once(chunk_bytes):
+    # whole batch; three whole rows a slice (5 rows: a short last slice); seven positions of one row; one position
+    logits = torch.randn(5, 34, 50, generator=torch.Generator().manual_seed(3)) * 3
+    expected = _entropy_reference(logits).float()
+    assert torch.allclose(token_entropy(logits, chunk_bytes=chunk_bytes), expected, atol=1e-5)
+    bf16 = logits.bfloat16()
+    assert torch.allclose(token_entropy(bf16, 0.7, chunk_bytes=chunk_bytes),
+                          _entropy_reference(bf16.double() / 0.7).float(), atol=1e-5)
+
+
+def test_token_entropy_holds_about_one_slice_beyond_its_output():
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    logits = torch.randn(4, 65, 4096)
+    whole = logits[:, :-1].numel() * 4  # the float32 logits it reads
+
+    def peak_bytes(chunk_bytes):
+        tracker = MemTracker()
+        with tracker:
+            token_entropy(logits, chunk_bytes=chunk_bytes)
+        # the tracker also counts the input's storage, which the slices (views of it) point to
+        return tracker.get_tracker_snapshot("peak")[logits.device]["Total"] - logits.untyped_storage().nbytes()
+
+    assert peak_bytes(10**9) > 2 * whole  # at once: log-softmax, exp and product of all of it
+    assert peak_bytes(whole // 16) < 0.3 * whole  # a slice's three copies (3/16 of it) and the output
