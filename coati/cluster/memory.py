@@ -13,7 +13,8 @@ Trainer rank (Adam):
   tensors a Qwen2/Llama block saves: norms, q/k/v, attention output, gate/up/act/product), for micro-batch x
   sequence tokens (pp: the first stage holds pp micro-batches); with gradient checkpointing only each layer's
   input (H per token) is kept, plus one layer's full set while it is recomputed; the logits at
-  3 x tokens x V/tp fp32 (logits, log-softmax, gradient);
+  3 x tokens x V/tp fp32 (logits, log-softmax, gradient; the entropy metric works in 64 MiB slices beside them,
+  ``coati.algorithm.loss.token_entropy``: benchmarks/bench_trainer_memory.py measures this on CPU);
 - the reference model (KL > 0) whole on every rank; the process's own runtime (CPU: Python, torch, Ray);
 - with LoRA (``adapter_params`` > 0): the frozen base as loaded (fp32, sharded like the weights under FSDP2) and
   no master copy; gradients and Adam states for the adapters only (``ModelShape.adapter_params``); no reference
