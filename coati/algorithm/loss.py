@@ -183,7 +183,8 @@ def _entropy_slices(rows: int, positions: int, position_bytes: int, chunk_bytes:
         step = max(1, chunk_bytes // max(row_bytes, 1))
         return [(slice(r, r + step), slice(0, positions)) for r in range(0, rows, step)]
     step = max(1, chunk_bytes // position_bytes)
-    return [(slice(r, r + 1), slice(p, min(p + step, positions))) for r in range(rows) for p in range(0, positions, step)]
+    return [(slice(r, r + 1), slice(p, min(p + step, positions)))
+            for r in range(rows) for p in range(0, positions, step)]
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, variation: str, normaliser: float) -> torch.Tensor:
