@@ -5,7 +5,8 @@ micro-batch of 4 x 128 tokens with the GRPO objective's tensors: the token log-p
 entropy metric beside it. Every tensor storage created during the second step (forward, backward, AdamW) is
 counted while it lives, under a dispatch mode; the parameters and optimizer states that exist before it are
 added. This is the number `torch.cuda.max_memory_allocated` gives on a GPU, without the allocator's rounding.
-The estimate is ``trainer_states`` + ``activation_bytes`` for the same shape and layout.
+The estimate is ``trainer_memory`` for the same shape and layout, without the process's runtime (the
+measurement counts tensors only).
 
 The entropy metric works through the logits in slices of ``--entropy-slice`` of the float32 logits (default
 1/25, their ratio on the Qwen2.5-0.5B-shaped run of scripts/gpu_check.sh: 64 MiB of 1.6 GiB); ``--entropy-slice 1``
@@ -67,7 +68,7 @@ def measure(precision: str, lora_rank: int, checkpointing: bool, entropy_slice: 
 
     from coati.algorithm.batch import token_logprobs
     from coati.algorithm.loss import token_entropy
-    from coati.cluster.memory import MemoryLayout, ModelShape, activation_bytes, trainer_states
+    from coati.cluster.memory import MemoryLayout, ModelShape, trainer_memory
     from coati.config.lora import LoraConfig
     from coati.models.lora import add_adapters
     from coati.plugins import make_plugin
@@ -98,8 +99,7 @@ def measure(precision: str, lora_rank: int, checkpointing: bool, entropy_slice: 
         plugin.optimizer_step(1.0)
     layout = MemoryLayout(plugin="torch", precision=precision, checkpointing=checkpointing,
                           adapter_params=shape.adapter_params(lora_rank) if lora_rank else 0)
-    estimate = sum({**trainer_states(shape, layout), **activation_bytes(shape, layout, BATCH, SEQ)}.values())
-    return resident + live.peak, estimate
+    return resident + live.peak, trainer_memory(shape, layout, BATCH, SEQ, on_cpu=False)["total"]
 
 
 def main() -> None:
@@ -107,6 +107,8 @@ def main() -> None:
     parser.add_argument("--entropy-slice", type=float, default=0.04,
                         help="the entropy metric's slice, as a fraction of the float32 logits (1: all at once)")
     args = parser.parse_args()
+    if not 0 < args.entropy_slice <= 1:
+        parser.error(f"--entropy-slice {args.entropy_slice:g}: a fraction of the logits, in (0, 1]")
     torch.set_num_threads(1)
     logits_mib = BATCH * (SEQ - 1) * QWEN2["vocab_size"] * 4 / 2**20
     print(f"Qwen2 vocab {QWEN2['vocab_size']}, hidden {QWEN2['hidden_size']}, {QWEN2['num_hidden_layers']} layers; "

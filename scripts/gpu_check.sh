@@ -20,6 +20,13 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 OUT=${1:-runs/gpu_check}
 STAGES=${STAGES:-1 2 3 4 5}
+titles=([1]="gpu-marked tests" [2]="the demo, colocated on one GPU"
+        [3]="0.5B shape, -t 1 colocated, fp32, transformers engine"
+        [4]="0.5B shape, -t 1 colocated, bf16 + LoRA rank 16 + gradient checkpointing"
+        [5]="0.5B shape, decoupled: vLLM + ColossalAI HybridParallel TP 2, ZeRO-2, bf16")
+for stage in $STAGES; do
+    [[ "$stage" =~ ^[0-9]+$ ]] && [ -n "${titles[$stage]:-}" ] || { echo "gpu_check: no stage $stage in STAGES (stages: ${!titles[*]})" >&2; exit 2; }
+done
 mkdir -p "$OUT"
 ngpu=$("$PY" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
 if [ "${ngpu:-0}" -lt 1 ]; then
@@ -121,13 +128,6 @@ print(f"trainer rank 0: --dry-run estimate {estimate:.2f} GiB, torch.cuda.max_me
 PY
 }
 
-titles=([1]="gpu-marked tests" [2]="the demo, colocated on one GPU"
-        [3]="0.5B shape, -t 1 colocated, fp32, transformers engine"
-        [4]="0.5B shape, -t 1 colocated, bf16 + LoRA rank 16 + gradient checkpointing"
-        [5]="0.5B shape, decoupled: vLLM + ColossalAI HybridParallel TP 2, ZeRO-2, bf16")
-for stage in $STAGES; do
-    [ -n "${titles[$stage]:-}" ] || { echo "gpu_check: no stage $stage in STAGES (stages: ${!titles[*]})" >&2; exit 2; }
-done
 failed=()
 for stage in $STAGES; do
     echo "== $stage. ${titles[$stage]}"
