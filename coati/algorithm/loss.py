@@ -36,6 +36,7 @@ fresh groups the mismatch is the numeric difference of the two engines' logprobs
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -262,6 +263,111 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, config: PolicyLossConf
     loss = aggregate(per_token, mask, variation, normaliser)
     stats["loss"] = loss.detach()
     return loss, stats
+
+
+# --- complete policy losses: one function each, written over the helpers above ---
+
+@dataclass(frozen=True)
+class LossInputs:
+    """What a policy loss reads of one micro-batch; per-token tensors are [batch, T].
+
+    ``old_logprobs``: the behaviour policy's (the producer's). ``prox_logprobs``: the trainer's at the start of
+    the step (None: ``logprobs`` detached, exact when the batch gets one optimizer step). ``advantages``: [batch]
+    (one per sample) or [batch, T]. ``mask``: the valid tokens (the sample mask already folded in).
+    ``normaliser``: the whole (mini)batch's denominator of the aggregation, so that micro-batches add up.
+    """
+
+    logprobs: torch.Tensor
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    normaliser: float
+    ref_logprobs: torch.Tensor | None = None
+    prox_logprobs: torch.Tensor | None = None
+
+    @property
+    def prox(self) -> torch.Tensor:
+        return self.logprobs.detach() if self.prox_logprobs is None else self.prox_logprobs.detach()
+
+
+def token_ratio(logprobs: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+    """Per-token importance ratio exp(logp - anchor)."""
+    return torch.exp(logprobs - anchor)
+
+
+@dataclass(frozen=True)
+class OffPolicy:
+    """The off-policy correction and the skip threshold applied to one micro-batch (module docstring)."""
+
+    anchor: torch.Tensor  # the logprobs the importance ratio is taken against
+    mask: torch.Tensor  # the valid tokens, skipped samples removed
+    skipped: torch.Tensor  # [batch] bool
+    weight: torch.Tensor  # per token min(pi_prox / pi_behaviour, tis_cap), no gradient
+    truncated: torch.Tensor  # 1 where the cap binds
+    decoupled: bool
+
+    def correct(self, per_token: torch.Tensor) -> torch.Tensor:
+        """The per-token loss weighted by the truncated importance weight under the decoupled correction."""
+        return per_token * self.weight if self.decoupled else per_token
+
+
+def off_policy(inputs: LossInputs, config: PolicyLossConfig) -> OffPolicy:
+    if config.correction not in CORRECTIONS:
+        raise ValueError(f"unknown off-policy correction {config.correction!r}; choose one of {CORRECTIONS}")
+    prox = inputs.prox
+    decoupled = config.correction == "decoupled"
+    anchor = prox if decoupled else inputs.old_logprobs
+    skipped = skip_mask(inputs.logprobs, anchor, inputs.mask, config.skip_threshold)
+    mask = inputs.mask * (~skipped).to(inputs.mask.dtype).unsqueeze(1)
+    weight, truncated = truncated_importance_weight(prox, inputs.old_logprobs, config.tis_cap)
+    return OffPolicy(anchor, mask, skipped, weight, truncated, decoupled)
+
+
+def complete_loss(per_token: torch.Tensor, clip_low: torch.Tensor, clip_high: torch.Tensor, inputs: LossInputs,
+                  config: PolicyLossConfig, off: OffPolicy) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """How a loss ends once it has its corrected per-token surrogate and where its clip binds: the KL term to
+    the reference when ``kl_loss_coef`` > 0, the aggregation, and the detached statistics every loss reports
+    (module docstring of ``policy_loss``)."""
+    mask, variation, normaliser, prox = off.mask, config.loss_variation, inputs.normaliser, inputs.prox
+    low = aggregate(clip_low, mask, variation, normaliser).detach()
+    high = aggregate(clip_high, mask, variation, normaliser).detach()
+    valid = mask > 0
+    stats = {"clip_fraction": low + high, "clip_fraction_low": low, "clip_fraction_high": high,
+             "kl_behaviour": aggregate(kl_k3(inputs.logprobs.detach(), inputs.old_logprobs), mask, variation,
+                                       normaliser),
+             "skipped_samples": off.skipped.sum().float(),
+             "is_weight": aggregate(off.weight, mask, variation, normaliser),
+             "is_truncated": aggregate(off.truncated, mask, variation, normaliser),
+             "is_weight_max": masked_max(off.weight, valid),
+             "mismatch_k3": aggregate(kl_k3(prox, inputs.old_logprobs), mask, variation, normaliser),
+             "mismatch_max_abs": masked_max((prox - inputs.old_logprobs).abs(), valid)}
+    if config.kl_loss_coef > 0:
+        if inputs.ref_logprobs is None:
+            raise ValueError("kl_loss_coef > 0 needs reference logprobs")
+        kl = kl_k3(inputs.logprobs, inputs.ref_logprobs)
+        per_token = per_token + config.kl_loss_coef * kl
+        stats["kl"] = aggregate(kl, mask, variation, normaliser).detach()
+    loss = aggregate(per_token, mask, variation, normaliser)
+    stats["loss"] = loss.detach()
+    return loss, stats
+
+
+def ppo_clip_loss(inputs: LossInputs, config: PolicyLossConfig):
+    """PPO-clip (GRPO, DAPO, PPO): per token -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), r = exp(logp - anchor)."""
+    off = off_policy(inputs, config)
+    per_token, _ = clipped_surrogate(inputs.logprobs, off.anchor, inputs.advantages, config.clip_eps_low,
+                                     config.clip_eps_high)
+    low, high = clip_indicators(token_ratio(inputs.logprobs.detach(), off.anchor), inputs.advantages,
+                                config.clip_eps_low, config.clip_eps_high)
+    return complete_loss(off.correct(per_token), low, high, inputs, config, off)
+
+
+def reinforce_loss(inputs: LossInputs, config: PolicyLossConfig):
+    """REINFORCE (PG): per token -A * logp; no ratio, no clip."""
+    off = off_policy(inputs, config)
+    zeros = torch.zeros_like(inputs.logprobs)
+    return complete_loss(off.correct(reinforce_surrogate(inputs.logprobs, inputs.advantages)), zeros, zeros, inputs,
+                         config, off)
 
 
 @register_value_loss("clipped")
