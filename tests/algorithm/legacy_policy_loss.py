@@ -1,23 +1,39 @@
 """The policy loss as it was composed before each registered loss became the whole loss (issue 42), kept
 unchanged as the reference that test_policy_losses.py holds the registered losses to, bit for bit.
 
-Its per-token objectives, aggregation and KL are copied here so that later edits of coati.algorithm.loss cannot
-move the reference; the pure helpers it imports (the surrogates, clip indicators, skip mask, truncated
-importance weight, masked max) are tested by hand in test_loss.py.
+Its surrogates, clip indicators, aggregation and KL are copied here so that later edits of
+coati.algorithm.loss cannot move the reference; the pure helpers it imports (skip mask, truncated importance
+weight, masked max) are unchanged since and tested by hand in test_loss.py.
 """
 
 from __future__ import annotations
 
 import torch
 
-from coati.algorithm.loss import (
-    clip_indicators,
-    clipped_surrogate,
-    masked_max,
-    reinforce_surrogate,
-    skip_mask,
-    truncated_importance_weight,
-)
+from coati.algorithm.loss import masked_max, skip_mask, truncated_importance_weight
+
+
+def clipped_surrogate(logprobs, old_logprobs, advantages, eps_low, eps_high):
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)
+    ratio = torch.exp(logprobs - old_logprobs)
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * advantages
+    return -torch.minimum(unclipped, clipped), (clipped < unclipped).float()
+
+
+def clip_indicators(ratio, advantages, eps_low, eps_high):
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)
+    low = (advantages < 0) & (ratio < 1.0 - eps_low)
+    high = (advantages > 0) & (ratio > 1.0 + eps_high)
+    return low.float(), high.float()
+
+
+def reinforce_surrogate(logprobs, advantages):
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)
+    return -advantages * logprobs
 
 
 def kl_k3(logprobs, ref_logprobs):

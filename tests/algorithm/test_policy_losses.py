@@ -14,9 +14,8 @@ import pytest
 import torch
 from legacy_policy_loss import legacy_policy_loss
 
-from coati.algorithm.loss import LossInputs, PolicyLossConfig, batch_normaliser, ppo_clip_loss, reinforce_loss
-
-NEW = {"ppo_clip": ppo_clip_loss, "reinforce": reinforce_loss}
+from coati.algorithm.loss import PolicyLossConfig, batch_normaliser
+from coati.algorithm.policy_losses import LossInputs, policy_loss
 
 
 def random_batch(seed: int, per_token_advantages: bool):
@@ -52,8 +51,8 @@ def test_registered_losses_equal_the_legacy_composition_bit_for_bit(seed, settin
     normaliser = batch_normaliser(mask, variation)
     a, b = logp.clone().requires_grad_(True), logp.clone().requires_grad_(True)
     want, want_stats = legacy_policy_loss(a, old, adv, mask, config, normaliser, ref_logprobs=ref, prox_logprobs=prox)
-    got, got_stats = NEW[objective](LossInputs(b, old, adv, mask, normaliser, ref_logprobs=ref, prox_logprobs=prox),
-                                    config)
+    got, got_stats = policy_loss(LossInputs(b, old, adv, mask, normaliser, ref_logprobs=ref, prox_logprobs=prox),
+                                 config)
     assert torch.equal(got, want)
     want.backward()
     got.backward()
@@ -72,18 +71,3 @@ def test_the_settings_exercise_clipping_and_truncation():
     _, stats = legacy_policy_loss(logp, old, adv, mask, config, batch_normaliser(mask, "token_level"),
                                   prox_logprobs=prox)
     assert stats["clip_fraction_low"] > 0 and stats["clip_fraction_high"] > 0 and stats["is_truncated"] > 0
-
-
-@pytest.mark.parametrize("seed, setting", SETTINGS[::7])
-def test_the_legacy_copy_is_the_loss_of_main(seed, setting):
-    """Until the old composition leaves coati.algorithm.loss: the copy here is that code."""
-    from coati.algorithm.loss import policy_loss
-
-    objective, variation, clip, kl, correction, skip = setting
-    config = PolicyLossConfig(objective=objective, loss_variation=variation, clip_eps_low=clip[0],
-                              clip_eps_high=clip[1], kl_loss_coef=kl, correction=correction, skip_threshold=skip)
-    logp, old, prox, ref, adv, mask = random_batch(seed, False)
-    normaliser = batch_normaliser(mask, variation)
-    want, want_stats = policy_loss(logp, old, adv, mask, config, normaliser, ref_logprobs=ref, prox_logprobs=prox)
-    got, got_stats = legacy_policy_loss(logp, old, adv, mask, config, normaliser, ref_logprobs=ref, prox_logprobs=prox)
-    assert torch.equal(got, want) and all(torch.equal(got_stats[k], want_stats[k]) for k in want_stats)
