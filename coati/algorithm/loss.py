@@ -12,6 +12,8 @@ count), so summing the losses of micro-batches gives the loss of the batch, and 
 - ``sample_sum`` (seq-mean-token-sum): per-sample sum over its tokens, summed / samples with a valid token.
 - ``sample_sum_norm`` (Dr.GRPO; verl seq-mean-token-sum-norm, TRL ``loss_type="dr_grpo"``): sum of token
   losses / (samples of the batch x L_max), a constant for a given batch size, whatever the lengths.
+The loss's statistics are aggregated like the loss, so under the two sums they are per-sample sums and per
+token slot (samples x L_max) rather than means over tokens.
 
 KL estimators of KL(pi || ref) per token (rows of ``KL_ESTIMATORS``): ``k1`` logp - ref, ``k2``
 0.5 (logp - ref)^2, ``k3`` exp(ref - logp) - (ref - logp) - 1.
@@ -108,8 +110,8 @@ def clip_indicators(ratio: torch.Tensor, advantages: torch.Tensor, eps_low: floa
     """0/1 tensors (low, high): where the clip actually binds in ``clip_surrogate``.
 
     low: A < 0 and ratio < 1 - eps_low (the objective stops rewarding pushing a bad token down);
-    high: A > 0 and ratio > 1 + eps_high (it stops rewarding pushing a good token up). Their sum is the
-    ratios where the objective's clipped term is the smaller one.
+    high: A > 0 and ratio > 1 + eps_high (it stops rewarding pushing a good token up). Where either is set
+    the clipped term is the smaller one, and the token has no gradient.
     """
     advantages = _per_sample(advantages)
     low = (advantages < 0) & (ratio < 1.0 - eps_low)

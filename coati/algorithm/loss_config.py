@@ -18,8 +18,9 @@ class PolicyLossConfig:
     clip_eps_low: float = setting(0.2, "the ratio is clipped below at 1 - clip_eps_low (<= 1; 1: no lower bound)")
     clip_eps_high: float = setting(0.2, "the ratio is clipped above at 1 + clip_eps_high (DAPO's clip-higher: 0.28)")
     kl_loss_coef: float = option(
-        0.0, "weight of the KL to the initial model (the kl_estimator key's, k3 unless set), a term of the loss (the group "
-             "algorithms: -a GRPO, DAPO, ...); default: 0 (no reference model), as in every preset", "-kl", "--kl-coeff", keys=("beta",), resolved=True, metavar="COEF",
+        0.0, "weight of the KL to the initial model (the kl_estimator key's, k3 unless set), a term of the loss "
+             "(the group algorithms: -a GRPO, DAPO, ...); default: 0 (no reference model), as in every preset",
+        "-kl", "--kl-coeff", keys=("beta",), resolved=True, metavar="COEF",
         family="group", instead="--kl-reward-coef (the KL penalty in the reward)")
     loss_variation: str = setting(
         "sample_level", "the aggregation, by registered name (" + ", ".join(LOSS_AGGREGATIONS) + "): token_level "

@@ -94,8 +94,8 @@ class PolicyObjective:
     def loss(self, logits: torch.Tensor, micro_batch: dict) -> tuple[torch.Tensor, dict]:
         logprobs = token_logprobs(logits, micro_batch["input_ids"], self.temperature)
         normaliser = float(micro_batch["normaliser"][0])
-        inputs = LossInputs(logprobs, micro_batch["old_logprobs"], micro_batch["advantages"], micro_batch["action_mask"],
-                            normaliser, ref_logprobs=micro_batch.get("ref_logprobs"),
+        inputs = LossInputs(logprobs, micro_batch["old_logprobs"], micro_batch["advantages"],
+                            micro_batch["action_mask"], normaliser, ref_logprobs=micro_batch.get("ref_logprobs"),
                             prox_logprobs=self._proximal(logprobs))
         loss, stats = policy_loss(inputs, self.loss_config)
         entropy = token_entropy(logits, self.temperature)
