@@ -16,22 +16,18 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", description
          **defaults) -> int:
     """``description``: this command's --help text (default: coati train's); ``defaults``: fields' defaults this
     command changes (``coati ppo``), below --config and the flags."""
-    from coati.config.cli import DESCRIPTION, build_parser, config_from_args
+    from coati.config.cli import DESCRIPTION, config_from_args
     from coati.config.errors import ConfigError
     from coati.launcher.preflight import check_engine, check_inputs, check_paths, resolve_model_names
     from coati.utils.dataclass_cli import ConfigFileError
 
     try:
-        defaults = {**real_model_demo_defaults(argv), **defaults}
-        parser = build_parser(prog, description or DESCRIPTION, **defaults)
-        add_dry_run_flags(parser)
-        add_demo_flag(parser)
+        parser = command_parser(argv, prog, description or DESCRIPTION, defaults)
         args = parser.parse_args(argv)
     except (ConfigFileError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    dry_run, dry_run_cluster = args.__dict__.pop("dry_run"), args.__dict__.pop("dry_run_cluster")
-    args.__dict__.pop("demo")
+    dry_run, dry_run_cluster = command_flags(args)
     unreachable = probe_cluster(args.master_address, args.ray_dir) if dry_run and not dry_run_cluster else None
     if unreachable:
         print(f"error: {unreachable}", file=sys.stderr)
@@ -75,6 +71,24 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", description
         print(f"held-out accuracy {key}: {before:.3f} -> {after:.3f} ({100 * (after - before):+.1f} points)")
     print_tool_use(result.metrics_path, result.steps)
     return 0
+
+
+def command_parser(argv: list[str] | None, prog: str, description: str, defaults: dict):
+    """The command's whole parser: the config's flags (with ``--demo``'s defaults when the arguments ask for it,
+    and the command's ``defaults`` above them), --dry-run's and --demo."""
+    from coati.config.cli import build_parser
+
+    parser = build_parser(prog, description, **{**real_model_demo_defaults(argv), **defaults})
+    add_dry_run_flags(parser)
+    add_demo_flag(parser)
+    return parser
+
+
+def command_flags(args) -> tuple[bool, str | None]:
+    """(--dry-run, --dry-run-cluster), taken out of ``args`` with --demo (already applied as defaults), so that
+    what is left are the config's options."""
+    args.__dict__.pop("demo")
+    return args.__dict__.pop("dry_run"), args.__dict__.pop("dry_run_cluster")
 
 
 def probe_cluster(master_address: str | None, ray_dir: str | None) -> str | None:
