@@ -116,7 +116,8 @@ class EvalSchedule:
         return self.accuracy.get(0, {}), self.accuracy.get(last_step, {})
 
     def settle(self) -> None:
-        """Wait for (and log) every evaluation submitted, then end the evaluator (it frees its model)."""
+        """Wait for (and log) every evaluation submitted, then end the evaluator: its model is freed before the
+        final save (or a stop's)."""
         while self.pending:
             self._collect_oldest()
         if self.evaluator is not None:
