@@ -56,15 +56,16 @@ class RunInterrupted(RunStopped):
         self.newest = checkpoints[-1][1] if checkpoints else None
         super().__init__(self.line())
 
-    def line(self, prog: str = "coati train") -> str:
+    def line(self, prog: str = "coati train", resume: str | None = None) -> str:
+        """``resume``: the command that continues the run, when it is not ``prog`` with ``--resume latest``."""
         name = signal.Signals(self.signum).name
+        resume = resume or resume_command(self.run_dir, prog)
         if self.checkpoint is not None:
-            return (f"{name}: stopped after step {self.step}, saved {self.checkpoint}; continue with: "
-                    f"{resume_command(self.run_dir, prog)}")
+            return f"{name}: stopped after step {self.step}, saved {self.checkpoint}; continue with: {resume}"
         if self.newest is None:
             return f"{name}: stopped before any step was trained; no checkpoint to continue from: start the run again"
         return (f"{name}: stopped before a step was trained; no checkpoint written (the newest is {self.newest}); "
-                f"continue with: {resume_command(self.run_dir, prog)}")
+                f"continue with: {resume}")
 
 
 class StopRequest:
@@ -112,7 +113,7 @@ class StopRequest:
     def _exit_now(self, signum: int) -> None:
         checkpoints = list_checkpoints(self.run_dir)
         newest = f"the newest is {checkpoints[-1][1]}" if checkpoints else "there is none"
-        print(f"{signal.Signals(signum).name} again: exiting now; no checkpoint was written for the steps since "
-              f"the newest one ({newest})", file=sys.stderr, flush=True)
+        print(f"{signal.Signals(signum).name}, a second signal: exiting now; no checkpoint was written for the "
+              f"steps since the newest one ({newest})", file=sys.stderr, flush=True)
         sys.stdout.flush()
         self._exit(exit_status(signum))

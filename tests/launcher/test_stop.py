@@ -102,14 +102,27 @@ def test_a_second_signal_exits_at_once_naming_the_newest_checkpoint(tmp_path, ca
             send(signal.SIGTERM)
     assert exited.value.code == 143
     line = capsys.readouterr().err.strip()
-    assert line.startswith("SIGTERM again: exiting now; no checkpoint was written for the steps since")
+    assert line.startswith("SIGTERM, a second signal: exiting now; no checkpoint was written for the steps since")
     assert newest in line and "\n" not in line
+
+
+def test_ctrl_c_twice_exits_with_130_and_no_checkpoint_named(tmp_path, capsys):
+    with StopRequest(str(tmp_path)) as stop:
+        stop.deferred = True
+        stop._exit = exit_for_test
+        send(signal.SIGINT)
+        with pytest.raises(Exited) as exited:
+            send(signal.SIGINT)
+    assert exited.value.code == 130
+    assert capsys.readouterr().err.strip().endswith("steps since the newest one (there is none)")
 
 
 def test_resumed_run_stopped_before_a_step_names_its_checkpoint(tmp_path):
     newest = make_checkpoint(tmp_path / "demo", 5)
     err = RunInterrupted(signal.SIGINT, str(tmp_path / "demo"), None, None)
     assert newest in str(err) and str(err).endswith(f"coati train -sd {tmp_path} -p demo --resume latest")
+    assert err.line(resume="coati rlhf --config rlhf.yaml --resume").endswith(
+        "continue with: coati rlhf --config rlhf.yaml --resume")
 
 
 def test_resume_command_forms():
