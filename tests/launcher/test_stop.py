@@ -91,30 +91,21 @@ def test_in_the_loop_a_signal_waits_for_the_step_boundary(tmp_path):
     assert str(err) == err.line("coati train")
 
 
-def test_a_second_signal_exits_at_once_naming_the_newest_checkpoint(tmp_path, capsys):
-    make_checkpoint(tmp_path, 3)
-    newest = make_checkpoint(tmp_path, 12)
+@pytest.mark.parametrize("second, code, steps", [(signal.SIGTERM, 143, [3, 12]), (signal.SIGINT, 130, [])],
+                         ids=["then-sigterm", "ctrl-c-twice"])
+def test_a_second_signal_exits_at_once_naming_the_newest_checkpoint(tmp_path, capsys, second, code, steps):
+    paths = [make_checkpoint(tmp_path, step) for step in steps]
     with StopRequest(str(tmp_path)) as stop:
         stop.deferred = True
         stop._exit = exit_for_test
         send(signal.SIGINT)
         with pytest.raises(Exited) as exited:
-            send(signal.SIGTERM)
-    assert exited.value.code == 143
+            send(second)
+    assert exited.value.code == code
     line = capsys.readouterr().err.strip()
-    assert line.startswith("SIGTERM, a second signal: exiting now; no checkpoint was written for the steps since")
-    assert newest in line and "\n" not in line
-
-
-def test_ctrl_c_twice_exits_with_130_and_no_checkpoint_named(tmp_path, capsys):
-    with StopRequest(str(tmp_path)) as stop:
-        stop.deferred = True
-        stop._exit = exit_for_test
-        send(signal.SIGINT)
-        with pytest.raises(Exited) as exited:
-            send(signal.SIGINT)
-    assert exited.value.code == 130
-    assert capsys.readouterr().err.strip().endswith("steps since the newest one (there is none)")
+    assert line.startswith(f"{second.name}, a second signal: exiting now; no checkpoint was written for the steps "
+                           "since the newest one (") and "\n" not in line
+    assert line.endswith(f"(the newest is {paths[-1]})" if paths else "(there is none)")
 
 
 def test_resumed_run_stopped_before_a_step_names_its_checkpoint(tmp_path):
