@@ -62,7 +62,7 @@ def argv(demo_assets, tmp_path):
     train = head(demo_assets.train_path, tmp_path / "train.jsonl", 24)
     evals = head(demo_assets.eval_path, tmp_path / "eval.jsonl", 8)
     return ["-d", train, "-ed", json.dumps({"add": evals}), "-ibs", "8", "-imbs", "8", "-g", "2", "-tbs", "4",
-            "-tMbs", "4", "-tmbs", "8", "-mnt", "8", "-sd", str(tmp_path / "runs"), "-p", "x", "--no-progress"]
+            "-tMbs", "4", "-tmbs", "8", "-mnt", "8", "-e", "1", "-sd", str(tmp_path / "runs"), "-p", "x", "--no-progress"]
 
 
 def resume_to_the_end(demo_assets, run_dir, tmp_path) -> None:
