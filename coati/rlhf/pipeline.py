@@ -27,6 +27,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -333,6 +334,8 @@ def main(argv: list[str] | None = None, prog: str = "coati rlhf") -> int:
                         help="continue a stopped pipeline: stages whose model is written are skipped, the stage that "
                              "stopped continues from its newest checkpoint (-si)")
     args = parser.parse_args(argv)
+    from coati.launcher.stop import RunInterrupted  # imports Ray: not for --help
+
     try:
         plan = read_plan(args.config) if args.config else dummy_plan(args.save_dir, args.project)
         plan.resume = args.resume
@@ -340,6 +343,10 @@ def main(argv: list[str] | None = None, prog: str = "coati rlhf") -> int:
     except (PipelineError, ConfigError, ConfigFileError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except RunInterrupted as stopped:  # the PPO stage, stopped by SIGINT/SIGTERM (with its checkpoint)
+        again = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--resume"]
+        print(stopped.line(resume=shlex.join([*prog.split(), *again, "--resume"])), file=sys.stderr)
+        return stopped.exit_code
     print("\n" + "\n".join(report(result)))
     return 0
 
