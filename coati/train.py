@@ -56,11 +56,12 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", description
 
     from coati.cluster.connect import ClusterError
     from coati.cluster.supervision import RunStopped
+    from coati.launcher.plan import PlanError
     from coati.launcher.rl import run
 
     try:
         result = run(config)
-    except (ClusterError, RunStopped) as err:
+    except (ClusterError, RunStopped, PlanError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     print()

@@ -78,12 +78,31 @@ def with_values(config: RLConfig, values: dict) -> RLConfig:
     """``config`` with option fields replaced by dest (``{"train_microbatch_size": 8}``), checked again."""
     if not values:
         return config
-    by_dest = {opt.dest: opt for opt in dataclass_cli.options(RLConfig)}
     for dest, value in values.items():
-        path = (*by_dest[dest].path, by_dest[dest].field.name)
-        config = _replace_at(config, path, value)
+        config = _replace_at(config, _path(dest), value)
     validate(config)
     return config
+
+
+def value_of(config: RLConfig, dest: str):
+    obj = config
+    for name in _path(dest):
+        obj = getattr(obj, name)
+    return obj
+
+
+def flag_of(dest: str) -> str:
+    """The flag the user types for ``dest`` (its short one if it has one: ``-tmbs``)."""
+    return _option(dest).flags[0]
+
+
+def _option(dest: str) -> dataclass_cli.Option:
+    return next(opt for opt in dataclass_cli.options(RLConfig) if opt.dest == dest)
+
+
+def _path(dest: str) -> tuple[str, ...]:
+    opt = _option(dest)
+    return (*opt.path, opt.field.name)
 
 
 def _replace_at(obj, path: tuple[str, ...], value):
