@@ -32,7 +32,7 @@ def sizes(out):
     ({"train_batch_size": 48}, (48, 48, 48, 24, 192)),  # the round a multiple of 48; 24 is 32's nearest divisor
     ({"train_minibatch_size": 64}, (64, 64, 64, 64, 256)),  # -tbs a multiple of 64
     ({"inference_microbatch_size": 128}, (128, 128, 32, 32, 256)),  # -ibs >= -imbs
-    ({"train_batch_size": 128}, (128, 128, 128, 32, 256)),  # a round must hold one step
+    ({"train_batch_size": 128}, (128, 64, 128, 32, 256)),  # a round must hold one step
     ({"inference_batch_size": 6, "num_trainers": 2}, (6, 6, 3, 3, 24)),  # dp 2 x tbs 3 = the round's 6
     ({"inference_batch_size": 3, "num_generations": 2}, (3, 3, 3, 3, 6)),
     ({"pipeline_parallel_size": 2, "num_trainers": 2, "train_batch_size": 1, "inference_batch_size": 8,

@@ -70,13 +70,13 @@ def node_need(shape, tmbs, imbs, seq=1536, new=1024):
 def test_smollm2_without_batch_flags_fits_a_24_gb_cpu_node_and_says_what_it_chose(smol):
     lines, error = dry_run(config_of(smol), "1x0x24x2")
     assert error is None
-    assert lines[0].startswith("memory plan: trainer micro-batch 2 samples (-tmbs), transformers engine 16 samples "
+    assert lines[0].startswith("memory plan: trainer micro-batch 2 samples (-tmbs), transformers engine 8 samples "
                                "per generate call (-imbs): ")
     assert "20% for the estimate's error" in lines[0] and lines[0].endswith("--dry-run for details")
     shape, room = ModelShape.from_config(SMOLLM2_135M), (1 - MARGIN) * parse_cluster("1x0x24x2")[0].memory
-    assert node_need(shape, 2, 16) <= room  # the choice keeps the margin ...
-    assert node_need(shape, 4, 16) > room and node_need(shape, 2, 32) > room  # ... and neither knob can climb
-    assert f"{node_need(shape, 2, 16) / GiB:.1f} of 22.4 GiB on node 0" in lines[0]
+    assert node_need(shape, 2, 8) <= room  # the choice keeps the margin ...
+    assert node_need(shape, 4, 8) > room and node_need(shape, 2, 16) > room  # ... and neither knob can climb
+    assert f"{node_need(shape, 2, 8) / GiB:.1f} of 22.4 GiB on node 0" in lines[0]
 
 
 def test_smollm2_on_one_gpu_and_an_explicit_ibs(smol):
@@ -87,17 +87,25 @@ def test_smollm2_on_one_gpu_and_an_explicit_ibs(smol):
 
 def test_a_given_knob_stays_exact_and_the_other_follows_the_room(smol):
     lines, error = dry_run(config_of([*smol, "-tmbs", "1"]), "1x0x24x2")
-    assert error is None and lines[0].startswith("memory plan: transformers engine 32 samples per generate call")
+    assert error is None and lines[0].startswith("memory plan: transformers engine 8 samples per generate call")
+    shape, room = ModelShape.from_config(SMOLLM2_135M), (1 - MARGIN) * parse_cluster("1x0x24x2")[0].memory
+    assert node_need(shape, 1, 8) <= room < node_need(shape, 1, 16)
 
 
 def test_vllm_on_cpu_gets_its_kv_budget_chosen(smol):
-    lines, error = dry_run(config_of([*smol, "-b", "vllm", "-tmbs", "4"]), "1x0x24x2")
-    assert error is None and lines[0].startswith("memory plan: vLLM KV cache 0.5 GiB (--vllm-kv-cache-gb): ")
+    lines, error = dry_run(config_of([*smol, "-b", "vllm"]), "1x0x24x2")
+    assert error is None and lines[0].startswith("memory plan: trainer micro-batch 2 samples (-tmbs), vLLM KV cache "
+                                                 "1 GiB (--vllm-kv-cache-gb): ")  # the default fits
+    lines, error = dry_run(config_of([*smol, "-b", "vllm", "-tmbs", "3"]), "1x0x23x2")
+    # 16.85 GiB besides the KV cache, 80% of 23 GB = 17.14 GiB: halved twice to 0.25 GiB (the floor: one 1536-token
+    # fp32 sequence, 0.066 GiB)
+    assert error is None and lines[0].startswith("memory plan: vLLM KV cache 0.25 GiB (--vllm-kv-cache-gb): 17.1 of")
 
 
 def test_the_half_b_shape_fits_one_80_gb_gpu_but_no_24_gb_cpu_node(half_b, capsys):
     lines, error = dry_run(config_of(half_b), "1x1x80")
-    assert error is None and lines[1].startswith("memory plan: trainer micro-batch 8 samples (-tmbs)")
+    assert error is None and lines[1].startswith("memory plan: trainer micro-batch 4 samples (-tmbs), transformers "
+                                                 "engine 16 samples per generate call (-imbs)")
     assert main([*half_b, "--dry-run-cluster", "1x0x24x2"]) == 1
     out, err = capsys.readouterr()
     assert "memory plan" not in out  # even one sample does not fit: no choice to announce
@@ -108,7 +116,7 @@ def test_the_half_b_shape_fits_one_80_gb_gpu_but_no_24_gb_cpu_node(half_b, capsy
 def test_explicit_flags_that_cannot_fit_are_one_line_with_flags_that_do(smol, capsys):
     assert main([*smol, "-tmbs", "64", "--dry-run-cluster", "1x0x24x2"]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("error: node 0 needs 187.8 GiB") and \
+    assert err.count("\n") == 1 and err.startswith("error: node 0 needs 188.2 GiB") and \
         err.rstrip().endswith(": try -tmbs 2 (or --gradient-checkpointing)")
 
 
