@@ -32,7 +32,7 @@ def follow_given(values: dict, defaults: dict) -> dict:
     colocate = values.get("colocate")
     sources = values["num_trainers"] if colocate else values["num_inferencer"]
     dp = max(1, values["num_trainers"] // (values["tensor_parallel_size"] * values["pipeline_parallel_size"]))
-    chunk = values.get("learner_chunk_size") or 0
+    chunk = max(0, values.get("learner_chunk_size") or 0)  # a negative one is refused by its own check
     ibs = given.get("inference_batch_size")
 
     def tiles(round_prompts: int, tbs: int) -> bool:
