@@ -112,9 +112,10 @@ def embedded_demo(reward_type: str, env: str | None) -> str:
     return (spec.embedded_demo if spec is not None else None) or "addition"
 
 
-def _situation(values: dict, demo) -> tuple[bool, dict, dict]:
-    """(whether the embedded demo runs, the eval paths, the --grpo-config overrides): fills the model, data, system prompt and the defaults
-    that depend on the situation into ``values``."""
+def _situation(values: dict, demo) -> tuple[bool, dict, dict, dict]:
+    """(whether the embedded demo runs, the eval paths, the --grpo-config overrides, the situation's defaults):
+    fills the model, data, system prompt and the defaults that depend on the situation into ``values`` (the batch
+    sizes: ``_batches``)."""
     embedded = values["model"] is None
     if embedded and demo is None:
         raise ConfigError("no --model given and the embedded demo assets were not built")
