@@ -93,7 +93,7 @@ def run_layout(name: str, model: str, data: str, args) -> dict:
     run_dir = os.path.join(args.out, f"run_{name}")
     flags = run_flags(model, data, args, LAYOUTS[name], run_dir)
     config = config_from_args(build_parser().parse_args(flags))
-    _, planned, _, _ = build_plan(config)
+    _, _, _, planned, _, _ = build_plan(config)
     env = {**os.environ, **MALLOC_ENV, "OMP_NUM_THREADS": "1"}
     start = time.perf_counter()
     with open(run_dir + ".log", "w") as log:

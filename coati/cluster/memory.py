@@ -20,7 +20,8 @@ Trainer rank (Adam):
   no master copy; gradients and Adam states for the adapters only (``ModelShape.adapter_params``); no reference
   model (it is the base with the adapters off); a published version is the adapters alone. ColossalAI's ZeRO
   holds the base in the compute dtype and shards the adapters' masters, states (and stage-2 gradients).
-Inferencer: weights / ptp, the KV cache (vLLM: its budget; transformers: the generate cache and kept logits),
+Inferencer: weights / ptp, the KV cache (vLLM: its budget; transformers: the generate cache of its -imbs samples
+per call and their logits, three copies at the peak),
 the received weight version (a CPU copy: object store or collective staging), the runtime. The sending trainer
 rank also holds the published version twice over (``publish_bytes``).
 
@@ -187,7 +188,8 @@ def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int) -> int:
 def inferencer_memory(shape: ModelShape, backend: str, dtype: str, ptp: int = 1, kv_cache_bytes: float = 0.0,
                       sequences: int = 1, seq_len: int = 0, new_tokens: int = 0, on_cpu: bool = True) -> dict[str, float]:
     """An inferencer's components in bytes: an engine with a KV-cache budget (vLLM) takes that budget
-    (``kv_cache_bytes``); otherwise (transformers) the KV cache is the generate cache of ``sequences`` x ``seq_len`` plus the logits it keeps (fp32, ``new_tokens`` each).
+    (``kv_cache_bytes``); otherwise (transformers) the KV cache is the generate cache of ``sequences`` x ``seq_len``
+    plus the logits it keeps (fp32, ``new_tokens`` each, three copies while the logprobs are taken).
     The received weight version is host memory (fp32, as the trainer sends it)."""
     b, spec = DTYPE_BYTES[dtype], backend_spec(backend)
     out = {"weights": b * shape.params / ptp}
@@ -195,7 +197,9 @@ def inferencer_memory(shape: ModelShape, backend: str, dtype: str, ptp: int = 1,
         out["kv_cache"] = kv_cache_bytes
     else:
         out["kv_cache"] = kv_bytes_per_token(shape, b) * sequences * seq_len
-        out["logits"] = 4.0 * sequences * new_tokens * shape.vocab
+        # three copies at the peak: generate's kept logits, their stack scaled by the temperature, its log-softmax
+        # (TransformersBackend._generate_batch); measured on the H100 within 2% (docs/results.md, "Defaults that fit")
+        out["logits"] = 3 * 4.0 * sequences * new_tokens * shape.vocab
     out["received_weights"] = 4 * shape.params if on_cpu else 0.0
     out["runtime"] = spec.cpu_runtime_bytes if on_cpu else 0.0
     out["total"] = sum(out.values())

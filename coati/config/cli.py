@@ -17,10 +17,12 @@ import os
 from dataclasses import dataclass
 
 from coati.config.algo import AlgoConfig
+from coati.config.batch_defaults import BATCHES, follow_given
 from coati.config.data import DataConfig, ModelConfig, parse_eval_datasets
 from coati.config.env import TOOL_DEMO_ENVS
 from coati.config.errors import ConfigError
 from coati.config.grpo_config import build_algo_config, grpo_config_help, grpo_keys, parse_grpo_config
+from coati.config.layout import ParallelConfig
 from coati.config.ppo import PPOConfig
 from coati.config.sampling import SamplingParams
 from coati.config.tree import RLConfig
@@ -110,9 +112,10 @@ def embedded_demo(reward_type: str, env: str | None) -> str:
     return (spec.embedded_demo if spec is not None else None) or "addition"
 
 
-def _situation(values: dict, demo) -> tuple[bool, dict, dict]:
-    """(whether the embedded demo runs, the eval paths, the --grpo-config overrides): fills the model, data, system prompt and the defaults
-    that depend on the situation into ``values``."""
+def _situation(values: dict, demo) -> tuple[bool, dict, dict, dict]:
+    """(whether the embedded demo runs, the eval paths, the --grpo-config overrides, the situation's defaults):
+    fills the model, data, system prompt and the defaults that depend on the situation into ``values`` (the batch
+    sizes: ``_batches``)."""
     embedded = values["model"] is None
     if embedded and demo is None:
         raise ConfigError("no --model given and the embedded demo assets were not built")
@@ -142,10 +145,19 @@ def _situation(values: dict, demo) -> tuple[bool, dict, dict]:
     grpo_overrides = parse_grpo_config(values["grpo_config"])
     situation = EMBEDDED_DEMO_DEFAULTS[demo_task] if embedded else MODEL_DEFAULTS
     for key, default in situation.items():
-        # an epochs count from --grpo-config beats the situation's, as an explicit flag does
-        if values[key] is None and not (key == "ppo_epochs" and key in grpo_overrides):
+        # an epochs count from --grpo-config beats the situation's, as an explicit flag does; the batch sizes
+        # follow the given ones (_batches)
+        if values[key] is None and key not in BATCHES and not (key == "ppo_epochs" and key in grpo_overrides):
             values[key] = default
-    return embedded, eval_paths, grpo_overrides
+    return embedded, eval_paths, grpo_overrides, situation
+
+
+def _batches(values: dict, situation: dict) -> None:
+    """The batch sizes not given follow the given ones (coati.config.batch_defaults); the engine's KV budget
+    not given is the field's default, which the memory plan may lower (it was recorded as not given)."""
+    values.update(follow_given(values, situation))
+    if values["vllm_kv_cache_gb"] is None:
+        values["vllm_kv_cache_gb"] = ParallelConfig.vllm_kv_cache_gb
 
 
 def _colocation(values: dict, given: set[str]) -> None:
@@ -196,8 +208,9 @@ def config_from_values(values: dict, demo=None, given: set[str] | None = None) -
     the user set, checked against the algorithm's options."""
     values = dict(values)
     options = {dest: values[dest] for dest in dataclass_cli.defaults(RLOptions)}
-    embedded, eval_paths, grpo_overrides = _situation(values, demo)
+    embedded, eval_paths, grpo_overrides, situation = _situation(values, demo)
     _colocation(values, given or set())
+    _batches(values, situation)
     max_new_tokens = values["max_new_tokens"]
     stops = REWARD_TYPES[values["reward_type"]].stop_strings if values["reward_type"] in REWARD_TYPES else ()
     flags = {key: values[knob.dest] for key, knob in grpo_keys(AlgoConfig).items() if knob.is_flag}

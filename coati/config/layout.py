@@ -106,7 +106,9 @@ class ParallelConfig(TrainerLayout):
         "auto", "dtype of the models that are not trained (inference engines, evaluator, reference, reward model): "
                 "auto = fp32 on the CPU, bf16 on granted GPUs (fp16 with --precision fp16)",
         choices=("auto", "fp32", "bf16", "fp16"))
-    vllm_kv_cache_gb: float = option(1.0, "-b vllm on CPU: KV-cache memory per inferencer (GiB)")
+    vllm_kv_cache_gb: float = option(1.0, "-b vllm on CPU: KV-cache memory per inferencer (GiB); default: 1.0, "
+                                          "or less when the memory plan needs the room (docs/training.md)",
+                                     resolved=True)
     vllm_gpu_memory_utilization: float = option(
         0.7, "-b vllm on GPU: fraction of each GPU's memory vLLM may take (weights + KV cache)")
     colocate: bool | None = option(

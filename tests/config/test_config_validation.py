@@ -21,12 +21,14 @@ def run_cli(argv, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["-t", "3"], "num_inferencer*ibs (64) must be a multiple of data-parallel trainers*tbs (96)"),
-    (["-tbs", "48", "-tMbs", "16"], "num_inferencer*ibs (64) must be a multiple of data-parallel trainers*tbs (48)"),
+    # batch sizes given together that clash (one alone: the others follow it, tests/config/test_batch_defaults.py)
+    (["-t", "3", "-ibs", "64"], "num_inferencer*ibs (64) must be a multiple of data-parallel trainers*tbs (96)"),
+    (["-ibs", "64", "-tbs", "48", "-tMbs", "16"],
+     "num_inferencer*ibs (64) must be a multiple of data-parallel trainers*tbs (48)"),
     (["-tbs", "16", "-tMbs", "32"], "-tbs (16) must be >= -tMbs (32)"),
     (["-tbs", "32", "-tMbs", "12"], "-tbs (32) must be a multiple of -tMbs (12)"),
     (["-tbs", "4", "-tMbs", "4", "-g", "2", "-tmbs", "16"], "-tMbs*g (8 samples) must be >= -tmbs (16)"),
-    (["-imbs", "128"], "-ibs (64) must be >= -imbs (128)"),
+    (["-ibs", "64", "-imbs", "128"], "-ibs (64) must be >= -imbs (128)"),
     (["-g", "1"], "must be at least 2"),
     (["-nb", "-1"], "-nb/--max-staleness must be >= 0 (0: sync mode), got -1"),
     (["--keep-checkpoints", "-1"], "--keep-checkpoints must be >= 0 (0 keeps all), got -1"),
