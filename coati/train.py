@@ -69,8 +69,9 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", description
           + (" (a LoRA adapter; a full model: coati export --merge DIR OUT)" if config.model.lora.enabled else ""))
     print(f"metrics: {result.metrics_path}")
     for key in result.eval_after:
-        print(held_out_line(key, {"accuracy": result.eval_before.get(key), "mean_reward": result.reward_before.get(key)},
-                            {"accuracy": result.eval_after[key], "mean_reward": result.reward_after.get(key)}))
+        before = {"accuracy": result.eval_before.get(key), "mean_reward": result.reward_before.get(key)}
+        after = {"accuracy": result.eval_after[key], "mean_reward": result.reward_after.get(key)}
+        print(held_out_line(key, before, after))
     print_tool_use(result.metrics_path, result.steps)
     return 0
 

@@ -107,6 +107,7 @@ class CombinedRewards:
                 if verdict is not None:
                     verdicts.append(verdict)
                     parts[f"{name}/correct"] = verdict
-            correct = sample_correct(result.correct, self.weights[self.builtin], verdicts, total, self.correct_threshold)
+            correct = sample_correct(result.correct, self.weights[self.builtin], verdicts, total,
+                                     self.correct_threshold)
             out.append(dataclasses.replace(result, reward=total, parts=parts, correct=correct))
         return out

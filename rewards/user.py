@@ -2,8 +2,9 @@
 
 Signature: ``name(response: str, label, row: dict)`` -> a number, or ``(number, {"part": number, ...})``
 whose named parts go to the logs only; the dict's ``"correct": True/False`` is the function's verdict on the
-response instead, which the run's accuracy counts (rewards/correctness.py). ``label`` is the row's label as scored by the built-in reward (the
-gold answer for math, the test-case object for code); ``row`` is the whole dataset row, unchanged.
+response instead, which the run's accuracy counts (rewards/correctness.py). ``label`` is the row's label as
+scored by the built-in reward (the gold answer for math, the test-case object for code); ``row`` is the whole
+dataset row, unchanged.
 
 Every problem is one ``RewardFnError`` line naming the function: at start-up (file, name, signature, a check
 call on the first row) and mid-run (the row's ``file:line`` and what the function raised or returned).

@@ -80,12 +80,6 @@ class EvalSchedule:
         self.before_accuracy()
         return self.mean_reward.get(0, {})
 
-    def numbers(self, step: int) -> dict[str, dict]:
-        """"task/mode" -> {"accuracy", "mean_reward"} of ``step``'s evaluation (what held_out_line reads)."""
-        keys = {**self.accuracy.get(step, {}), **self.mean_reward.get(step, {})}
-        return {key: {"accuracy": self.accuracy.get(step, {}).get(key),
-                      "mean_reward": self.mean_reward.get(step, {}).get(key)} for key in keys}
-
     def due(self, step: int) -> bool:
         return self.interval > 0 and step % self.interval == 0
 

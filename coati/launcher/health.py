@@ -13,6 +13,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from rewards.combine import parse_weights
+
 
 @dataclass(frozen=True)
 class HealthWarning:
@@ -93,13 +95,15 @@ class EqualRewards:
             return None
         values = ", ".join(f"{v:g}" for v in sorted(self._values)[:3]) or "?"
         reasons = _percentages(self._reasons) if self._reasons else "not recorded"
+        # at weight 0 the built-in reasons explain nothing of the reward: say whose they are
+        whose = "Reasons" if self.builtin_weighted else f"The built-in {self.reward_type} verdicts (weighted 0)"
         text = (f"warning: steps {self._first}-{step}: every group's rewards are equal (all {values}): nothing to "
-                f"learn. Reasons: {reasons}. Try: {'; '.join(self.suggestions())}")
+                f"learn. {whose}: {reasons}. Try: {'; '.join(self.suggestions())}")
         return HealthWarning(self.name, self._first, step, text,
                              {"values": sorted(self._values), "reasons": dict(self._reasons.most_common())})
 
     def suggestions(self) -> list[str]:
-        if self._reasons and set(self._reasons) == {"ok"}:
+        if self.builtin_weighted and set(self._reasons) == {"ok"}:
             return ["harder prompts: every sample is already right",
                     f"more samples per prompt (-g, now {self.group_size}) to find the rare miss"]
         tips = []
@@ -108,6 +112,9 @@ class EqualRewards:
                         "(docs/rewards.md)")
         if not self.user_rewards:
             tips.append(f"your own graded reward: --reward-fn file.py:fn --reward-weights {self.reward_type}:0")
+        else:
+            tips.append("a reward of your own (--reward-fn, --reward-url) that scores the samples of a prompt apart "
+                        "(rollout logs, -rsd, show each part)")
         tips.append(f"more samples per prompt (-g, now {self.group_size})")
         tips.append(f"a higher temperature (-temp, now {self.temperature:g})")
         return tips
@@ -115,8 +122,6 @@ class EqualRewards:
 
 def run_monitors(config) -> RunHealth:
     """The monitors of an RL run, as its config asks (``--equal-reward-steps 0`` turns that one off)."""
-    from rewards.combine import parse_weights
-
     d = config.data
     monitors: list[Monitor] = []
     if config.run.equal_reward_steps > 0:

@@ -65,9 +65,16 @@ def test_rate_limited_between_streaks():
 
 
 def test_all_right_suggests_harder_prompts_and_user_reward_hints_are_left_out():
-    mine = monitor(user_rewards=True, builtin_weighted=False)
+    mine = monitor(user_rewards=True)
     [(_, warning)] = feed(RunHealth([mine]), [flat({"ok": 32}, values=(1.0,))] * 3)
     assert "(all 1)" in warning.text and "harder prompts" in warning.text and "--reward-fn" not in warning.text
+
+
+def test_a_user_reward_that_never_differs_is_named_and_builtin_reasons_are_labelled():
+    mine = monitor(user_rewards=True, builtin_weighted=False)
+    [(_, warning)] = feed(RunHealth([mine]), [flat({"wrong answer": 20, "ok": 12})] * 3)
+    assert "The built-in boxed verdicts (weighted 0): wrong answer 62%, ok 38%." in warning.text
+    assert "that scores the samples of a prompt apart" in warning.text and "system prompt" not in warning.text
 
 
 def group(rewards, reasons=()):
