@@ -206,7 +206,8 @@ def demo_step_share(steps: int) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from coati.algorithm.advantage import group_advantages
-    from coati.algorithm.loss import PolicyLossConfig, batch_normaliser, policy_loss
+    from coati.algorithm.loss import PolicyLossConfig, batch_normaliser
+    from coati.algorithm.policy_losses import LossInputs, policy_loss
     from coati.config.sampling import SamplingParams
     from coati.dataset.jsonl import load_jsonl
     from coati.demo.math_demo import ensure_demo_assets
@@ -230,8 +231,8 @@ def demo_step_share(steps: int) -> dict:
 
     def loss_fn(logits, micro):
         logprobs = token_logprobs(logits, micro["input_ids"])
-        return policy_loss(logprobs, micro["old_logprobs"], micro["advantages"], micro["action_mask"],
-                           loss_config, float(micro["normaliser"][0]))
+        return policy_loss(LossInputs(logprobs, micro["old_logprobs"], micro["advantages"], micro["action_mask"],
+                                      float(micro["normaliser"][0])), loss_config)
 
     class TimedScorer(RewardScorer):
         spent = 0.0

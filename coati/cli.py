@@ -22,8 +22,9 @@ class Command:
 
 
 COMMANDS = {
-    "train": Command("coati.train:main", "RL post-training over Ray (-a GRPO, DAPO, PG or PPO; RLOO through "
-                                         "--grpo-config); no flags: the embedded demo"),
+    "train": Command("coati.train:main", "RL post-training over Ray (-a GRPO, DAPO, PG, GSPO, CISPO, DrGRPO or "
+                                         "PPO; RLOO, REINFORCE++ through --grpo-config); no flags: the embedded "
+                                         "demo"),
     "sft": Command("coati.rlhf.cli:sft_main", "supervised fine-tuning on {prompt, completion} rows (--config sft.yaml)"),
     "rm": Command("coati.rlhf.cli:rm_main", "reward model from {prompt, chosen, rejected} pairs (--config rm.yaml)"),
     "ppo": Command("coati.train:ppo_main", "RLHF-PPO: coati train with -a PPO by default (--reward-model DIR, "

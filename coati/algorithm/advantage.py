@@ -8,7 +8,9 @@ Advantage estimators are chosen by name: the shipped ones are rows of ``coati.al
 (``@register_adv_est("name", inputs=...)`` adds one at run time); a config names
 one (``--grpo-config advantage``) and the trainer calls ``get_adv_estimator(name)``. ``inputs`` says what an
 estimator reads: ``"group"`` ones take the [groups, G] rewards of a rollout batch (GRPO, DAPO, PG);
-``"token_values"`` ones take per-token rewards and a critic's values (PPO) and return (advantages, returns).
+``"batch"`` ones the [groups, G] rewards and response lengths of the whole batch, which they normalise over
+(REINFORCE++); ``"token_values"`` ones take per-token rewards and a critic's values (PPO) and return
+(advantages, returns).
 """
 
 from __future__ import annotations
@@ -62,11 +64,41 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     return rewards - (rewards.sum(dim=1, keepdim=True) - rewards) / (count - 1)
 
 
-def compute_advantages(rewards: torch.Tensor, kind: str) -> torch.Tensor:
-    """[groups, G] advantages of the group estimator ``kind``."""
+def whiten_over_tokens(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Per-response ``values`` whitened over the batch's response tokens: each response counts once per token it
+    has (``lengths``), as whitening per-token copies of its value would (verl's masked_whiten): weighted mean,
+    Bessel-corrected variance over the tokens (0 below two tokens), (v - mean) / sqrt(var + 1e-8)."""
+    weights = lengths.to(values.dtype)
+    return (values - masked_mean(values, weights)) * torch.rsqrt(masked_var(values, weights) + WHITEN_EPS)
+
+
+def reinforce_pp_advantages(rewards: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """REINFORCE++ (Hu 2025) on outcome rewards: no per-prompt baseline, the rewards normalised over the whole
+    batch's tokens (``whiten_over_tokens``). With the reward on a response's last token and gamma = 1 every token's
+    return is the response's reward, so this is verl's ``reinforce_plus_plus`` per response."""
+    _check_groups(rewards)
+    return whiten_over_tokens(rewards.float(), lengths)
+
+
+def reinforce_pp_baseline_advantages(rewards: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """REINFORCE++-baseline: each reward minus its group's mean (a group of one keeps its reward, as verl's
+    ``reinforce_plus_plus_baseline``), then normalised over the whole batch's tokens (``whiten_over_tokens``)."""
+    _check_groups(rewards)
+    rewards = rewards.float()
+    centred = rewards - rewards.mean(dim=1, keepdim=True) if rewards.shape[1] > 1 else rewards
+    return whiten_over_tokens(centred, lengths)
+
+
+def compute_advantages(rewards: torch.Tensor, kind: str, lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """[groups, G] advantages of the group-family estimator ``kind``; ``lengths`` [groups, G] (response tokens)
+    for the estimators that read the whole batch."""
     estimator = get_adv_estimator(kind)
-    if estimator.inputs != "group":
+    if estimator.inputs == "token_values":
         raise ValueError(f"advantage {kind!r} needs per-token rewards and a critic's values, not group rewards")
+    if estimator.inputs == "batch":
+        if lengths is None:
+            raise ValueError(f"advantage {kind!r} normalises over the batch's tokens: it needs the response lengths")
+        return estimator.fn(rewards, lengths)
     return estimator.fn(rewards)
 
 

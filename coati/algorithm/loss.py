@@ -1,37 +1,26 @@
-"""Pure policy losses. Inputs are per-token tensors of shape [batch, T] with a 0/1 ``mask`` of valid tokens.
+"""Pure pieces of the losses: the policy losses' shared helpers, the value, SFT and reward-model losses.
 
-Micro-batching is exact: each function takes the ``normaliser`` of the whole (mini)batch, so summing the
-losses of micro-batches gives the loss of the batch, and so do the gradients.
-- token_level: sum of token losses over the batch / number of valid tokens in the batch.
-- sample_level: per-sample mean over its tokens, then sum / number of samples (with a valid token) in the batch.
+Per-token tensors are [batch, T] with a 0/1 ``mask`` of valid tokens. The registered policy losses themselves,
+each one whole function written over these helpers, are policy_losses.py.
 
-Objectives (``PolicyLossConfig.objective``) form a registry of pure per-token functions
-(rows of ``coati.algorithm.registry.POLICY_LOSSES``; ``@register_policy_loss`` at run time), chosen by name; each returns the per-token loss and where the clip binds:
-- ``ppo_clip`` (GRPO, DAPO, PPO): -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A) per token.
-- ``reinforce`` (PG): -A * logp per token: no importance ratio, no clipping.
+Aggregations (``PolicyLossConfig.loss_variation``; rows of ``coati.algorithm.registry.LOSS_AGGREGATIONS``)
+reduce per-token losses to a micro-batch's share of the (mini)batch loss. Micro-batching is exact: each takes
+the ``normaliser`` of the whole (mini)batch (its row's normaliser function, from every sample's valid-token
+count), so summing the losses of micro-batches gives the loss of the batch, and so do the gradients.
+- ``token_level`` (verl token-mean): sum of token losses / valid tokens of the batch.
+- ``sample_level`` (seq-mean-token-mean): per-sample mean over its tokens, summed / samples with a valid token.
+- ``sample_sum`` (seq-mean-token-sum): per-sample sum over its tokens, summed / samples with a valid token.
+- ``sample_sum_norm`` (Dr.GRPO; verl seq-mean-token-sum-norm, TRL ``loss_type="dr_grpo"``): sum of token
+  losses / (samples of the batch x L_max), a constant for a given batch size, whatever the lengths.
+The loss's statistics are aggregated like the loss, so under the two sums they are per-sample sums and per
+token slot (samples x L_max) rather than means over tokens.
+
+KL estimators of KL(pi || ref) per token (rows of ``KL_ESTIMATORS``): ``k1`` logp - ref, ``k2``
+0.5 (logp - ref)^2, ``k3`` exp(ref - logp) - (ref - logp) - 1.
+
 Value losses (PPO's critic) are a registry too (``@register_value_loss``): ``clipped``
 0.5 * max((V - R)^2, (V_clip - R)^2) with V_clip = V_old + clip(V - V_old, -eps, eps), and ``mse`` 0.5 (V - R)^2.
 The supervised stages' losses live here as well: ``completion_nll`` (SFT) and ``bradley_terry_loss`` (reward model).
-
-``skip_threshold``: the importance ratio of a *sample* is the mean of its per-token ratios
-exp(logp - old_logp) over its valid tokens; a sample whose ratio exceeds the threshold is dropped from the
-loss (its mask is zeroed) and counted. The normaliser is fixed before the forward pass (micro-batching
-stays exact), so a skipped sample still counts in the denominator: it contributes zero, it does not
-re-weight the others.
-
-Off-policy correction (``PolicyLossConfig.correction``), for groups sampled by older weights (async mode):
-- ``behaviour``: the ratio is taken against the behaviour policy (the producer's logprobs), as in sync PPO.
-- ``decoupled`` (decoupled PPO; truncated importance sampling): the ratio is taken against the *proximal*
-  policy (the trainer's weights at the start of the step, no gradient) and every token is weighted by the
-  truncated importance weight min(pi_prox / pi_behaviour, tis_cap) (no gradient). The trust region is then
-  around the trainer's own recent policy, and the weight corrects for the behaviour policy being older.
-  ``skip_threshold`` and the clip statistics then refer to the proximal ratio. With one optimizer step per
-  batch the proximal policy is the current one, so the ratio is 1 and the clip never binds: tokens the last
-  update already pushed up get weights above 1 and are pushed again. Measured on the demo at S = 1 and 2 it
-  learned about 12 points worse than ``behaviour``, whose clip against the producer's logprobs stops exactly
-  those tokens; so ``behaviour`` is the default (benchmarks/bench_async.py).
-Both modes report the importance weights and the behaviour-vs-proximal mismatch (k3 and max |diff|); with
-fresh groups the mismatch is the numeric difference of the two engines' logprobs.
 """
 
 from __future__ import annotations
@@ -41,8 +30,16 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from coati.algorithm.loss_config import CORRECTIONS, LOSS_VARIATIONS, PolicyLossConfig  # noqa: F401
-from coati.algorithm.registry import POLICY_LOSSES, get_policy_loss, register_policy_loss, registrar  # noqa: F401
+from coati.algorithm.loss_config import CORRECTIONS, PolicyLossConfig  # noqa: F401
+from coati.algorithm.registry import (  # noqa: F401  (the registries' API, also reachable from here)
+    LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
+    get_kl_estimator,
+    get_loss_aggregation,
+    get_policy_loss,
+    register_policy_loss,
+    registrar,
+)
 
 # Statistics that are maxima over the step (not sums over micro-batches, not means over ranks).
 MAX_STATS = ("is_weight_max", "mismatch_max_abs")
@@ -62,10 +59,17 @@ def get_value_loss(name: str) -> Callable:
     return VALUE_LOSSES[name]
 
 
+# --- KL estimators ---
+
 def kl_k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """Per-token k1 estimator of KL(pi || ref): logp - ref (unbiased, may be negative; the usual choice for
     the KL-in-reward penalty of RLHF-PPO)."""
     return logprobs - ref_logprobs
+
+
+def kl_k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k2 estimator of KL(pi || ref): 0.5 (logp - ref)^2 (biased, low variance, >= 0)."""
+    return 0.5 * (logprobs - ref_logprobs) ** 2
 
 
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -74,29 +78,42 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.exp(log_ratio) - log_ratio - 1.0
 
 
-def clipped_surrogate(logprobs, old_logprobs, advantages, eps_low: float, eps_high: float):
-    """Per-token PPO-clip objective to *minimise* and a per-token 'was clipped' indicator.
+# --- ratios, surrogates and where their clip binds ---
 
-    ``advantages`` is [batch] (one per sample) or [batch, T].
-    """
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(1)
-    ratio = torch.exp(logprobs - old_logprobs)
+def token_ratio(logprobs: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+    """Per-token importance ratio exp(logp - anchor)."""
+    return torch.exp(logprobs - anchor)
+
+
+def sequence_log_ratio(logprobs: torch.Tensor, anchor: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[batch, 1] log of GSPO's sequence ratio (pi(y) / pi_anchor(y))^(1/|y|): the mean of logp - anchor over a
+    sample's valid tokens (0 for a sample without one)."""
+    mask = mask.to(logprobs.dtype)
+    return ((logprobs - anchor) * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1.0)
+
+
+def _per_sample(advantages: torch.Tensor) -> torch.Tensor:
+    """[batch] advantages as a [batch, 1] column that broadcasts over tokens; [batch, T] ones unchanged."""
+    return advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+
+
+def clip_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, eps_low: float, eps_high: float) -> torch.Tensor:
+    """PPO's clipped objective to *minimise*: -min(ratio A, clip(ratio, 1 - eps_low, 1 + eps_high) A), over any
+    ratio (per token, or GSPO's per sequence: [batch, 1]); ``advantages`` [batch] or [batch, T]."""
+    advantages = _per_sample(advantages)
     unclipped = ratio * advantages
     clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * advantages
-    loss = -torch.minimum(unclipped, clipped)
-    return loss, (clipped < unclipped).float()
+    return -torch.minimum(unclipped, clipped)
 
 
 def clip_indicators(ratio: torch.Tensor, advantages: torch.Tensor, eps_low: float, eps_high: float):
-    """Per-token 0/1 tensors (low, high): where the clip actually binds in ``clipped_surrogate``.
+    """0/1 tensors (low, high): where the clip actually binds in ``clip_surrogate``.
 
     low: A < 0 and ratio < 1 - eps_low (the objective stops rewarding pushing a bad token down);
-    high: A > 0 and ratio > 1 + eps_high (it stops rewarding pushing a good token up). Their sum is the
-    'was clipped' indicator of ``clipped_surrogate``.
+    high: A > 0 and ratio > 1 + eps_high (it stops rewarding pushing a good token up). Where either is set
+    the clipped term is the smaller one, and the token has no gradient.
     """
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(1)
+    advantages = _per_sample(advantages)
     low = (advantages < 0) & (ratio < 1.0 - eps_low)
     high = (advantages > 0) & (ratio > 1.0 + eps_high)
     return low.float(), high.float()
@@ -104,21 +121,15 @@ def clip_indicators(ratio: torch.Tensor, advantages: torch.Tensor, eps_low: floa
 
 def reinforce_surrogate(logprobs: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
     """Vanilla policy gradient: per-token -A * logp (to minimise)."""
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(1)
-    return -advantages * logprobs
+    return -_per_sample(advantages) * logprobs
 
 
-def ppo_clip_objective(logprobs, anchor, advantages, config: PolicyLossConfig):
-    per_token, _ = clipped_surrogate(logprobs, anchor, advantages, config.clip_eps_low, config.clip_eps_high)
-    low, high = clip_indicators(torch.exp(logprobs.detach() - anchor), advantages,
-                                config.clip_eps_low, config.clip_eps_high)
-    return per_token, low, high
-
-
-def reinforce_objective(logprobs, anchor, advantages, config: PolicyLossConfig):
-    zeros = torch.zeros_like(logprobs)
-    return reinforce_surrogate(logprobs, advantages), zeros, zeros
+def clipped_weight(ratio: torch.Tensor, eps_low: float, eps_high: float):
+    """CISPO's importance weight clip(ratio, 1 - eps_low, 1 + eps_high), detached, and 0/1 (low, high): where
+    either bound binds, whatever the advantage's sign (the weight scales the gradient either way)."""
+    ratio = ratio.detach()
+    return (ratio.clamp(1.0 - eps_low, 1.0 + eps_high), (ratio < 1.0 - eps_low).float(),
+            (ratio > 1.0 + eps_high).float())
 
 
 def sample_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -148,6 +159,57 @@ def masked_max(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Largest of ``values`` where ``mask`` is set (0 when nothing is)."""
     masked = torch.where(mask > 0, values, torch.full_like(values, float("-inf")))
     return masked.max().clamp(min=0.0) if mask.any() else values.new_zeros(())
+
+
+# --- aggregations (rows of LOSS_AGGREGATIONS: a reduction and its normaliser) ---
+
+def masked_sum(per_token: torch.Tensor, mask: torch.Tensor, normaliser: float) -> torch.Tensor:
+    """Sum of the valid tokens' values / ``normaliser``."""
+    return (per_token * mask).sum() / normaliser
+
+
+def sample_means_sum(per_token: torch.Tensor, mask: torch.Tensor, normaliser: float) -> torch.Tensor:
+    """Each sample's mean over its valid tokens, summed / ``normaliser``."""
+    per_sample = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+    return per_sample.sum() / normaliser
+
+
+def count_tokens(valid_tokens: torch.Tensor, max_length: int | None) -> float:
+    """The batch's valid tokens (at least 1)."""
+    return max(float(valid_tokens.sum()), 1.0)
+
+
+def count_samples(valid_tokens: torch.Tensor, max_length: int | None) -> float:
+    """The batch's samples with a valid token (at least 1): one masked out entirely, e.g. a truncated response
+    under filter_truncated_response, does not count."""
+    return max(float((valid_tokens > 0).sum()), 1.0)
+
+
+def count_token_slots(valid_tokens: torch.Tensor, max_length: int | None) -> float:
+    """Dr.GRPO's constant: every sample of the batch (masked or not) times L_max, the longest a response may be."""
+    if max_length is None:
+        raise ValueError("the sample_sum_norm aggregation needs the longest response length (L_max)")
+    return max(float(valid_tokens.numel() * max_length), 1.0)
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, variation: str, normaliser: float) -> torch.Tensor:
+    """Reduce per-token values to this micro-batch's share of the batch loss (module docstring)."""
+    return get_loss_aggregation(variation).fn(per_token, mask.to(per_token.dtype), normaliser)
+
+
+def batch_normaliser(mask: torch.Tensor | list[torch.Tensor], variation: str, max_length: int | None = None) -> float:
+    """The denominator ``aggregate`` needs for a whole batch whose valid-token mask is ``mask`` (at least 1).
+
+    ``mask`` may be a list of the masks of a batch's minibatches (their widths may differ); ``max_length``:
+    L_max, for the aggregations whose normaliser is a constant (``sample_sum_norm``).
+    """
+    masks = mask if isinstance(mask, (list, tuple)) else [mask]
+    return normaliser_from_counts(torch.cat([m.sum(dim=1).reshape(-1) for m in masks]), variation, max_length)
+
+
+def normaliser_from_counts(valid_tokens: torch.Tensor, variation: str, max_length: int | None = None) -> float:
+    """``batch_normaliser`` from the number of valid tokens of every sample of the batch."""
+    return get_loss_aggregation(variation).normaliser_fn(valid_tokens, max_length)
 
 
 ENTROPY_CHUNK_BYTES = 64 * 2**20  # float32 logits per slice of token_entropy's work
@@ -185,83 +247,6 @@ def _entropy_slices(rows: int, positions: int, position_bytes: int, chunk_bytes:
     step = max(1, chunk_bytes // position_bytes)
     return [(slice(r, r + 1), slice(p, min(p + step, positions)))
             for r in range(rows) for p in range(0, positions, step)]
-
-
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, variation: str, normaliser: float) -> torch.Tensor:
-    """Reduce per-token values to this micro-batch's share of the batch loss (see module docstring)."""
-    mask = mask.to(per_token.dtype)
-    if variation == "token_level":
-        return (per_token * mask).sum() / normaliser
-    if variation == "sample_level":
-        per_sample = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
-        return per_sample.sum() / normaliser
-    raise ValueError(f"unknown loss variation {variation!r}; choose one of {LOSS_VARIATIONS}")
-
-
-def batch_normaliser(mask: torch.Tensor | list[torch.Tensor], variation: str) -> float:
-    """The denominator ``aggregate`` needs for a whole batch whose valid-token mask is ``mask``.
-
-    token_level: valid tokens; sample_level: samples with at least one valid token (a sample masked out
-    entirely, e.g. a truncated response under filter_truncated_response, does not count). At least 1.
-    ``mask`` may be a list of the masks of a batch's minibatches (their widths may differ).
-    """
-    masks = mask if isinstance(mask, (list, tuple)) else [mask]
-    return normaliser_from_counts(torch.cat([m.sum(dim=1).reshape(-1) for m in masks]), variation)
-
-
-def normaliser_from_counts(valid_tokens: torch.Tensor, variation: str) -> float:
-    """``batch_normaliser`` from the number of valid tokens of every sample of the batch."""
-    if variation == "token_level":
-        return max(float(valid_tokens.sum()), 1.0)
-    if variation == "sample_level":
-        return max(float((valid_tokens > 0).sum()), 1.0)
-    raise ValueError(f"unknown loss variation {variation!r}; choose one of {LOSS_VARIATIONS}")
-
-
-def policy_loss(logprobs, old_logprobs, advantages, mask, config: PolicyLossConfig, normaliser: float,
-                ref_logprobs: torch.Tensor | None = None,
-                prox_logprobs: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """GRPO/DAPO/PG loss of one micro-batch and detached per-batch statistics (summed, same normaliser).
-
-    ``old_logprobs``: the behaviour policy's (the producer's). ``prox_logprobs``: the trainer's at the start of
-    the step (default: ``logprobs`` detached, exact when the batch gets one optimizer step).
-    Statistics: loss, clip_fraction (= clip_fraction_low + clip_fraction_high), kl_behaviour (k3 of the
-    current policy against the behaviour policy), kl (to the reference, only when kl_loss_coef > 0), skipped_samples
-    (a count, not normalised), is_weight / is_truncated (mean truncated importance weight, fraction capped),
-    mismatch_k3 (k3 of proximal vs behaviour), and the maxima is_weight_max and mismatch_max_abs.
-    """
-    if config.correction not in CORRECTIONS:
-        raise ValueError(f"unknown off-policy correction {config.correction!r}; choose one of {CORRECTIONS}")
-    prox = logprobs.detach() if prox_logprobs is None else prox_logprobs.detach()
-    decoupled = config.correction == "decoupled"
-    anchor = prox if decoupled else old_logprobs  # what the ratio is taken against
-    skipped = skip_mask(logprobs, anchor, mask, config.skip_threshold)
-    mask = mask * (~skipped).to(mask.dtype).unsqueeze(1)
-    variation = config.loss_variation
-    per_token, low, high = get_policy_loss(config.objective)(logprobs, anchor, advantages, config)
-    weight, truncated = truncated_importance_weight(prox, old_logprobs, config.tis_cap)
-    if decoupled:
-        per_token = per_token * weight
-    clip_low = aggregate(low, mask, variation, normaliser).detach()
-    clip_high = aggregate(high, mask, variation, normaliser).detach()
-    valid = mask > 0
-    stats = {"clip_fraction": clip_low + clip_high, "clip_fraction_low": clip_low, "clip_fraction_high": clip_high,
-             "kl_behaviour": aggregate(kl_k3(logprobs.detach(), old_logprobs), mask, variation, normaliser),
-             "skipped_samples": skipped.sum().float(),
-             "is_weight": aggregate(weight, mask, variation, normaliser),
-             "is_truncated": aggregate(truncated, mask, variation, normaliser),
-             "is_weight_max": masked_max(weight, valid),
-             "mismatch_k3": aggregate(kl_k3(prox, old_logprobs), mask, variation, normaliser),
-             "mismatch_max_abs": masked_max((prox - old_logprobs).abs(), valid)}
-    if config.kl_loss_coef > 0:
-        if ref_logprobs is None:
-            raise ValueError("kl_loss_coef > 0 needs reference logprobs")
-        kl = kl_k3(logprobs, ref_logprobs)
-        per_token = per_token + config.kl_loss_coef * kl
-        stats["kl"] = aggregate(kl, mask, variation, normaliser).detach()
-    loss = aggregate(per_token, mask, variation, normaliser)
-    stats["loss"] = loss.detach()
-    return loss, stats
 
 
 @register_value_loss("clipped")

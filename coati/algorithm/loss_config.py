@@ -1,12 +1,12 @@
-"""The policy loss's settings (torch-free, so that coati/config can hold them); the losses are loss.py."""
+"""The policy loss's settings (torch-free, so that coati/config can hold them); the losses are policy_losses.py."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coati.algorithm.registry import KL_ESTIMATORS, LOSS_AGGREGATIONS
 from coati.utils.dataclass_cli import option, setting
 
-LOSS_VARIATIONS = ("token_level", "sample_level")
 CORRECTIONS = ("behaviour", "decoupled")
 
 
@@ -15,15 +15,21 @@ class PolicyLossConfig:
     """The policy loss's knobs; every field is a --grpo-config key (coati/config/grpo_config.py), options also
     flags."""
 
-    clip_eps_low: float = setting(0.2, "the ratio is clipped below at 1 - clip_eps_low (< 1)")
+    clip_eps_low: float = setting(0.2, "the ratio is clipped below at 1 - clip_eps_low (<= 1; 1: no lower bound)")
     clip_eps_high: float = setting(0.2, "the ratio is clipped above at 1 + clip_eps_high (DAPO's clip-higher: 0.28)")
     kl_loss_coef: float = option(
-        0.0, "weight of the k3 KL to the initial model, a term of the loss (-a GRPO/DAPO/PG); default: 0 (no "
-             "reference model), as in every preset", "-kl", "--kl-coeff", keys=("beta",), resolved=True, metavar="COEF",
+        0.0, "weight of the KL to the initial model (the kl_estimator key's, k3 unless set), a term of the loss "
+             "(the group algorithms: -a GRPO, DAPO, ...); default: 0 (no reference model), as in every preset",
+        "-kl", "--kl-coeff", keys=("beta",), resolved=True, metavar="COEF",
         family="group", instead="--kl-reward-coef (the KL penalty in the reward)")
-    loss_variation: str = setting("sample_level", "token_level (mean over the batch's tokens) or sample_level (mean "
-                                                  "per sample, then over samples)")
-    objective: str = setting("ppo_clip", "the policy objective, by registered name")
+    loss_variation: str = setting(
+        "sample_level", "the aggregation, by registered name (" + ", ".join(LOSS_AGGREGATIONS) + "): token_level "
+                        "(mean over the batch's tokens), sample_level (mean per sample, then over samples), sample_sum "
+                        "(sum per sample, mean over samples), sample_sum_norm (sum over tokens / (samples x L_max): "
+                        "Dr.GRPO)")
+    objective: str = setting("ppo_clip", "the policy loss, by registered name")
+    kl_estimator: str = setting("k3", "the estimator of the loss's KL term (" + ", ".join(KL_ESTIMATORS) + "): k3 "
+                                      "exp(ref - logp) - (ref - logp) - 1, k2 0.5 (logp - ref)^2, k1 logp - ref")
     skip_threshold: float | None = setting(None, "drop a sample whose mean importance ratio exceeds this (> 1); "
                                                  "null: off")
     correction: str = option(

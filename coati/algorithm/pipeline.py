@@ -5,7 +5,8 @@
 1. Reward shapers (``@register_reward_shaper``) turn the producers' raw rewards [groups, G] into the rewards
    the advantages see (DAPO's ``overlong`` punishment).
 2. The advantage estimator (advantage.py's registry, ``--grpo-config advantage``) turns shaped rewards into
-   per-sample advantages, always over the whole group.
+   per-sample advantages, always over the whole group (REINFORCE++'s, over the whole batch: every group the
+   step, or with round-level minibatches the round, trains on).
 3. Sample masks (``@register_sample_mask``) say which samples enter the loss (``truncated``: drop responses
    that hit max_new_tokens; ``topk``: the k best of each group); their AND is the loss mask.
 4. The policy loss (loss.py's registry, ``objective``) runs per micro-batch in the trainer.
@@ -88,7 +89,7 @@ class GroupStages:
         rewards = data.rewards
         for name in self.shapers:
             rewards = REWARD_SHAPERS[name](rewards, data, settings, max_new_tokens)
-        advantages = compute_advantages(rewards, self.advantage)
+        advantages = compute_advantages(rewards, self.advantage, data.lengths)
         keep = torch.ones(rewards.shape, dtype=torch.bool)
         for name in self.masks:
             keep &= SAMPLE_MASKS[name](rewards, data, settings)

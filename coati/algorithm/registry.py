@@ -1,8 +1,8 @@
 """Name -> function tables that the algorithm's pieces are chosen from (a name is registered once).
 
-The advantage estimators and policy objectives that ship are rows here, each naming its function as
-``"module:function"`` text (imported on first use), so that coati/config reads the names without torch; a
-function of your own joins at run time with ``@register_adv_est`` / ``@register_policy_loss``.
+The advantage estimators, policy losses, loss aggregations and KL estimators that ship are rows here, each
+naming its function as ``"module:function"`` text (imported on first use), so that coati/config reads the names
+without torch; a function of your own joins at run time with ``@register_adv_est`` / ``@register_policy_loss``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from typing import Callable
 
 from coati.registry import resolve
 
-ESTIMATOR_INPUTS = ("group", "token_values")
+# What an estimator reads: a group's rewards; the whole batch's group rewards and response lengths (estimators
+# that normalise over the batch); or per-token rewards and a critic's values. The first two are the group family.
+ESTIMATOR_INPUTS = ("group", "batch", "token_values")
 
 
 def registrar(registry: dict, kind: str) -> Callable[[str], Callable]:
@@ -34,7 +36,7 @@ def registrar(registry: dict, kind: str) -> Callable[[str], Callable]:
 class AdvEstimator:
     name: str
     function: str | Callable  # "module:function", or the function itself
-    inputs: str = "group"  # one of ESTIMATOR_INPUTS: a group's rewards, or per-token rewards and a critic's values
+    inputs: str = "group"  # one of ESTIMATOR_INPUTS
 
     @property
     def fn(self) -> Callable:
@@ -45,13 +47,52 @@ ADV_ESTIMATORS: dict[str, AdvEstimator] = {est.name: est for est in (
     AdvEstimator("group_norm", "coati.algorithm.advantage:group_advantages"),
     AdvEstimator("group_mean", "coati.algorithm.advantage:group_mean_advantages"),
     AdvEstimator("rloo", "coati.algorithm.advantage:rloo_advantages"),
+    AdvEstimator("reinforce_plus_plus", "coati.algorithm.advantage:reinforce_pp_advantages", inputs="batch"),
+    AdvEstimator("reinforce_plus_plus_baseline", "coati.algorithm.advantage:reinforce_pp_baseline_advantages",
+                 inputs="batch"),
     AdvEstimator("gae", "coati.algorithm.advantage:gae", inputs="token_values"),
 )}
 
-# name -> fn(logprobs, anchor_logprobs, advantages, config) -> (per-token loss, clip_low, clip_high indicators)
+# name -> fn(inputs: LossInputs, config: PolicyLossConfig) -> (loss, detached statistics): each the whole loss
+# (ratio, off-policy correction, clip, KL term, aggregation), coati/algorithm/policy_losses.py
 POLICY_LOSSES: dict[str, str | Callable] = {
-    "ppo_clip": "coati.algorithm.loss:ppo_clip_objective",
-    "reinforce": "coati.algorithm.loss:reinforce_objective",
+    "ppo_clip": "coati.algorithm.policy_losses:ppo_clip_loss",
+    "reinforce": "coati.algorithm.policy_losses:reinforce_loss",
+    "gspo": "coati.algorithm.policy_losses:gspo_loss",
+    "gspo_token": "coati.algorithm.policy_losses:gspo_token_loss",
+    "cispo": "coati.algorithm.policy_losses:cispo_loss",
+}
+
+
+@dataclass(frozen=True)
+class LossAggregation:
+    """How per-token losses become the batch's loss (``loss_variation``), coati/algorithm/loss.py."""
+
+    name: str
+    function: str | Callable  # fn(per_token, mask, normaliser) -> this micro-batch's share of the batch loss
+    normaliser: str | Callable  # fn(valid tokens of every sample of the batch, L_max) -> the batch's denominator
+
+    @property
+    def fn(self) -> Callable:
+        return resolve(self.function) if isinstance(self.function, str) else self.function
+
+    @property
+    def normaliser_fn(self) -> Callable:
+        return resolve(self.normaliser) if isinstance(self.normaliser, str) else self.normaliser
+
+
+LOSS_AGGREGATIONS: dict[str, LossAggregation] = {agg.name: agg for agg in (
+    LossAggregation("token_level", "coati.algorithm.loss:masked_sum", "coati.algorithm.loss:count_tokens"),
+    LossAggregation("sample_level", "coati.algorithm.loss:sample_means_sum", "coati.algorithm.loss:count_samples"),
+    LossAggregation("sample_sum", "coati.algorithm.loss:masked_sum", "coati.algorithm.loss:count_samples"),
+    LossAggregation("sample_sum_norm", "coati.algorithm.loss:masked_sum", "coati.algorithm.loss:count_token_slots"),
+)}
+
+# name -> fn(logprobs, ref_logprobs) -> per-token estimate of KL(pi || ref), the loss's KL term (kl_estimator)
+KL_ESTIMATORS: dict[str, str | Callable] = {
+    "k1": "coati.algorithm.loss:kl_k1",
+    "k2": "coati.algorithm.loss:kl_k2",
+    "k3": "coati.algorithm.loss:kl_k3",
 }
 
 
@@ -89,4 +130,17 @@ def get_policy_loss(name: str) -> Callable:
     if name not in POLICY_LOSSES:
         raise ValueError(f"unknown objective {name!r}; choose one of {tuple(POLICY_LOSSES)}")
     fn = POLICY_LOSSES[name]
+    return resolve(fn) if isinstance(fn, str) else fn
+
+
+def get_loss_aggregation(name: str) -> LossAggregation:
+    if name not in LOSS_AGGREGATIONS:
+        raise ValueError(f"unknown loss variation {name!r}; choose one of {', '.join(LOSS_AGGREGATIONS)}")
+    return LOSS_AGGREGATIONS[name]
+
+
+def get_kl_estimator(name: str) -> Callable:
+    if name not in KL_ESTIMATORS:
+        raise ValueError(f"unknown KL estimator {name!r}; choose one of {', '.join(KL_ESTIMATORS)}")
+    fn = KL_ESTIMATORS[name]
     return resolve(fn) if isinstance(fn, str) else fn

@@ -108,6 +108,21 @@ class Supervisor:
                     return actors[pings[ping]]
         return None  # the others answered or are busy (e.g. blocked in a collective with the dead rank)
 
+    def cancel_generation(self, timeout: float = DEATH_TIMEOUT_S) -> None:
+        """End the producers' ``run`` calls as cancelled, before their actors are killed: a call cut off by the
+        kill alone would count as a failure to retry (``max_task_retries``), and Ray would say so on the
+        driver's terminal. A cancelled call is never retried; one that does not end in ``timeout`` is killed."""
+        for ref in self.generation:
+            ray.cancel(ref)
+        ready, _ = ray.wait(self.generation, num_returns=len(self.generation), timeout=timeout) \
+            if self.generation else ([], [])
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except Exception:  # noqa: BLE001 - TaskCancelledError, or a run() that had just ended
+                pass
+            self.generation.remove(ref)
+
     def kill_all(self) -> None:
         for actor in self.producers + self.consumers:
             ray.kill(actor, no_restart=True)

@@ -25,6 +25,12 @@ ALGO_PRESETS: dict[str, dict] = {
              "kl_loss_coef": 0.0, "loss_variation": "token_level", "soft_over_length_punishment": True,
              "filter_truncated_response": True},
     "PG": {"objective": "reinforce", "advantage": "group_mean"},
+    # Zheng et al. 2025: the sequence-level ratio, clipped in the paper's narrow band, mean per sample
+    "GSPO": {"objective": "gspo", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4},
+    # MiniMax-M1: REINFORCE weighted by min(ratio, 5), stop-gradient (no lower bound), token-level (TRL's default)
+    "CISPO": {"objective": "cispo", "clip_eps_low": 1.0, "clip_eps_high": 4.0, "loss_variation": "token_level"},
+    # Liu et al. 2025: no std in the advantage, no length in the normaliser (samples x L_max)
+    "DrGRPO": {"advantage": "group_mean", "loss_variation": "sample_sum_norm"},
     # RLHF-PPO: per-token GAE advantages from a critic, the reward model's score and a KL penalty in the reward
     # (the KL lives in the reward, so the loss's kl_loss_coef stays 0); options in ppo.PPOConfig.
     "PPO": {"advantage": "gae", "loss_variation": "token_level"},
@@ -43,7 +49,9 @@ ALGO_HELP = (
     "group_norm advantage, kl_loss_coef = -kl, cache_length = min(1024, mnt // 4)). "
     + "; ".join(_preset_text(name) for name in ALGOS)
     + ". GRPO: group-normalised advantages; DAPO: dynamic sampling, clip-higher, token-level loss, overlong "
-    "shaping; PG: REINFORCE with a group-mean baseline (no ratio or clip); PPO: RLHF-PPO with a critic, per-token "
+    "shaping; PG: REINFORCE with a group-mean baseline (no ratio or clip); GSPO: sequence-level importance ratio "
+    "and clip; CISPO: REINFORCE weighted by the clipped, stop-gradient ratio; DrGRPO: group-mean advantages, "
+    "loss summed over tokens / (samples x max length); PPO: RLHF-PPO with a critic, per-token "
     "GAE advantages from the reward model's score (--reward-model) and a KL penalty to the initial policy in the "
     "reward (--kl-reward-coef). Every field can be changed with --grpo-config"
 )

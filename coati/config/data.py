@@ -11,15 +11,17 @@ from coati.config.errors import ConfigError, require
 from coati.config.lora import LoraConfig
 from coati.dataset.rows import RowFormat
 from coati.utils.dataclass_cli import option
+from coati.utils.gguf import GGUF_FILE_HELP
 from rewards import DEFAULT_REWARD_TYPE, REWARD_TYPES, reward_type
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    path: str = option(MISSING, "HF model: a local directory or a hub name ORG/NAME, taken from the Hugging Face "
-                                "cache or downloaded into it (default: the embedded demo model)", "-m", flag="--model",
-                       resolved=True)
+    path: str = option(MISSING, "HF model: a local directory, a hub name ORG/NAME (taken from the Hugging Face "
+                                "cache or downloaded into it) or a .gguf file (converted once into the cache) "
+                                "(default: the embedded demo model)", "-m", flag="--model", resolved=True)
     revision: str | None = option(None, "with -m ORG/NAME: the hub revision, a branch, tag or commit (default: main)")
+    gguf_file: str | None = option(None, GGUF_FILE_HELP)
     is_embedded_demo: bool = False
     lora: LoraConfig = LoraConfig()  # adapters instead of full fine-tuning (--lora-rank)
 

@@ -88,7 +88,8 @@ def grpo_config_help(algo_cls=AlgoConfig) -> str:
     return ("overrides of the -a preset: a JSON object or the path of a .json/.yaml file, e.g. "
             "'{\"clip_eps_high\": 0.28, \"filter_range\": [0.1, 0.9]}'. Keys (type, field default): "
             + "; ".join(knob.text for knob in knobs)
-            + f". Registered names: objective {'|'.join(POLICY_LOSSES)}; advantage {'|'.join(adv_estimator_names())}"
+            + f". Registered names: objective {' | '.join(POLICY_LOSSES)}; advantage "
+              f"{' | '.join(adv_estimator_names())}"
             + f". Precedence: preset < --grpo-config < dedicated flags ({flags})")
 
 

@@ -15,6 +15,7 @@ from coati.config.layout import TrainerLayout
 from coati.config.lora import LoraConfig
 from coati.config.run import SAVE_INTERVAL
 from coati.utils.dataclass_cli import option
+from coati.utils.gguf import GGUF_FILE_HELP
 
 # Defaults that differ between the embedded demo (no --model) and a user's model (TRL/OpenRLHF-like values).
 DEMO_LR = {"sft": 1e-3, "rm": 5e-4}
@@ -26,8 +27,10 @@ class StageConfig(TrainerLayout):
     """The trainer group's layout (-t/-tp/-pp/-zero/--plugin/--precision, as ``coati train`` spells it) and the
     stage's own options."""
 
-    model: str | None = option(None, "local HF model directory to start from (default: the embedded tiny model: "
-                                     "untrained for sft, the demo's warm-started one for rm)", "-m")
+    model: str | None = option(None, "HF model to start from: a local directory, a hub name ORG/NAME or a .gguf "
+                                     "file (default: the embedded tiny model: untrained for sft, the demo's "
+                                     "warm-started one for rm)", "-m")
+    gguf_file: str | None = option(None, GGUF_FILE_HELP)
     dataset: str | None = option(None, "training rows: .jsonl, .json list, .parquet or save_to_disk directory "
                                        "(default: generated from the demo's addition task)", "-d")
     eval_dataset: str | None = option(None, "held-out rows in the same format (default: --eval-fraction of -d "

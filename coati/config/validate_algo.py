@@ -1,12 +1,12 @@
 """Start-up checks of the algorithm's settings: -a, --grpo-config, the loss and PPO's flags, and which options
-belong to which kind of algorithm (a critic's, -a PPO; or group advantages, -a GRPO/DAPO/PG)."""
+belong to which kind of algorithm (a critic's, -a PPO; or group advantages, -a GRPO/DAPO/PG/...)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from coati.algorithm.loss_config import CORRECTIONS, LOSS_VARIATIONS
-from coati.algorithm.registry import POLICY_LOSSES, adv_estimator_names
+from coati.algorithm.loss_config import CORRECTIONS
+from coati.algorithm.registry import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, adv_estimator_names
 from coati.config.algo import ALGO_PRESETS, GroupConfig, estimator_family, presets_of
 from coati.config.errors import require
 from coati.plugins.optim import LR_SCHEDULES
@@ -56,8 +56,10 @@ def validate_algo(config: RLConfig) -> None:
     a, loss, g = config.algo, config.algo.loss, config.algo.groups
     key = "--grpo-config"
     require(loss.kl_loss_coef >= 0, "-kl/--kl-loss-coef (--grpo-config kl_loss_coef) must be >= 0")
-    require(loss.loss_variation in LOSS_VARIATIONS,
-            f"{key} loss_variation must be one of {', '.join(LOSS_VARIATIONS)}, got {loss.loss_variation!r}")
+    require(loss.loss_variation in LOSS_AGGREGATIONS,
+            f"{key} loss_variation must be one of {', '.join(LOSS_AGGREGATIONS)}, got {loss.loss_variation!r}")
+    require(loss.kl_estimator in KL_ESTIMATORS,
+            f"{key} kl_estimator must be one of {', '.join(KL_ESTIMATORS)}, got {loss.kl_estimator!r}")
     require(loss.objective in POLICY_LOSSES,
             f"{key} objective must be one of {', '.join(POLICY_LOSSES)}, got {loss.objective!r}")
     require(g.advantage in adv_estimator_names(),
@@ -67,8 +69,8 @@ def validate_algo(config: RLConfig) -> None:
         _validate_ppo(config)
     for name, eps in (("clip_eps_low", loss.clip_eps_low), ("clip_eps_high", loss.clip_eps_high)):
         require(eps >= 0, f"{key} {name} must be >= 0, got {eps}")
-    require(loss.clip_eps_low < 1, f"{key} clip_eps_low must be < 1 (the ratio is clipped at 1 - eps), "
-                                    f"got {loss.clip_eps_low}")
+    require(loss.clip_eps_low <= 1, f"{key} clip_eps_low must be <= 1 (the ratio is clipped below at 1 - eps; 1: "
+                                     f"no lower bound), got {loss.clip_eps_low}")
     require(loss.skip_threshold is None or loss.skip_threshold > 1,
             f"{key} skip_threshold must be > 1 (or null to turn it off), got {loss.skip_threshold}")
     _validate_groups(config)

@@ -18,7 +18,8 @@ from typing import ClassVar
 import torch
 
 from coati.config.sampling import SamplingParams
-from coati.demo.assets import DemoAssets, build_once, default_cache_dir, demo_root, ensure_built
+from coati.demo.assets import DemoAssets, demo_root, ensure_built
+from coati.utils.cache import build_once, default_cache_dir
 from coati.dataset.demo_task import completion_text, make_splits, prompt_text, write_jsonl
 from coati.dataset.jsonl import Example
 from coati.models.tiny import (

@@ -39,12 +39,12 @@ from coati.utils.checkpoint import COMPLETE_MARKER, atomic_directory
 FORMAT = 2  # 2: per-producer next rounds (producer_rounds), pending groups by (round, slot)
 RUN_STATE = "run_state.json"
 PENDING = "pending_rollouts.json"
-# Settings that shape producer rounds and the data order: a resumed run must use the same ones.
-ROUND_SETTINGS = ("num_inferencers", "rollout_sources", "colocate", "inference_batch_size", "num_generations", "seed",
-                  "train_path")
 
 
 def round_settings(config) -> dict:
+    """The settings that shape producer rounds and the data order (how the prompts are sharded among the
+    generators, learner-side generation included), by name: a checkpoint keeps them and a resumed run must use
+    the same ones. The one list: ``check_resume`` compares every key."""
     p, b = config.parallel, config.batch
     return {"num_inferencers": p.num_inferencers, "rollout_sources": p.rollout_sources, "colocate": bool(p.colocate),
             "inference_batch_size": b.inference_batch_size,
@@ -138,7 +138,7 @@ def check_resume(config) -> str:
     saved, now = state["round_settings"], round_settings(config)
     # checkpoints written before colocation: their rounds came from the inferencers
     saved = {"rollout_sources": saved.get("num_inferencers"), "colocate": False, **saved}
-    changed = [f"{key} {saved.get(key)!r} -> {now[key]!r}" for key in ROUND_SETTINGS if saved.get(key) != now[key]]
+    changed = [f"{key} {saved.get(key)!r} -> {value!r}" for key, value in now.items() if saved.get(key) != value]
     if changed:
         raise ValueError(f"--resume {path}: the run must keep the settings that shape producer rounds and the data "
                          f"order; changed: {', '.join(changed)}")

@@ -121,12 +121,17 @@ class EvalSchedule:
     def finish(self, last_step: int) -> tuple[dict, dict]:
         """Evaluate ``last_step`` (unless done), wait for every result; (accuracies at 0, at last_step)."""
         self.submit(last_step)
+        self.settle()
+        return self.accuracy.get(0, {}), self.accuracy.get(last_step, {})
+
+    def settle(self) -> None:
+        """Wait for (and log) every evaluation submitted, then end the evaluator: its model is freed before the
+        final save (or a stop's)."""
         while self.pending:
             self._collect_oldest()
         if self.evaluator is not None:
-            ray.kill(self.evaluator)  # frees its model before the final save
+            ray.kill(self.evaluator)
             self.evaluator = None
-        return self.accuracy.get(0, {}), self.accuracy.get(last_step, {})
 
     def _collect_oldest(self) -> None:
         step, on_sync, futures = self.pending.popleft()

@@ -23,22 +23,25 @@ PLACEHOLDER = "<demo>"
 MODEL_OPTIONS = {"model": "-m/--model", "reward_model": "--reward-model", "critic_model": "--critic-model"}
 
 
-def resolve_model_names(values: dict) -> dict:
-    """Option values (by dest) with every hub name among the models (ORG/NAME, with --revision for -m) replaced
-    by its local snapshot directory: done once, before the config is built, so the policy, reference, reward
-    model, critic, vLLM and actors on other nodes are all handed that directory."""
-    from coati.config.cli import run_name
-    from coati.utils.hub import HubError, is_hub_name, resolve_model
+def resolve_model_names(values: dict, log=print) -> dict:
+    """Option values (by dest) with every hub name or GGUF file among the models (ORG/NAME, with --revision for
+    -m; a .gguf file or directory, with --gguf-file for -m) replaced by its local HF directory: done once, before
+    the config is built, so the policy, reference, reward model, critic, vLLM and actors on other nodes are all
+    handed that directory."""
+    from coati.utils.model_source import MODEL_SOURCE_ERRORS, local_model_dir, model_display_name
 
-    values = dict(values)
-    if values.get("model") and values.get("project") is None and is_hub_name(values["model"]):
-        values["project"] = run_name(values["model"])  # the name the user gave, not its snapshot's commit
+    values, given = dict(values), values.get("model")
     for dest, flag in MODEL_OPTIONS.items():
         if values.get(dest):
+            first = dest == "model"
             try:
-                values[dest] = resolve_model(values[dest], values.get("revision") if dest == "model" else None, flag)
-            except HubError as err:
+                values[dest] = local_model_dir(values[dest], values.get("revision") if first else None, flag,
+                                               values.get("gguf_file") if first else None, log=log)
+            except MODEL_SOURCE_ERRORS as err:
                 raise ConfigError(str(err)) from None
+    if given and values.get("project") is None and values["model"] != given:
+        # named after what the user gave, not its snapshot's commit or its converted directory
+        values["project"] = model_display_name(given)
     return values
 
 

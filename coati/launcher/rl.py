@@ -28,6 +28,7 @@ from coati.launcher.eval_schedule import EvalSchedule
 from coati.launcher.health import run_monitors
 from coati.rollout.producer import Producer
 from coati.launcher.checkpoints import check_resume, restore_run, save_checkpoint, trim_metrics
+from coati.launcher.stop import RunInterrupted, StopRequest
 from coati.trainer.consumer import Consumer
 from coati.utils.checkpoint import prune_checkpoints
 from coati.utils.machine import usable_cores
@@ -69,20 +70,28 @@ def run(config: RLConfig, log=print) -> RunResult:
     start = time.time()
     if log is print:  # lines printed while the progress bar is up go above it, not through it
         log = tqdm.write
-    init_ray(config)
-    config, line = choose_colocation(config, ray.cluster_resources().get("GPU", 0))
-    if line:
-        log(line)
-    if config.merges_adapters:
-        log(_merged_adapters_line(config))
-    reservation = reserve(config)  # before any actor: a cluster too small for the flags is one ClusterError line
-    try:
-        return _run(config, log, reservation, start)
-    finally:
-        reservation.release()
+    with StopRequest(config.run.run_dir) as stop:  # SIGINT/SIGTERM: stop.py
+        try:
+            init_ray(config)
+            stop.reclaim()
+            config, line = choose_colocation(config, ray.cluster_resources().get("GPU", 0))
+            if line:
+                log(line)
+            if config.merges_adapters:
+                log(_merged_adapters_line(config))
+            # before any actor: a cluster too small for the flags is one ClusterError line
+            reservation = reserve(config)
+            try:
+                return _run(config, log, reservation, start, stop)
+            finally:
+                reservation.release()
+        except KeyboardInterrupt:
+            if stop.requested is None:
+                raise
+            raise stop.interrupted() from None  # before the training loop: nothing trained, nothing to save
 
 
-def _run(config: RLConfig, log, reservation, start: float) -> RunResult:
+def _run(config: RLConfig, log, reservation, start: float, stop: StopRequest) -> RunResult:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     p, schedule = config.parallel, config.schedule
@@ -102,15 +111,20 @@ def _run(config: RLConfig, log, reservation, start: float) -> RunResult:
                                     trainer_threads, reservation.trainer_options).actors
     producers = [ray.remote(Producer).options(**reservation.inferencer_options(rank), **PRODUCER_OPTIONS).remote(
         config, rank, names["buffer"], names["weights"], producer_threads[rank]) for rank in range(p.num_inferencers)]
-    places = {"trainers": ray.get([actor.__ray_call__.remote(where) for actor in consumers]),
-              "inferencers": ray.get([actor.__ray_call__.remote(where) for actor in producers])}
+    try:
+        places = {"trainers": ray.get([actor.__ray_call__.remote(where) for actor in consumers]),
+                  "inferencers": ray.get([actor.__ray_call__.remote(where) for actor in producers])}
+    except KeyboardInterrupt:  # a stop while they load: ended here, before their placement groups go
+        Supervisor(config.run.run_dir, consumers, producers, {}).kill_all()
+        raise
     for role, threads in (("trainers", trainer_threads), ("inferencers", producer_threads)):
         for place, count in zip(places[role], threads):
             place["threads"] = count
     _record_placement(config, reservation, places, log)
     supervisor = Supervisor(config.run.run_dir, consumers, producers, places)
     try:
-        return _train(config, log, start, consumers, producers, buffer, supervisor, evaluator_threads, reservation)
+        return _train(config, log, start, consumers, producers, buffer, supervisor, evaluator_threads, reservation,
+                      stop)
     except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as err:
         stopped = supervisor.stopped(err)
         if stopped is err:
@@ -118,9 +132,17 @@ def _run(config: RLConfig, log, reservation, start: float) -> RunResult:
         supervisor.kill_all()
         supervisor.drain()
         raise stopped from None
+    except (KeyboardInterrupt, RunInterrupted):
+        # Ended for good before their placement groups go: a producer removed with its group would be restarted
+        # (and say so), and a failure nobody fetched would print a traceback after the stop's line.
+        supervisor.cancel_generation()
+        supervisor.kill_all()
+        supervisor.drain()
+        raise
 
 
-def _train(config, log, start, consumers, producers, buffer, supervisor, evaluator_threads, reservation) -> RunResult:
+def _train(config, log, start, consumers, producers, buffer, supervisor, evaluator_threads, reservation,
+           stop: StopRequest) -> RunResult:
     from tqdm import tqdm
 
     join_trainer_group(TrainerGroup(consumers), supervisor.gather)
@@ -160,7 +182,8 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, evaluat
                 prune_checkpoints(config.run.run_dir, config.run.keep_checkpoints, path)
         return path
 
-    while True:
+    stop.deferred = True  # from here a signal stops the run at the next step boundary, with a checkpoint
+    while not stop.requested:
         metrics = supervisor.gather([consumer.step.remote() for consumer in consumers])[0]
         if metrics is None:
             break
@@ -186,6 +209,15 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, evaluat
         if config.run.save_interval and step % config.run.save_interval == 0:
             last_saved = (save(step), skipped)
     bar.close()
+    if stop.requested:  # a step boundary, the run's last included: save it (skipping the final evaluation) and stop
+        trained = (step, skipped) != ((state["step"], state["skipped"]) if resume else (0, 0))
+        path = save(step) if trained else None
+        evals.settle()
+        if rollouts is not None:
+            rollouts.close()
+        logger.close()
+        raise stop.interrupted(step, path)
+    # A signal from here on lets the final evaluation and save finish: the run then ends as if none had come.
     supervisor.wait_generation()  # every producer's run() has returned
     total_steps = step
     if skipped:

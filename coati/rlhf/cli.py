@@ -32,6 +32,16 @@ def check_model_dir(path: str) -> None:
                           "(pass -m/--model a directory written by save_pretrained)")
 
 
+def resolve_model_name(config: StageConfig, log=print) -> StageConfig:
+    """-m given as a hub name ORG/NAME or a GGUF file: its local HF directory (coati/utils/model_source.py)."""
+    from coati.utils.model_source import MODEL_SOURCE_ERRORS, with_local_models
+
+    try:
+        return with_local_models(config, {"model": "-m/--model"}, log=log)
+    except MODEL_SOURCE_ERRORS as err:
+        raise ConfigError(str(err)) from None
+
+
 def check_given_inputs(config: StageConfig) -> None:
     """The model directory and every row of the files the options name, before the embedded model or data is
     built."""
@@ -69,7 +79,7 @@ def run(cls, argv: list[str] | None, prog: str) -> int:
     from coati.trainer.stage_trainer import load_stage_rows
 
     try:
-        config = parse(cls, argv, prog, DESCRIPTIONS[cls.stage])
+        config = resolve_model_name(parse(cls, argv, prog, DESCRIPTIONS[cls.stage]))
         validate(config)
         check_given_inputs(config)  # the user's model and rows, before the embedded ones are built
         model_path, train_path, eval_path = resolve_inputs(config)

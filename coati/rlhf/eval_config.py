@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from coati.config.errors import ConfigError, require
 from coati.utils.dataclass_cli import option
+from coati.utils.gguf import GGUF_FILE_HELP
 from rewards import DEFAULT_REWARD_TYPE, REWARD_TYPES
 
 MODES = {"greedy": 0.0, "sampled": 1.0}  # decoding mode -> temperature (sampled: the training distribution)
@@ -21,8 +22,9 @@ class EvalConfig:
     retired_flags = {"--micro-batch-size": "in coati sft/rm that is the training micro-batch; here "
                                            "-imbs/--inference-microbatch-size sets prompts per generate call"}
 
-    model: str | None = option(None, "checkpoint: an HF causal-LM directory or a hub name ORG/NAME (default: the "
-                                     "embedded demo model)", "-m")
+    model: str | None = option(None, "checkpoint: an HF causal-LM directory, a hub name ORG/NAME or a .gguf file "
+                                     "(default: the embedded demo model)", "-m")
+    gguf_file: str | None = option(None, GGUF_FILE_HELP)
     dataset: str | None = option(None, "eval prompts: {\"prompt\": ...} rows or math/code rows (.jsonl, .json list, "
                                        ".parquet, save_to_disk); required with -m", "-d")
     reward_type: str = option(DEFAULT_REWARD_TYPE, "verifiable reward of the rows that have answers", "-rt", choices=tuple(REWARD_TYPES))

@@ -206,17 +206,13 @@ def format_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def resolve_hub_names(config):
-    """-m / -rm given as hub names ORG/NAME: their cached snapshot directories (coati/utils/hub.py)."""
-    import dataclasses
-
-    from coati.utils.hub import HubError, resolve_model
+def resolve_model_names(config):
+    """-m / -rm given as hub names ORG/NAME or GGUF files: their local HF directories (coati/utils/model_source.py)."""
+    from coati.utils.model_source import MODEL_SOURCE_ERRORS, with_local_models
 
     try:
-        return dataclasses.replace(config, **{name: resolve_model(getattr(config, name), flag=flag)
-                                              for name, flag in (("model", "-m"), ("reward_model", "-rm"))
-                                              if getattr(config, name)})
-    except HubError as err:
+        return with_local_models(config, {"model": "-m", "reward_model": "-rm"})
+    except MODEL_SOURCE_ERRORS as err:
         raise ConfigError(str(err)) from None
 
 
@@ -224,7 +220,7 @@ def main(argv: list[str] | None = None, prog: str = "coati evaluate") -> int:
     from coati.dataset.rows import DatasetError
 
     try:
-        config = resolve_hub_names(parse(EvalConfig, argv, prog, DESCRIPTION))
+        config = resolve_model_names(parse(EvalConfig, argv, prog, DESCRIPTION))
         inputs = check_inputs(config)
         tokenizer = tokenizers(config, inputs)
         plan = prepare(config, inputs, tokenizer)

@@ -27,6 +27,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -109,7 +110,25 @@ def read_plan(path: str) -> Plan:
             raise PipelineError(f"--config {path} section {stage!r} must be a mapping of option: value")
         sections[stage] = {str(k).replace("-", "_"): v for k, v in section.items()}
     return Plan(save_dir=str(raw.get("save_dir", "runs")), project=str(raw.get("project", "rlhf")),
-                model=raw.get("model"), stages=stages, sections=sections)
+                model=_local_model(path, "model", raw.get("model")), stages=stages,
+                sections={stage: {key: _local_model(path, f"{stage}.{key}", value) if key in MODEL_KEYS else value
+                                  for key, value in section.items()} for stage, section in sections.items()})
+
+
+MODEL_KEYS = ("model", "reward_model", "critic_model")
+
+
+def _local_model(path: str, key: str, name):
+    """A model the YAML names as a hub name ORG/NAME or a GGUF file: its local HF directory
+    (coati/utils/model_source.py), resolved once, before any stage starts."""
+    from coati.utils.model_source import MODEL_SOURCE_ERRORS, local_model_dir
+
+    if not isinstance(name, str) or not name:
+        return name
+    try:
+        return local_model_dir(name, flag=f"--config {path} {key}:")
+    except MODEL_SOURCE_ERRORS as err:
+        raise PipelineError(str(err)) from None
 
 
 def dummy_plan(save_dir: str, project: str) -> Plan:
@@ -315,6 +334,8 @@ def main(argv: list[str] | None = None, prog: str = "coati rlhf") -> int:
                         help="continue a stopped pipeline: stages whose model is written are skipped, the stage that "
                              "stopped continues from its newest checkpoint (-si)")
     args = parser.parse_args(argv)
+    from coati.launcher.stop import RunInterrupted  # imports Ray: not for --help
+
     try:
         plan = read_plan(args.config) if args.config else dummy_plan(args.save_dir, args.project)
         plan.resume = args.resume
@@ -322,6 +343,10 @@ def main(argv: list[str] | None = None, prog: str = "coati rlhf") -> int:
     except (PipelineError, ConfigError, ConfigFileError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except RunInterrupted as stopped:  # the PPO stage, stopped by SIGINT/SIGTERM (with its checkpoint)
+        again = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--resume"]
+        print(stopped.line(resume=shlex.join([*prog.split(), *again, "--resume"])), file=sys.stderr)
+        return stopped.exit_code
     print("\n" + "\n".join(report(result)))
     return 0
 

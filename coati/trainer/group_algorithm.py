@@ -7,8 +7,9 @@ Per step, on the groups drawn from the buffer:
    compute advantages per group with the named estimator and mask samples (truncated responses, top-k per
    group). Producers ship raw rewards only; raw rewards and accuracy stay in the groups, so rollout metrics
    report them unshaped. With round-level minibatches (round_batches.py) these stages run once per round, over
-   its whole groups (``round_tensors``), and each step indexes its samples. The loss normaliser covers the
-   whole step's batch; reference logprobs (KL in the loss)
+   its whole groups (``round_tensors``), and each step indexes its samples; without, they run over the whole
+   step's groups and each rank takes its share's rows. The loss normaliser covers the whole step's batch
+   (Dr.GRPO's constant one: its samples x L_max); reference logprobs (KL in the loss)
    are computed here, once per rollout batch, and reused by every ppo epoch.
 3. The policy loss of objective.py.
 """
@@ -23,6 +24,7 @@ from coati.algorithm.pipeline import GroupStages, GroupTensors
 from coati.rollout.group import RolloutGroup
 from coati.trainer.objective import PolicyObjective, load_reference
 from coati.trainer.step_algorithm import StepAlgorithm
+from coati.trainer.step_data import share_bounds
 
 
 def group_tensors(groups: list[RolloutGroup]) -> GroupTensors:
@@ -81,20 +83,25 @@ class GroupAlgorithm(StepAlgorithm):
 
     def build_batches(self, share, kept, padding, rows=None):
         size, dp = self.minibatch_units(rows), self.trainer.plugin.dp_size
-        if rows is None:  # whole groups: shaped here, over this rank's share (and the step's, for the normaliser)
-            own = self.round_tensors(share)
-            every = own if dp == 1 else self.round_tensors(kept)
+        per_unit = len(share[0].responses)
+        if rows is None:  # whole groups: shaped here over every group of the step (an estimator may normalise over
+            # the batch, REINFORCE++), of which this rank takes its share's rows (the consumer's share rule)
+            every = self.round_tensors(kept)
+            start, end = share_bounds(len(kept), dp, self.trainer.plugin.dp_rank)
+            own_rows = torch.cat([torch.arange(start * per_unit, end * per_unit),
+                                  torch.arange(per_unit).repeat(padding)])  # placeholders: copies of kept[0]
+            own = {name: values[own_rows] for name, values in every.items()}
         else:  # sample views of a round: shaped over the round's whole groups when it was drawn
             own = {name: values[rows.share] for name, values in rows.tensors.items()}
             every = {name: values[rows.kept] for name, values in rows.tensors.items()}
-        per_unit = len(share[0].responses)
         advantages, sample_mask = own["advantages"], own["sample_mask"].clone()
         if padding:  # placeholders that only keep the ranks' collective calls in step
             sample_mask[(len(share) - padding) * per_unit :] = 0
         # One normaliser for the whole step, over every data-parallel rank's samples: the loss is the mean over
         # every valid token / sample of the step. Each rank divides by it / dp, since gradients are averaged.
         all_mask = every["sample_mask"]
-        normaliser = normaliser_from_counts(every["lengths"] * all_mask, self.config.algo.loss.loss_variation)
+        normaliser = normaliser_from_counts(every["lengths"] * all_mask, self.config.algo.loss.loss_variation,
+                                            length_limit(self.config))
         normaliser /= dp
         batches = []
         for start in range(0, len(share), size):

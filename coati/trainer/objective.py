@@ -1,5 +1,6 @@
-"""The policy's loss in every algorithm: the clipped surrogate of loss.py on the advantages an algorithm put in the
-batch, with the reference model's KL term when the loss has one, and the policy's token entropy. The algorithm's
+"""The policy's loss in every algorithm: the registered policy loss the config names (coati/algorithm/policy_losses.py)
+on the advantages an algorithm put in the batch, with the reference model's logprobs when the loss has a KL term,
+and the policy's token entropy. The algorithm's
 ``PolicyObjective.loss`` is the loss function the policy's plugin calls per micro-batch (consumer.py hands it over);
 ``begin_epoch`` is called at the start of every ppo epoch.
 
@@ -14,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from coati.algorithm.batch import split_micro_batches, token_logprobs
-from coati.algorithm.loss import aggregate, policy_loss, token_entropy
+from coati.algorithm.loss import aggregate, token_entropy
+from coati.algorithm.policy_losses import LossInputs, policy_loss
 
 
 def load_reference(config, policy_plugin):
@@ -92,9 +94,10 @@ class PolicyObjective:
     def loss(self, logits: torch.Tensor, micro_batch: dict) -> tuple[torch.Tensor, dict]:
         logprobs = token_logprobs(logits, micro_batch["input_ids"], self.temperature)
         normaliser = float(micro_batch["normaliser"][0])
-        loss, stats = policy_loss(logprobs, micro_batch["old_logprobs"], micro_batch["advantages"],
-                                  micro_batch["action_mask"], self.loss_config, normaliser,
-                                  micro_batch.get("ref_logprobs"), prox_logprobs=self._proximal(logprobs))
+        inputs = LossInputs(logprobs, micro_batch["old_logprobs"], micro_batch["advantages"],
+                            micro_batch["action_mask"], normaliser, ref_logprobs=micro_batch.get("ref_logprobs"),
+                            prox_logprobs=self._proximal(logprobs))
+        loss, stats = policy_loss(inputs, self.loss_config)
         entropy = token_entropy(logits, self.temperature)
         stats["entropy"] = aggregate(entropy, micro_batch["action_mask"], self.loss_config.loss_variation, normaliser)
         return loss, stats

@@ -216,3 +216,43 @@ def test_masked_whiten_by_hand():
     assert close(masked_whiten(values, mask), [[-1.0, 0.0], [1.0, 0.0]], 1e-6)
     assert close(masked_whiten(values, mask, shift_mean=False), [[1.0, 2.0], [3.0, 0.0]], 1e-6)
     assert masked_var(torch.tensor([[4.0]]), torch.ones(1, 1)) == 0  # one entry: no spread
+
+
+# --- REINFORCE++: normalised over the whole batch's tokens ---
+
+def per_token_whiten(values, lengths):
+    """verl's recipe spelled out: every response's value copied onto each of its tokens, whitened over all tokens
+    of the batch (numpy: mean, Bessel-corrected variance), each response read back from its first token."""
+    import numpy as np
+
+    tokens = np.concatenate([np.full(int(n), float(v)) for v, n in zip(values.flatten(), lengths.flatten())])
+    return (values.double() - tokens.mean()) / math.sqrt(tokens.var(ddof=1) + 1e-8)
+
+
+def test_reinforce_plus_plus_by_hand():
+    rewards, lengths = torch.tensor([[1.0, 0.0], [0.0, 0.0]]), torch.tensor([[1.0, 3.0], [2.0, 2.0]])
+    # 8 tokens: mean 1/8, variance (0.875^2 + 7 x 0.125^2) / 7 = 0.125, std 0.353553
+    expected = [[0.875 / 0.353553, -0.125 / 0.353553], [-0.125 / 0.353553, -0.125 / 0.353553]]
+    got = compute_advantages(rewards, "reinforce_plus_plus", lengths)
+    assert close(got, expected, 1e-5) and close(got, per_token_whiten(rewards, lengths).tolist(), 1e-5)
+
+
+def test_reinforce_plus_plus_baseline_by_hand():
+    rewards, lengths = torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.tensor([[1.0, 3.0], [2.0, 2.0]])
+    # minus the group means: (0.5, -0.5), (0, 0); over 8 tokens mean -1/8, variance 0.125 again
+    got = compute_advantages(rewards, "reinforce_plus_plus_baseline", lengths)
+    assert close(got, [[0.625 / 0.353553, -0.375 / 0.353553], [0.125 / 0.353553, 0.125 / 0.353553]], 1e-5)
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    assert close(got, per_token_whiten(centred, lengths).tolist(), 1e-5)
+    # a group of one keeps its reward (verl's rule): whitened [1, 0] over one token each
+    singles = compute_advantages(torch.tensor([[1.0], [0.0]]), "reinforce_plus_plus_baseline", torch.ones(2, 1))
+    assert close(singles, [[0.5 / math.sqrt(0.5)], [-0.5 / math.sqrt(0.5)]], 1e-5)
+
+
+def test_batch_estimators_need_the_lengths_and_are_of_the_group_family():
+    from coati.config.algo import estimator_family
+
+    assert adv_estimator_names("batch") == ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
+    assert estimator_family("reinforce_plus_plus") == "group"
+    with pytest.raises(ValueError, match="needs the response lengths"):
+        compute_advantages(torch.zeros(1, 2), "reinforce_plus_plus")

@@ -14,14 +14,12 @@ from coati.algorithm.loss import (
     batch_normaliser,
     bradley_terry_loss,
     clip_indicators,
-    clipped_surrogate,
+    clip_surrogate,
     completion_nll,
     get_policy_loss,
     get_value_loss,
     kl_k1,
     kl_k3,
-    policy_loss,
-    ppo_clip_objective,
     register_policy_loss,
     reinforce_surrogate,
     sample_ratio,
@@ -30,6 +28,12 @@ from coati.algorithm.loss import (
     truncated_importance_weight,
     value_loss,
 )
+from coati.algorithm.policy_losses import LossInputs, policy_loss, ppo_clip_loss
+
+
+def loss_of(logp, old, adv, mask, config, normaliser, ref_logprobs=None, prox_logprobs=None):
+    """The registered loss ``config.objective`` of these tensors."""
+    return policy_loss(LossInputs(logp, old, adv, mask, normaliser, ref_logprobs, prox_logprobs), config)
 
 
 def approx(value, expected, tol=1e-5):
@@ -46,12 +50,11 @@ MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
 DAPO_CLIP = PolicyLossConfig(clip_eps_low=0.2, clip_eps_high=0.28, loss_variation="token_level")
 
 
-def test_clipped_surrogate_per_token_by_hand():
-    loss, clipped = clipped_surrogate(LOGP, OLD, ADV, 0.2, 0.28)
+def test_clip_surrogate_per_token_by_hand():
+    loss = clip_surrogate(RATIOS, ADV, 0.2, 0.28)
     # A=+1: -min(1.5, 1.28) = -1.28 (clipped high), -min(0.5, 0.8) = -0.5, -min(1, 1) = -1
     # A=-1: -min(-1.5, -1.28) = 1.5 (not clipped), -min(-0.5, -0.8) = 0.8 (clipped low), -min(-1, -1) = 1
     assert torch.allclose(loss, torch.tensor([[-1.28, -0.5, -1.0], [1.5, 0.8, 1.0]]), atol=1e-6)
-    assert clipped.tolist() == [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]
 
 
 def test_clip_indicators_split_low_and_high():
@@ -70,7 +73,7 @@ def test_clip_indicators_split_low_and_high():
 def test_policy_loss_token_level_by_hand():
     normaliser = batch_normaliser(MASK, "token_level")
     assert normaliser == 5.0
-    loss, stats = policy_loss(LOGP, OLD, ADV, MASK, DAPO_CLIP, normaliser)
+    loss, stats = loss_of(LOGP, OLD, ADV, MASK, DAPO_CLIP, normaliser)
     # (-1.28 - 0.5 - 1.0 + 1.5 + 0.8) / 5 valid tokens = -0.48 / 5
     assert approx(loss, -0.096)
     assert approx(stats["clip_fraction_high"], 1 / 5) and approx(stats["clip_fraction_low"], 1 / 5)
@@ -83,7 +86,7 @@ def test_policy_loss_sample_level_by_hand():
     config = PolicyLossConfig(clip_eps_low=0.2, clip_eps_high=0.28, loss_variation="sample_level")
     normaliser = batch_normaliser(MASK, "sample_level")
     assert normaliser == 2.0
-    loss, stats = policy_loss(LOGP, OLD, ADV, MASK, config, normaliser)
+    loss, stats = loss_of(LOGP, OLD, ADV, MASK, config, normaliser)
     # sample 0: (-1.28 - 0.5 - 1) / 3 = -0.926667; sample 1: (1.5 + 0.8) / 2 = 1.15; mean = 0.111667
     assert approx(loss, (-2.78 / 3 + 1.15) / 2)
     assert approx(stats["clip_fraction_high"], (1 / 3) / 2)  # per-sample fractions 1/3 and 0
@@ -98,14 +101,14 @@ def test_reinforce_is_minus_advantage_times_logprob():
     assert per_token.tolist() == [[0.5, 1.0], [-0.5, -3.0]]
     config = PolicyLossConfig(objective="reinforce", loss_variation="token_level")
     # token_level: (0.5 + 1.0 - 0.5) / 3 valid tokens; the ratio (old logprobs) plays no part
-    loss, stats = policy_loss(logp, torch.full_like(logp, -7.0), adv, mask, config, 3.0)
+    loss, stats = loss_of(logp, torch.full_like(logp, -7.0), adv, mask, config, 3.0)
     assert approx(loss, 1 / 3)
     assert stats["clip_fraction"].item() == 0 and stats["clip_fraction_low"].item() == 0
     loss.backward()
     # d loss / d logp = -A * mask / normaliser
     assert torch.allclose(logp.grad, torch.tensor([[-0.5 / 3, -0.5 / 3], [1 / 3, 0.0]]))
     config = PolicyLossConfig(objective="reinforce", loss_variation="sample_level")
-    loss, _ = policy_loss(logp.detach(), logp.detach(), adv, mask, config, 2.0)
+    loss, _ = loss_of(logp.detach(), logp.detach(), adv, mask, config, 2.0)
     assert approx(loss, ((0.5 + 1.0) / 2 + (-0.5)) / 2)  # per-sample means 0.75 and -0.5
 
 
@@ -119,11 +122,11 @@ def test_kl_k3_by_hand_and_in_the_loss():
     config = PolicyLossConfig(kl_loss_coef=0.1, loss_variation="token_level")
     mask = torch.ones(1, 2)
     adv = torch.tensor([0.0])  # surrogate is zero: only the KL term remains
-    loss, stats = policy_loss(logp, logp, adv, mask, config, 2.0, ref_logprobs=ref)
+    loss, stats = loss_of(logp, logp, adv, mask, config, 2.0, ref_logprobs=ref)
     assert approx(stats["kl"], (math.exp(-1) + math.e - 2) / 2)
     assert approx(loss, 0.1 * (math.exp(-1) + math.e - 2) / 2)
     with pytest.raises(ValueError, match="reference logprobs"):
-        policy_loss(logp, logp, adv, mask, config, 2.0)
+        loss_of(logp, logp, adv, mask, config, 2.0)
 
 
 def test_sample_ratio_and_skip_threshold():
@@ -141,12 +144,12 @@ def test_sample_ratio_and_skip_threshold():
 
     adv = torch.tensor([1.0, 1.0, 1.0, 1.0])
     config = PolicyLossConfig(clip_eps_low=0.2, clip_eps_high=0.2, loss_variation="token_level", skip_threshold=20.0)
-    loss, stats = policy_loss(logp, old, adv, mask, config, 5.0)
+    loss, stats = loss_of(logp, old, adv, mask, config, 5.0)
     assert stats["skipped_samples"].item() == 1
     # the skipped sample contributes 0 but still counts in the fixed normaliser: (-1 - 1 - 1) / 5
     assert approx(loss, -3 / 5)
     off = PolicyLossConfig(clip_eps_low=0.2, clip_eps_high=0.2, loss_variation="token_level")
-    loss_off, stats_off = policy_loss(logp, old, adv, mask, off, 5.0)
+    loss_off, stats_off = loss_of(logp, old, adv, mask, off, 5.0)
     assert stats_off["skipped_samples"].item() == 0
     assert approx(loss_off, (-1.2 - 1.2 - 1 - 1 - 1) / 5)  # both ratios of sample 0 clipped at 1.2
 
@@ -183,7 +186,7 @@ def test_fully_masked_batch_gives_zero_loss_and_zero_gradient():
     mask = torch.zeros(2, 3)
     for variation in ("token_level", "sample_level"):
         config = PolicyLossConfig(loss_variation=variation)
-        loss, stats = policy_loss(logp, logp.detach(), torch.tensor([1.0, -1.0]), mask, config,
+        loss, stats = loss_of(logp, logp.detach(), torch.tensor([1.0, -1.0]), mask, config,
                                   batch_normaliser(mask, variation))
         assert loss.item() == 0 and stats["clip_fraction"].item() == 0
         loss.backward()
@@ -198,8 +201,8 @@ def test_micro_batches_sum_to_the_batch_loss(variation):
     mask = (torch.rand(6, 5) > 0.3).float()
     config = PolicyLossConfig(clip_eps_low=0.2, clip_eps_high=0.28, loss_variation=variation)
     normaliser = batch_normaliser(mask, variation)
-    whole, _ = policy_loss(logp, old, adv, mask, config, normaliser)
-    parts = sum(policy_loss(logp[i : i + 2], old[i : i + 2], adv[i : i + 2], mask[i : i + 2], config, normaliser)[0]
+    whole, _ = loss_of(logp, old, adv, mask, config, normaliser)
+    parts = sum(loss_of(logp[i : i + 2], old[i : i + 2], adv[i : i + 2], mask[i : i + 2], config, normaliser)[0]
                 for i in range(0, 6, 2))
     assert torch.allclose(whole, parts, atol=1e-6)
 
@@ -208,7 +211,7 @@ def test_aggregate_rejects_unknown_variation_and_objective():
     with pytest.raises(ValueError):
         aggregate(torch.ones(1, 1), torch.ones(1, 1), "nope", 1.0)
     with pytest.raises(ValueError, match="unknown objective"):
-        policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1),
+        loss_of(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1),
                     PolicyLossConfig(objective="dpo"), 1.0)
 
 
@@ -231,7 +234,7 @@ def test_truncated_importance_weight_by_hand():
 def test_decoupled_loss_with_the_current_policy_as_proximal_by_hand():
     """One optimizer step per batch: the proximal logprobs are the loss's own, detached; ratio 1, no clip."""
     logp = PROX.clone().requires_grad_(True)
-    loss, stats = policy_loss(logp, BEHAVIOUR, torch.tensor([1.0]), ONE, DECOUPLED, 2.0)
+    loss, stats = loss_of(logp, BEHAVIOUR, torch.tensor([1.0]), ONE, DECOUPLED, 2.0)
     # per token -w * ratio * A = -2 * 1 and -1 * 1: (-2 - 1) / 2
     assert approx(loss, -1.5)
     loss.backward()
@@ -244,7 +247,7 @@ def test_decoupled_loss_with_the_current_policy_as_proximal_by_hand():
 
 def test_behaviour_correction_takes_the_ratio_against_the_producer_by_hand():
     config = PolicyLossConfig(loss_variation="token_level", correction="behaviour")
-    loss, stats = policy_loss(PROX, BEHAVIOUR, torch.tensor([1.0]), ONE, config, 2.0)
+    loss, stats = loss_of(PROX, BEHAVIOUR, torch.tensor([1.0]), ONE, config, 2.0)
     # ratios 3 and 1 against the behaviour policy: -min(3, 1.2) = -1.2 (clipped high), -1: (-1.2 - 1) / 2
     assert approx(loss, -1.1) and approx(stats["clip_fraction_high"], 0.5)
     assert approx(stats["is_weight"], 1.5)  # reported, not applied
@@ -253,35 +256,35 @@ def test_behaviour_correction_takes_the_ratio_against_the_producer_by_hand():
 def test_decoupled_loss_with_a_separate_proximal_policy_by_hand():
     """A later ppo epoch: the policy has moved to 0.9 on token 1; the ratio is against the proximal 0.6."""
     logp = torch.log(torch.tensor([[0.9, 0.3]])).requires_grad_(True)
-    loss, stats = policy_loss(logp, BEHAVIOUR, torch.tensor([1.0]), ONE, DECOUPLED, 2.0, prox_logprobs=PROX)
+    loss, stats = loss_of(logp, BEHAVIOUR, torch.tensor([1.0]), ONE, DECOUPLED, 2.0, prox_logprobs=PROX)
     # ratio 1.5 -> -min(1.5, 1.2) = -1.2 (clipped) * w 2 = -2.4; token 2: -1 * w 1: (-2.4 - 1) / 2
     assert approx(loss, -1.7) and approx(stats["clip_fraction_high"], 0.5)
     loss.backward()
     assert torch.allclose(logp.grad, torch.tensor([[0.0, -0.5]]))  # the clipped token has no gradient
-    loss, _ = policy_loss(logp, BEHAVIOUR, torch.tensor([-1.0]), ONE, DECOUPLED, 2.0, prox_logprobs=PROX)
+    loss, _ = loss_of(logp, BEHAVIOUR, torch.tensor([-1.0]), ONE, DECOUPLED, 2.0, prox_logprobs=PROX)
     # A = -1: -min(-1.5, -1.2) = 1.5 (not clipped) * 2 = 3; token 2: 1 * 1: (3 + 1) / 2
     assert approx(loss, 2.0)
 
 
 def test_decoupled_reinforce_weights_the_policy_gradient():
     config = PolicyLossConfig(loss_variation="token_level", objective="reinforce", correction="decoupled")
-    loss, _ = policy_loss(PROX, BEHAVIOUR, torch.tensor([1.0]), ONE, config, 2.0)
+    loss, _ = loss_of(PROX, BEHAVIOUR, torch.tensor([1.0]), ONE, config, 2.0)
     # -A * logp * w: -(ln 0.6 * 2 + ln 0.3 * 1) / 2
     assert approx(loss, -(math.log(0.6) * 2 + math.log(0.3)) / 2)
 
 
 def test_unknown_correction_fails():
     with pytest.raises(ValueError, match="off-policy correction"):
-        policy_loss(PROX, BEHAVIOUR, torch.tensor([1.0]), ONE, PolicyLossConfig(correction="nope"), 2.0)
+        loss_of(PROX, BEHAVIOUR, torch.tensor([1.0]), ONE, PolicyLossConfig(correction="nope"), 2.0)
 
 
 # --- registries, the critic's value loss, SFT and reward-model losses ---
 
 def test_policy_loss_registry_dispatches_by_name():
-    assert tuple(POLICY_LOSSES) == ("ppo_clip", "reinforce")
-    assert get_policy_loss("ppo_clip") is ppo_clip_objective
+    assert tuple(POLICY_LOSSES) == ("ppo_clip", "reinforce", "gspo", "gspo_token", "cispo")
+    assert get_policy_loss("ppo_clip") is ppo_clip_loss
     with pytest.raises(ValueError, match="already registered"):
-        register_policy_loss("ppo_clip")(ppo_clip_objective)
+        register_policy_loss("ppo_clip")(ppo_clip_loss)
     assert tuple(VALUE_LOSSES) == ("clipped", "mse")
     with pytest.raises(ValueError, match="unknown value loss"):
         get_value_loss("huber")

@@ -117,8 +117,10 @@ def test_one_default_per_option(name, monkeypatch):
     (["-a", "GRPO", "--kl-coef", "0.1"], "an option of -a PPO", "use --kl-loss-coef"),
     (["-a", "DAPO", "--kl-reward-coef", "0.05"], "an option of -a PPO", "use --kl-loss-coef"),  # the default value
     (["-a", "PG", "--gamma", "1.0"], "an option of -a PPO", "pass -a PPO"),
-    (["-a", "PPO", "--reward-model", "r", "-kl", "0"], "an option of -a GRPO/DAPO/PG", "use --kl-reward-coef"),
-    (["-a", "PPO", "--reward-model", "r", "--topk-samples", "2"], "an option of -a GRPO/DAPO/PG", "pass -a GRPO"),
+    (["-a", "PPO", "--reward-model", "r", "-kl", "0"], "an option of -a GRPO/DAPO/PG/GSPO/CISPO/DrGRPO",
+     "use --kl-reward-coef"),
+    (["-a", "PPO", "--reward-model", "r", "--topk-samples", "2"], "an option of -a GRPO/DAPO/PG/GSPO/CISPO/DrGRPO",
+     "pass -a GRPO"),
 ])
 def test_an_option_of_another_algorithm_is_refused_when_given(argv, owner, instead):
     parser = build_parser()

@@ -61,9 +61,10 @@ def test_the_pipeline_checks_the_ppo_data_and_the_top_model_before_the_first_sta
     path.write_text("stages: [sft, ppo]\nsft: {dataset: a.jsonl}\nppo: {dataset: gone.jsonl, reward_model: r}\n")
     assert pipeline.main(["--config", str(path)]) == 2
     assert "section 'ppo': -d/--dataset not found: gone.jsonl" in capsys.readouterr().err
-    path.write_text("model: no/base\nstages: [sft]\nsft: {dataset: a.jsonl}\n")
+    # (a two-part name would be a hub name, resolved through the Hugging Face cache: tests/utils/test_hub.py)
+    path.write_text("model: no/base/model\nstages: [sft]\nsft: {dataset: a.jsonl}\n")
     assert pipeline.main(["--config", str(path)]) == 2
-    assert "model directory not found or without config.json: no/base" in capsys.readouterr().err
+    assert "model directory not found or without config.json: no/base/model" in capsys.readouterr().err
 
 
 def test_the_top_level_model_starts_whichever_stage_comes_first(tmp_path):

@@ -96,7 +96,7 @@ def run_cli(argv, capsys):
     (["--grpo-config", '{"filter_range": [0.5]}'], "filter_range must be [low, high] (two numbers)"),
     (["--grpo-config", '{"clip_eps_low": -0.1}'], "clip_eps_low must be >= 0"),
     (["--grpo-config", '{"clip_eps_high": -0.2}'], "clip_eps_high must be >= 0"),
-    (["--grpo-config", '{"clip_eps_low": 1.0}'], "clip_eps_low must be < 1"),
+    (["--grpo-config", '{"clip_eps_low": 1.5}'], "clip_eps_low must be <= 1"),
     (["-a", "DAPO", "--grpo-config", '{"skip_threshold": 1.0}'], "skip_threshold must be > 1 (or null to turn it off)"),
     (["--grpo-config", '{"skip_threshold": 0.5}'], "skip_threshold must be > 1"),
     (["--topk-samples", "0"], "--topk-samples must lie in [1, -g=8]"),
@@ -170,7 +170,7 @@ def test_every_registered_name_is_reachable_from_the_cli(capsys):
     for name in POLICY_LOSSES:
         assert config_for("--grpo-config", json.dumps({"objective": name})).algo.loss.objective == name
         assert name in help_text
-    for name in adv_estimator_names("group"):
+    for name in adv_estimator_names("group") + adv_estimator_names("batch"):
         assert config_for("--grpo-config", json.dumps({"advantage": name})).algo.groups.advantage == name
         assert name in help_text
     for name in adv_estimator_names("token_values"):  # a critic's estimator: PPO, which needs a score source
@@ -221,7 +221,7 @@ def test_ppo_preset_and_its_options_reach_the_config():
     (["-a", "GRPO", "-g", "1", "-tmbs", "32"], "-g/--num-generations must be at least 2"),
     (["-a", "PPO", "--reward-model", "rm", "-t", "2", "-tp", "2"], "critic's value head; use data parallelism"),
     (["-a", "PPO", "--reward-model", "rm", "-kl", "0.1"], "-a PPO does not use -kl/--kl-loss-coef 0.1 (an option of "
-                                                          "-a GRPO/DAPO/PG)"),
+                                                          "-a GRPO/DAPO/PG/GSPO/CISPO/DrGRPO)"),
     (["-a", "PPO", "--reward-model", "rm", "--grpo-config", '{"filter_range": [0.1, 0.9]}'],
      "trains on every group: drop filter_range"),
     (["-a", "PPO", "--reward-model", "rm", "--lam", "1.5"], "--lam in [0, 1]"),

@@ -73,7 +73,7 @@ def test_yaml_config_then_flags(tmp_path):
     ("lr: 0.1\n", "--config {path} has unknown key 'lr' (did you mean 'learning_rate'?)"),
     ("train_batch_size: 2.5\n", "--config {path} key 'train_batch_size' must be int or null, got 2.5"),
     ("gamma: fast\n", "--config {path} key 'gamma' must be float, got 'fast'"),
-    ("algo: PPO2\n", "--config {path} key 'algo' must be one of GRPO, DAPO, PG, PPO, got 'PPO2'"),
+    ("algo: PPO2\n", "--config {path} key 'algo' must be one of GRPO, DAPO, PG, GSPO, CISPO, DrGRPO, PPO, got 'PPO2'"),
     ("[1, 2]\n", "--config {path} must be a mapping of option: value"),
 ])
 def test_bad_config_file_is_one_error_line(tmp_path, capsys, text, message):

@@ -134,8 +134,8 @@ def test_help_shows_each_kl_once_with_one_default(monkeypatch):
     (["-a", "DAPO", "--kl-coef", "0.1"], "-a DAPO does not use --kl-reward-coef 0.1 (an option of -a PPO)"),
     (["-a", "PG", "--gamma", "0.9"], "-a PG does not use --gamma 0.9 (an option of -a PPO)"),
     (["-a", "PPO", "--reward-model", "rm", "--kl-coeff", "0.1"],
-     "-a PPO does not use -kl/--kl-loss-coef 0.1 (an option of -a GRPO/DAPO/PG): drop it or pass -a GRPO; under "
-     "-a PPO use --kl-reward-coef"),
+     "-a PPO does not use -kl/--kl-loss-coef 0.1 (an option of -a GRPO/DAPO/PG/GSPO/CISPO/DrGRPO): drop it or pass "
+     "-a GRPO; under -a PPO use --kl-reward-coef"),
     (["-a", "GRPO", "--reward-model", "rm", "--grpo-config", '{"advantage": "gae", "beta": 0.1}'],
      "-a GRPO with advantage 'gae' does not use -kl/--kl-loss-coef 0.1"),
 ])
@@ -176,7 +176,7 @@ def test_config_from_dict_defaults_sit_below_the_mapping_as_a_commands_do():
 @pytest.mark.parametrize("mapping, message", [
     ({"lam": "x"}, "run key 'lam' must be float, got 'x'"),
     ({"progress": "no"}, "run key 'progress' must be bool, got 'no'"),
-    ({"algo": "PPO2"}, "run key 'algo' must be one of GRPO, DAPO, PG, PPO, got 'PPO2'"),
+    ({"algo": "PPO2"}, "run key 'algo' must be one of GRPO, DAPO, PG, GSPO, CISPO, DrGRPO, PPO, got 'PPO2'"),
     ({"learnig_rate": 1e-5}, "run has unknown key 'learnig_rate' (did you mean 'learning_rate'?)"),
 ])
 def test_config_from_dict_bad_values_are_one_line(mapping, message):

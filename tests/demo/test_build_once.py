@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from coati.demo.assets import build_once
+from coati.utils.cache import build_once
 
 
 def _write_marker(out_dir: str) -> None:

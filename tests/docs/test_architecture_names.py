@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from coati.algorithm.registry import ADV_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 from coati.config.algo import ALGO_PRESETS
 from coati.registry.backends import BACKENDS
 from coati.registry.plugins import PLUGIN_FAMILIES, PLUGINS
@@ -31,6 +32,8 @@ def listed(kind: str) -> list[str]:
 @pytest.mark.parametrize("kind, registry", [
     ("inference backends", BACKENDS), ("trainer plugins", PLUGINS), ("plugin families", PLUGIN_FAMILIES),
     ("weight-sync transports", WEIGHT_SYNCS), ("reward types", REWARD_TYPES), ("algorithm presets", ALGO_PRESETS),
+    ("policy losses", POLICY_LOSSES), ("advantage estimators", ADV_ESTIMATORS),
+    ("loss aggregations", LOSS_AGGREGATIONS), ("KL estimators", KL_ESTIMATORS),
 ])
 def test_the_map_lists_what_is_registered(kind, registry):
     assert listed(kind) == list(registry)

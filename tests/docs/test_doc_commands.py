@@ -94,14 +94,13 @@ def stand_in_files(argv: list[str], where) -> list[str]:
 
 
 def check_train(argv: list[str], defaults: dict) -> None:
-    from coati.config.cli import build_parser, config_from_args
+    from coati.config.cli import config_from_args
     from coati.demo.assets import DemoAssets
-    from coati.train import add_dry_run_flags
+    from coati.train import command_flags, command_parser
 
-    parser = build_parser("coati train", **defaults)
-    add_dry_run_flags(parser)
+    parser = command_parser(argv, "coati train", "", defaults)
     args = parser.parse_args(argv)
-    args.__dict__.pop("dry_run"), args.__dict__.pop("dry_run_cluster")
+    command_flags(args)
     demo = None if args.model else DemoAssets(model_dir="/demo/model", train_path="/demo/train.jsonl",
                                               eval_path="/demo/eval.jsonl", report={})
     config_from_args(args, demo, parser.given)

@@ -27,3 +27,30 @@ def test_bench_trainer_memory_refuses_a_slice_outside_the_logits(value):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].endswith(
         f"--entropy-slice {float(value):g}: a fraction of the logits, in (0, 1]")
+
+
+def _record_baseline():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("record_baseline", f"{ROOT}/benchmarks/record_baseline.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_record_baseline_reads_the_summary_and_appends_below_the_last_row(tmp_path):
+    record = _record_baseline()
+    printed = ("eval step 12 arithmetic/sampled: accuracy 0.812\n"
+               "trained 12 steps in 301 s; final model: runs/demo-smollm2/step_12\n"
+               "held-out accuracy arithmetic/sampled: 0.240 -> 0.812 (+57.2 points)\n"
+               "held-out accuracy arithmetic/greedy: 0.302 -> 0.906 (+60.4 points)\n")
+    steps, results = record.parse_summary(printed)
+    assert (steps, results) == (12, ["arithmetic/sampled: 0.240 -> 0.812", "arithmetic/greedy: 0.302 -> 0.906"])
+    with pytest.raises(ValueError, match="printed no summary"):
+        record.parse_summary("trained 12 steps in 301 s\n")
+    doc = tmp_path / "results.md"
+    doc.write_text(f"# R\n\n{record.TABLE_HEADER}\n|---|\n| old |\n\n## Next\n")
+    record.append_row("| new |", str(doc))
+    assert doc.read_text() == f"# R\n\n{record.TABLE_HEADER}\n|---|\n| old |\n| new |\n\n## Next\n"
+    line = record.row("smollm2", steps, 5.04, results)
+    assert line.endswith("| smollm2 | 12 | 5.0 | arithmetic/sampled: 0.240 -> 0.812; arithmetic/greedy: 0.302 -> 0.906 |")

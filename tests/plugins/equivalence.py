@@ -24,7 +24,8 @@ import traceback
 
 import torch
 
-from coati.algorithm.loss import PolicyLossConfig, batch_normaliser, policy_loss
+from coati.algorithm.loss import PolicyLossConfig, batch_normaliser
+from coati.algorithm.policy_losses import LossInputs, policy_loss
 from coati.algorithm.batch import collate, split_micro_batches, token_logprobs
 from coati.rollout.group import RolloutGroup
 
@@ -85,8 +86,8 @@ def rank_micro_batches(batch, plugin, micro_batch_size: int):
 
 def grpo_loss_fn(logits, micro_batch):
     logprobs = token_logprobs(logits, micro_batch["input_ids"])
-    return policy_loss(logprobs, micro_batch["old_logprobs"], micro_batch["advantages"], micro_batch["action_mask"],
-                       LOSS_CONFIG, float(micro_batch["normaliser"][0]))
+    return policy_loss(LossInputs(logprobs, micro_batch["old_logprobs"], micro_batch["advantages"],
+                                  micro_batch["action_mask"], float(micro_batch["normaliser"][0])), LOSS_CONFIG)
 
 
 def parse_layout(text: str) -> tuple[str, dict]:

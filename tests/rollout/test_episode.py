@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from coati.algorithm.advantage import gae
-from coati.algorithm.loss import PolicyLossConfig, batch_normaliser, policy_loss
+from coati.algorithm.loss import PolicyLossConfig, batch_normaliser
+from coati.algorithm.policy_losses import LossInputs, policy_loss
 from coati.config.sampling import SamplingParams
 from coati.dataset.rows import Example
 from coati.rollout.env import Environment, StepResult
@@ -125,8 +126,8 @@ def test_gradients_at_tool_tokens_are_exactly_zero(backend, variation):
     ref = logprobs.detach() - 0.1
     config = PolicyLossConfig(loss_variation=variation, kl_loss_coef=0.05)
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
-    loss, _ = policy_loss(logprobs, batch["old_logprobs"], advantages, mask, config,
-                          batch_normaliser(mask, variation), ref_logprobs=ref)
+    loss, _ = policy_loss(LossInputs(logprobs, batch["old_logprobs"], advantages, mask,
+                                     batch_normaliser(mask, variation), ref_logprobs=ref), config)
     loss.backward()
     grad = logits.grad[:, :-1]
     assert (grad[mask == 0] == 0).all()

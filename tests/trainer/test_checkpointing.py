@@ -1,12 +1,19 @@
-"""Pure parts of run checkpoints: round seeds, the data order of a resumed producer, next rounds, metrics."""
+"""Pure parts of run checkpoints: round seeds, the data order of a resumed producer, next rounds, metrics,
+--resume's check of the settings that shape rounds."""
 
 import json
 import random
 from types import SimpleNamespace
 
+import pytest
+
 from coati.cluster.schedule import round_seed
+from coati.config.cli import build_parser, config_from_args
+from coati.launcher.checkpoints import FORMAT, check_resume, producer_rounds, round_settings, trim_metrics, \
+    write_run_state
 from coati.rollout.round_generator import RoundGenerator
-from coati.launcher.checkpoints import producer_rounds, trim_metrics
+from coati.train import placeholder_demo
+from coati.utils.checkpoint import COMPLETE_MARKER
 
 
 def test_round_seeds_are_deterministic_and_distinct():
@@ -38,3 +45,23 @@ def test_trim_metrics_drops_the_rows_a_resumed_run_redoes(tmp_path):
     kept = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in kept] == [0, 1, 2, 3]
     assert trim_metrics(str(tmp_path / "missing"), 3) == 0
+
+
+def test_a_resume_that_moves_the_prompt_shards_is_refused_in_one_line(tmp_path):
+    """--learner-chunk-size changes how a round's prompts are split between the producers and the learner: a
+    resume that changes it would train other prompts than the checkpoint's run, so it is refused like -ibs."""
+    def config(*flags):
+        argv = ["-sd", str(tmp_path), "-p", "r", "-ibs", "8", "-imbs", "8", "-g", "4", "-tbs", "4", "-tMbs", "4",
+                "-tmbs", "8", *flags]
+        return config_from_args(build_parser().parse_args(argv), placeholder_demo())
+
+    step = tmp_path / "r" / "step_2"
+    step.mkdir(parents=True)
+    (step / COMPLETE_MARKER).write_text("{}")
+    write_run_state(str(step), {"format": FORMAT, "round_settings": round_settings(config())})
+    with pytest.raises(ValueError) as refused:
+        check_resume(config("--learner-chunk-size", "4", "--resume", "latest"))
+    message = str(refused.value)
+    assert message.endswith("changed: learner_chunk_size 0 -> 4") and "\n" not in message, message
+    with pytest.raises(FileNotFoundError):  # the same settings pass, on to the (absent) trainer state
+        check_resume(config("--resume", "latest"))

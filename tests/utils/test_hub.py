@@ -47,3 +47,26 @@ def test_a_cached_name_resolves_offline_and_an_uncached_one_is_one_line(tmp_path
     assert err.startswith("-m/--model coati-test/absent: not a local directory, and not in the Hugging Face "
                           f"cache {tmp_path / 'hf' / 'hub'} while HF_HUB_OFFLINE is set: fill the cache on a "
                           "machine with a network (`hf download coati-test/absent` with the same HF_HOME)"), err
+
+
+def test_sft_rm_and_the_rlhf_yaml_resolve_hub_names_as_train_does(tmp_path, tiny_model_dir):
+    """`coati sft/rm -m ORG/NAME` and `coati rlhf`'s YAML `model:` take hub names too (resolved before any stage)."""
+    snapshot = fill_hub_cache(tmp_path / "hf", "coati-test/tiny", tiny_model_dir)
+    (tmp_path / "rlhf.yaml").write_text("model: coati-test/tiny\nstages: [sft, rm]\nrm:\n  model: coati-test/tiny\n")
+    code = ("import sys\n"
+            "from coati.config.stage import RMConfig, SFTConfig\n"
+            "from coati.rlhf.cli import resolve_model_name\n"
+            "from coati.rlhf.pipeline import read_plan\n"
+            "print(resolve_model_name(SFTConfig(model='coati-test/tiny'), log=lambda line: None).model)\n"
+            "print(resolve_model_name(RMConfig(model='coati-test/tiny'), log=lambda line: None).model)\n"
+            "plan = read_plan(sys.argv[1])\n"
+            "print(plan.model)\nprint(plan.sections['rm']['model'])\n")
+    found = offline(tmp_path, "-c", code, str(tmp_path / "rlhf.yaml"))
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.split() == [snapshot] * 4
+    (tmp_path / "absent.yaml").write_text("model: coati-test/absent\n")
+    missing = offline(tmp_path, "-m", "coati.cli", "rlhf", "--config", str(tmp_path / "absent.yaml"))
+    err = missing.stderr.strip()
+    assert missing.returncode == 2 and "\n" not in err, err
+    assert err.startswith(f"error: --config {tmp_path / 'absent.yaml'} model: coati-test/absent: not a local "
+                          "directory, and not in the Hugging Face cache"), err

@@ -1,0 +1,103 @@
+"""GGUF checkpoints as ``-m``: a ``.gguf`` file (llama.cpp's format, often quantized) is read once through
+transformers' GGUF reader, dequantized to float32, and written into the cache as a plain HF directory
+(safetensors, config, tokenizer with its chat template). Every actor and engine then reads that directory, as it
+would any model, and none of them needs the ``gguf`` package.
+
+The cache entry is named after the file and a fingerprint of its size and first bytes (the header and tensor
+index, which differ between any two checkpoints), so a changed file converts again and an unchanged one is not
+read twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+from coati.utils.cache import build_once, default_cache_dir
+
+SUFFIX = ".gguf"
+MARKER = "gguf_source.json"  # written last into the converted directory: a half-built one is never used
+_FINGERPRINT_BYTES = 16 << 20
+GGUF_FILE_HELP = "with -m a directory of several .gguf files: the one to load (e.g. model.Q4_1.gguf)"
+
+
+class GGUFError(ValueError):
+    """One line: why a GGUF model cannot be used, and what to do."""
+
+
+def gguf_file_of(path: str, gguf_file: str | None = None, flag: str = "-m/--model") -> str | None:
+    """The GGUF file ``path`` names: itself when it is a ``.gguf`` file, the one in a directory that holds GGUF
+    files and no HF ``config.json`` (``gguf_file`` picks among several), else None (not a GGUF model)."""
+    if os.path.isfile(path) and path.endswith(SUFFIX):
+        return path
+    if not os.path.isdir(path) or (os.path.isfile(os.path.join(path, "config.json")) and gguf_file is None):
+        return None
+    found = sorted(name for name in os.listdir(path) if name.endswith(SUFFIX))
+    if gguf_file is not None:
+        name = os.path.basename(gguf_file)
+        if name not in found:
+            raise GGUFError(f"--gguf-file {gguf_file}: not in {path} (it holds {', '.join(found) or 'no .gguf file'})")
+        return os.path.join(path, name)
+    if len(found) > 1:
+        raise GGUFError(f"{flag} {path} holds {len(found)} GGUF files ({', '.join(found)}): pick one with "
+                        f"--gguf-file NAME, or pass the file itself as {flag}")
+    return os.path.join(path, found[0]) if found else None
+
+
+def fingerprint(gguf_path: str) -> str:
+    digest = hashlib.sha256(str(os.path.getsize(gguf_path)).encode())
+    with open(gguf_path, "rb") as handle:
+        digest.update(handle.read(_FINGERPRINT_BYTES))
+    return digest.hexdigest()[:12]
+
+
+def converted_dir(gguf_path: str, cache_dir: str | None = None) -> str:
+    """Where the HF directory of ``gguf_path`` is (or will be) cached."""
+    stem = os.path.basename(gguf_path)[: -len(SUFFIX)]
+    return os.path.join(cache_dir or default_cache_dir(), "gguf", f"{stem}-{fingerprint(gguf_path)}")
+
+
+def is_converted(gguf_path: str, cache_dir: str | None = None) -> bool:
+    return os.path.isfile(os.path.join(converted_dir(gguf_path, cache_dir), MARKER))
+
+
+def hf_dir_from_gguf(gguf_path: str, cache_dir: str | None = None, log=print) -> str:
+    """The cached HF directory of ``gguf_path``, converted first when missing (once per cache, under a lock)."""
+    out = converted_dir(gguf_path, cache_dir)
+    if not os.path.isfile(os.path.join(out, MARKER)):
+        log(f"{gguf_path}: a GGUF file; converting it once into an HF directory (float32 safetensors) at {out}")
+        build_once(out, MARKER, lambda staging: _convert(gguf_path, staging))
+    return out
+
+
+def _convert(gguf_path: str, out_dir: str) -> None:
+    try:
+        import gguf  # noqa: F401 - transformers' GGUF reader needs it; say so before it fails deep inside
+    except ImportError:
+        raise GGUFError(f"{gguf_path}: reading GGUF files needs the gguf package: pip install gguf") from None
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # three bars over 272 tensors each; the start line says what happens
+
+    directory, name = os.path.split(os.path.abspath(gguf_path))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
+    except (ValueError, KeyError, RuntimeError) as err:  # an architecture or quantization transformers cannot read
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise GGUFError(f"{gguf_path}: transformers cannot read this GGUF file ({first}); convert it to an HF "
+                        "directory another way and pass that directory") from None
+    # the weights are dequantized on load; what still marks the model GGUF-quantized would refuse the save and
+    # make every later reader look for the .gguf file
+    model.hf_quantizer = None
+    for holder in (model.config, getattr(model, "generation_config", None)):
+        if holder is not None and hasattr(holder, "quantization_config"):
+            delattr(holder, "quantization_config")
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    with open(os.path.join(out_dir, MARKER), "w") as handle:
+        json.dump({"gguf": os.path.abspath(gguf_path), "fingerprint": fingerprint(gguf_path),
+                   "architecture": type(model).__name__}, handle, indent=1)

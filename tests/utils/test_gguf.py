@@ -1,0 +1,78 @@
+"""GGUF files as -m: which file a path names (one line when it is ambiguous), the conversion of the real
+SmolLM2-135M-Instruct file into an HF directory that equals the GGUF model, and the cache that converts once."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from coati.utils.gguf import GGUFError, MARKER, converted_dir, gguf_file_of, hf_dir_from_gguf
+from coati.utils.model_source import local_model_dir, model_display_name
+
+
+def _touch(path, data: bytes = b"GGUF") -> str:
+    with open(path, "wb") as handle:
+        handle.write(data)
+    return str(path)
+
+
+def test_a_gguf_path_names_one_file_and_several_need_gguf_file(tmp_path):
+    one = _touch(tmp_path / "m.Q4_1.gguf")
+    assert gguf_file_of(one) == one
+    assert gguf_file_of(str(tmp_path)) == one  # a directory with one GGUF file
+    second = _touch(tmp_path / "m.Q8_0.gguf")
+    with pytest.raises(GGUFError) as err:
+        gguf_file_of(str(tmp_path))
+    assert str(err.value) == (f"-m/--model {tmp_path} holds 2 GGUF files (m.Q4_1.gguf, m.Q8_0.gguf): pick one with "
+                              "--gguf-file NAME, or pass the file itself as -m/--model")
+    assert gguf_file_of(str(tmp_path), "m.Q8_0.gguf") == second
+    with pytest.raises(GGUFError, match=r"^--gguf-file m.F16.gguf: not in .* \(it holds m.Q4_1.gguf, m.Q8_0.gguf\)$"):
+        gguf_file_of(str(tmp_path), "m.F16.gguf")
+
+
+def test_an_hf_directory_is_not_gguf_and_gguf_file_without_gguf_is_refused(tmp_path):
+    _touch(tmp_path / "config.json", b"{}")
+    assert gguf_file_of(str(tmp_path)) is None
+    assert local_model_dir(str(tmp_path)) == str(tmp_path)
+    with pytest.raises(GGUFError, match=r"^--gguf-file x.gguf: not in .* \(it holds no .gguf file\)$"):
+        local_model_dir(str(tmp_path), gguf_file="x.gguf")
+    assert model_display_name("/models/SmolLM2-135M-Instruct.Q4_1.gguf") == "SmolLM2-135M-Instruct.Q4_1"
+
+
+def test_the_cache_entry_follows_the_file(tmp_path):
+    path = _touch(tmp_path / "m.gguf", b"GGUF" + bytes(100))
+    first = converted_dir(path, str(tmp_path / "cache"))
+    assert converted_dir(path, str(tmp_path / "cache")) == first
+    _touch(path, b"GGUF" + bytes(101))  # another file under the same name converts again
+    assert converted_dir(path, str(tmp_path / "cache")) != first
+
+
+def test_a_file_transformers_cannot_read_is_one_line(tmp_path):
+    path = _touch(tmp_path / "broken.gguf", b"not a gguf file at all")
+    with pytest.raises(GGUFError) as err:
+        hf_dir_from_gguf(path, cache_dir=str(tmp_path / "cache"), log=lambda line: None)
+    assert "\n" not in str(err.value)
+    assert str(err.value).startswith(f"{path}: transformers cannot read this GGUF file (")
+    assert not os.path.exists(converted_dir(path, str(tmp_path / "cache")))  # nothing half-built left
+
+
+def test_the_shipped_smollm2_converts_to_an_hf_directory_equal_to_the_gguf_model(smollm2_gguf, smollm2_dir):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with open(os.path.join(smollm2_dir, MARKER)) as handle:
+        assert json.load(handle)["architecture"] == "LlamaForCausalLM"
+    converted = AutoModelForCausalLM.from_pretrained(smollm2_dir)
+    assert getattr(converted.config, "quantization_config", None) is None
+    assert converted.config.tie_word_embeddings
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "Calculate 2 + 3."}], tokenize=False,
+                                         add_generation_prompt=True)
+    assert text.endswith("<|im_start|>assistant\n"), text  # the model's own chat template travelled
+    directory, name = os.path.split(smollm2_gguf)
+    original = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    with torch.no_grad():
+        assert torch.equal(converted(ids).logits, original(ids).logits)
