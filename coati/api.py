@@ -15,7 +15,7 @@ from dataclasses import dataclass
 class RunSummary:
     steps: int
     final_metrics: dict  # the last trained step's row of metrics.jsonl (loss, reward, accuracy...)
-    eval_before: dict  # "task/sampling" -> held-out accuracy before training
+    eval_before: dict  # "task/sampling" -> held-out accuracy before training (None: no reward defines correctness)
     eval_after: dict
     checkpoint: str  # the final step_N checkpoint: an HF model directory, and --resume PATH continues from it
     metrics_path: str

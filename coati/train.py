@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", description
     from coati.launcher.plan import PlanError
     from coati.launcher.rl import run
     from coati.launcher.stop import RunInterrupted
+    from coati.rollout.evaluation import held_out_line
 
     try:
         result = run(config)
@@ -72,8 +73,9 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", description
           + (" (a LoRA adapter; a full model: coati export --merge DIR OUT)" if config.model.lora.enabled else ""))
     print(f"metrics: {result.metrics_path}")
     for key in result.eval_after:
-        before, after = result.eval_before[key], result.eval_after[key]
-        print(f"held-out accuracy {key}: {before:.3f} -> {after:.3f} ({100 * (after - before):+.1f} points)")
+        before = {"accuracy": result.eval_before.get(key), "mean_reward": result.reward_before.get(key)}
+        after = {"accuracy": result.eval_after[key], "mean_reward": result.reward_after.get(key)}
+        print(held_out_line(key, before, after))
     print_tool_use(result.metrics_path, result.steps)
     return 0
 

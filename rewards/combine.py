@@ -3,7 +3,9 @@
 reward = sum over rewards of weight * score. Names: the built-in reward by its type (``boxed``,
 ``think_answer_tags``, ``code``), a user function by its function name, the server ``remote``. Every weight is
 1 unless ``--reward-weights name:weight,...`` says otherwise; weight 0 for the built-in reward replaces it
-(it is still computed: ``correct`` and ``format_ok``, hence eval accuracy, stay the built-in reward's verdict).
+(it is still computed: ``format_ok`` and the reason stay the built-in reward's). ``correct`` becomes the run's
+verdict by the rule of rewards/correctness.py: the parts' own verdicts, ``--correct-threshold``, the built-in
+reward's while it weighs, else none.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from rewards.correctness import sample_correct
 from rewards.remote import RemoteReward
-from rewards.types import RewardResult
+from rewards.types import RewardResult, Scored
 from rewards.user import UserReward, load_reward_fn
 
 
@@ -67,8 +70,9 @@ class CombinedRewards:
     """The rewards added to the built-in one, and the weights of all of them."""
 
     def __init__(self, builtin: str, reward_fns=(), reward_url: str | None = None, weights: str | None = None,
-                 remote_options: dict | None = None):
+                 remote_options: dict | None = None, correct_threshold: float | None = None):
         self.builtin = builtin
+        self.correct_threshold = correct_threshold
         self.functions: list[UserReward] = [load_reward_fn(spec) for spec in reward_fns]
         self.remote = RemoteReward(reward_url, **(remote_options or {})) if reward_url else None
         names = [builtin, *(f.name for f in self.functions), *(["remote"] if self.remote else [])]
@@ -76,14 +80,15 @@ class CombinedRewards:
 
     @property
     def trivial(self) -> bool:
-        """Only the built-in reward, at weight 1: results pass through unchanged."""
-        return not self.functions and self.remote is None and self.weights[self.builtin] == 1.0
+        """Only the built-in reward, at weight 1, and its verdict: results pass through unchanged."""
+        return (not self.functions and self.remote is None and self.weights[self.builtin] == 1.0
+                and self.correct_threshold is None)
 
     def apply(self, results: list[RewardResult], responses: list[str], examples: list) -> list[RewardResult]:
         """``results[i]`` (built-in) of ``responses[i]`` to ``examples[i]`` -> the weighted results."""
         if self.trivial:
             return results
-        scored = [[(r.reward, {}) for r in results]]
+        scored = [[Scored(r.reward, {}) for r in results]]
         for fn in self.functions:
             scored.append([fn(response, example_label(e), getattr(e, "row", None), e.source or "a row")
                            for response, e in zip(responses, examples)])
@@ -93,11 +98,16 @@ class CombinedRewards:
         names = list(self.weights)
         out = []
         for i, result in enumerate(results):
-            parts, total = {}, 0.0
+            parts, total, verdicts = {}, 0.0, []
             for name, column in zip(names, scored):
-                score, named = column[i]
+                score, named, verdict = column[i]
                 total += self.weights[name] * score
                 parts[name] = score
                 parts.update({f"{name}/{key}": value for key, value in named.items()})
-            out.append(dataclasses.replace(result, reward=total, parts=parts))
+                if verdict is not None:
+                    verdicts.append(verdict)
+                    parts[f"{name}/correct"] = verdict
+            correct = sample_correct(result.correct, self.weights[self.builtin], verdicts, total,
+                                     self.correct_threshold)
+            out.append(dataclasses.replace(result, reward=total, parts=parts, correct=correct))
         return out

@@ -5,6 +5,7 @@ Protocol (one HTTP POST per batch, ``Content-Type: application/json``, UTF-8)::
     request:  {"items": [{"prompt": str, "response": str, "label": <the row's label, any JSON>}, ...]}
     reply:    200, {"scores": [number, ...]}                       one finite number per item, in order
               optionally "parts": [{"name": number, ...}, ...]     per item, for the logs only
+              optionally "correct": [true | false | null, ...]      per item, the server's verdict (null: none)
 
 ``prompt`` is the text of the row's last user message. A batch holds at most ``batch_size`` items.
 
@@ -23,6 +24,9 @@ import urllib.error
 import urllib.request
 from typing import Any
 from urllib.parse import urlparse
+
+from rewards.correctness import is_verdict
+from rewards.types import Scored
 
 
 class RemoteRewardError(RuntimeError):
@@ -56,14 +60,14 @@ class RemoteReward:
         self.url, self.timeout_s, self.retries = url, timeout_s, retries
         self.batch_size, self.backoff_s = batch_size, backoff_s
 
-    def score(self, items: list[dict]) -> list[tuple[float, dict]]:
-        """(score, parts) per item (``{"prompt", "response", "label"}``), in order."""
+    def score(self, items: list[dict]) -> list[Scored]:
+        """(score, parts, verdict) per item (``{"prompt", "response", "label"}``), in order."""
         out = []
         for start in range(0, len(items), self.batch_size):
             out += self._post(items[start : start + self.batch_size])
         return out
 
-    def _post(self, batch: list[dict]) -> list[tuple[float, dict]]:
+    def _post(self, batch: list[dict]) -> list[Scored]:
         body = json.dumps({"items": batch}, default=str).encode("utf-8")  # a value JSON lacks goes as its text
         last = ""
         for attempt in range(self.retries + 1):
@@ -93,7 +97,7 @@ class RemoteReward:
                 raise _Retry(f"no reply within {self.timeout_s:g} s") from None
             raise _Retry(f"{reason}") from None
 
-    def _parse(self, raw: bytes, count: int) -> list[tuple[float, dict]]:
+    def _parse(self, raw: bytes, count: int) -> list[Scored]:
         try:
             reply = json.loads(raw)
         except ValueError:
@@ -107,8 +111,13 @@ class RemoteReward:
         parts = reply.get("parts") or [{}] * count
         if not isinstance(parts, list) or len(parts) != count or not all(isinstance(p, dict) for p in parts):
             raise RemoteRewardError(f"reward server {self.url}: \"parts\" must be a list of {count} objects")
-        return [(_finite(s, self.url), {str(k): _finite(v, self.url) for k, v in p.items()})
-                for s, p in zip(scores, parts)]
+        verdicts = reply.get("correct") or [None] * count
+        if not isinstance(verdicts, list) or len(verdicts) != count \
+                or not all(v is None or is_verdict(v) for v in verdicts):
+            raise RemoteRewardError(f"reward server {self.url}: \"correct\" must be a list of {count} true, false "
+                                    "or null")
+        return [Scored(_finite(s, self.url), {str(k): _finite(v, self.url) for k, v in p.items()}, c)
+                for s, p, c in zip(scores, parts, verdicts)]
 
 
 def _finite(value: Any, url: str) -> float:

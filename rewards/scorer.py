@@ -14,10 +14,11 @@ class RewardScorer:
 
     def __init__(self, reward_type: str, code_options: dict | None = None, reward_fns=(),
                  reward_url: str | None = None, reward_weights: str | None = None,
-                 remote_options: dict | None = None):
+                 remote_options: dict | None = None, correct_threshold: float | None = None):
         self.spec = reward_type_spec(reward_type)
         self.reward_type = reward_type
-        self.combined = CombinedRewards(reward_type, reward_fns, reward_url, reward_weights, remote_options)
+        self.combined = CombinedRewards(reward_type, reward_fns, reward_url, reward_weights, remote_options,
+                                        correct_threshold)
         self._code = None
         if self.spec.runs_code:
             from rewards.code import CodeRewardScorer

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 # A response in the right format earns this much even when its answer is wrong, so a policy that has not
 # yet learned the format still gets a gradient towards it; a correct answer earns the full 1.0.
@@ -12,12 +13,28 @@ FORMAT_REWARD = 0.1
 @dataclass(frozen=True)
 class RewardResult:
     reward: float
-    correct: bool  # the answer is right (for code: every test case passed)
+    # the answer is right (for code: every test case passed); after combining, the run's verdict
+    # (rewards/correctness.py), None when no reward of the run defines one
+    correct: bool | None
     format_ok: bool  # the response has the shape the reward type asks for
     extracted: str | None  # the answer or program pulled out of the response, if any
     reason: str  # short human-readable cause, e.g. "ok", "wrong answer", "no \\boxed{}"
     # each weighted reward's own score (and its named parts) when several rewards are combined; else None
     parts: dict | None = None
+    # ``reason``'s stable short form, counted over samples ("wrong answer" for "wrong answer on case 2"); None: the
+    # reason itself is short
+    cause: str | None = None
+
+    @property
+    def reason_code(self) -> str:
+        return self.cause or self.reason
+
+
+class Scored(NamedTuple):
+    """One reward part's answer on one response: its score, named numbers for the logs, its own verdict (or None)."""
+    score: float
+    parts: dict
+    correct: bool | None = None
 
 
 def combine(format_ok: bool, score: float) -> float:

@@ -1,8 +1,10 @@
 """The user's own reward functions: ``--reward-fn path/to/file.py:name``.
 
 Signature: ``name(response: str, label, row: dict)`` -> a number, or ``(number, {"part": number, ...})``
-whose named parts go to the logs only. ``label`` is the row's label as scored by the built-in reward (the
-gold answer for math, the test-case object for code); ``row`` is the whole dataset row, unchanged.
+whose named parts go to the logs only; the dict's ``"correct": True/False`` is the function's verdict on the
+response instead, which the run's accuracy counts (rewards/correctness.py). ``label`` is the row's label as
+scored by the built-in reward (the gold answer for math, the test-case object for code); ``row`` is the whole
+dataset row, unchanged.
 
 Every problem is one ``RewardFnError`` line naming the function: at start-up (file, name, signature, a check
 call on the first row) and mid-run (the row's ``file:line`` and what the function raised or returned).
@@ -18,6 +20,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from rewards.correctness import CORRECT_KEY, is_verdict
+from rewards.types import Scored
+
 
 class RewardFnError(RuntimeError):
     """A user reward function could not be loaded, or raised / returned a non-number; one line."""
@@ -29,7 +34,7 @@ class UserReward:
     spec: str  # as given: path.py:name
     fn: Callable
 
-    def __call__(self, response: str, label: Any, row: dict | None, where: str = "") -> tuple[float, dict]:
+    def __call__(self, response: str, label: Any, row: dict | None, where: str = "") -> Scored:
         try:
             value = self.fn(response, label, row)
         except Exception as err:  # noqa: BLE001 - whatever the user's code raises ends the run with one line
@@ -46,7 +51,7 @@ def _first_line(err: BaseException) -> str:
 def _number(value: Any, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) and not _is_numpy_scalar(value):
         raise RewardFnError(f"{what} returned {type(value).__name__} {value!r:.60}; return a number, or "
-                            "(number, {name: number}) for named parts")
+                            "(number, {name: number}) for named parts, or (number, {\"correct\": bool})")
     number = float(value)
     if not math.isfinite(number):
         raise RewardFnError(f"{what} returned {number}; return a finite number")
@@ -57,12 +62,21 @@ def _is_numpy_scalar(value: Any) -> bool:
     return type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "shape", None) == ()
 
 
-def reward_value(value: Any, what: str) -> tuple[float, dict]:
-    """(score, named parts) from what a reward function returned; RewardFnError when it is not a number."""
+def reward_value(value: Any, what: str) -> Scored:
+    """What a reward function returned, checked: a number, or (number, dict of named numbers and an optional
+    ``"correct"`` bool); RewardFnError (one line) otherwise."""
     if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], dict):
-        parts = {str(key): _number(part, f"{what} (part {key!r})") for key, part in value[1].items()}
-        return _number(value[0], what), parts
-    return _number(value, what), {}
+        named = dict(value[1])
+        correct = named.pop(CORRECT_KEY, None)
+        if correct is not None and not is_verdict(correct):
+            raise RewardFnError(f"{what} returned {{{CORRECT_KEY!r}: {correct!r:.40}}} ({type(correct).__name__}); "
+                                f"{CORRECT_KEY!r} must be True or False")
+        parts = {str(key): _number(part, f"{what} (part {key!r})") for key, part in named.items()}
+        return Scored(_number(value[0], what), parts, None if correct is None else bool(correct))
+    if isinstance(value, (tuple, list)):
+        raise RewardFnError(f"{what} returned a {type(value).__name__} of {len(value)}; return a number or "
+                            "(number, {name: number}), e.g. (1.0, {\"correct\": True})")
+    return Scored(_number(value, what), {})
 
 
 def _split_spec(spec: str) -> tuple[str, str]:

@@ -73,7 +73,8 @@ class DataConfig:
 
     reward_fn: tuple[str, ...] = option(
         (), "your own reward: path/to/file.py:function, called as function(response, label, row) -> number (or "
-            "(number, {name: number}) for the logs); repeatable; added to -rt's reward (see docs/rewards.md)",
+            "(number, {name: number}) for the logs, with \"correct\": bool its verdict for accuracy); repeatable; "
+            "added to -rt's reward (see docs/rewards.md)",
         kind=str, repeat=True, metavar="FILE.py:NAME")
     reward_weights: str | None = option(
         None, "weights of the rewards, name:weight,... (names: the -rt type, each --reward-fn function's name, "
@@ -82,6 +83,9 @@ class DataConfig:
                                           "to http://HOST:PORT/PATH, scores back (docs/rewards.md)")
     reward_url_timeout: float = option(30.0, "--reward-url: seconds to wait for one reply")
     reward_url_retries: int = option(3, "--reward-url: more tries after a failed request before the run stops")
+    correct_threshold: float | None = option(
+        None, "a response counts as correct (accuracy) when its weighted reward is >= this, unless a reward part "
+              "gives its own verdict (default: the built-in -rt verdict while its weight is not 0; docs/rewards.md)")
 
     @property
     def rows(self) -> RowFormat:
@@ -92,7 +96,8 @@ class DataConfig:
         return {"reward_type": self.reward_type,
                 "code_options": self.code.scorer_options() if reward_type(self.reward_type).runs_code else None,
                 "reward_fns": self.reward_fn, "reward_url": self.reward_url, "reward_weights": self.reward_weights,
-                "remote_options": {"timeout_s": self.reward_url_timeout, "retries": self.reward_url_retries}}
+                "remote_options": {"timeout_s": self.reward_url_timeout, "retries": self.reward_url_retries},
+                "correct_threshold": self.correct_threshold}
 
 
 def parse_eval_datasets(text: str | None) -> dict[str, str]:

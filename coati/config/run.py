@@ -40,6 +40,8 @@ class RunConfig:
               "file starts at the first logged step after the current one reaches 64 MiB", "-rsd")
     rollout_save_interval: int = option(1, "-rsd: log the rollouts of every N-th trained step (a round of several "
                                            "steps: all of its rollouts at its first step when one of them is due)")
+    equal_reward_steps: int = option(
+        3, "warn once when every group's rewards were equal (nothing to learn) for this many steps in a row; 0: never")
     ray_dir: str | None = option(
         None, "Ray's temp directory: the local cluster's, or, when joining, the --temp-dir that this machine's node "
               "of the cluster was started with (`ray start --temp-dir`)", flag="--ray_dir")

@@ -6,6 +6,8 @@ Ray cluster is started. The algorithm's own checks are validate_algo.py.
 
 from __future__ import annotations
 
+import math
+
 from coati.config.algo import ALGOS
 from coati.config.data import DataConfig
 from coati.config.errors import ConfigError, require
@@ -162,6 +164,8 @@ def _validate_user_rewards(d: DataConfig) -> None:
         require(problem is None, problem or "")
     require(d.reward_url_timeout > 0, f"--reward-url-timeout must be > 0 seconds, got {d.reward_url_timeout:g}")
     require(d.reward_url_retries >= 0, f"--reward-url-retries must be >= 0, got {d.reward_url_retries}")
+    require(d.correct_threshold is None or math.isfinite(d.correct_threshold),
+            f"--correct-threshold must be a finite number, got {d.correct_threshold}")
 
 
 def _validate_keys(d: DataConfig) -> None:
@@ -180,6 +184,7 @@ def _validate_logs(config: RLConfig) -> None:
                                    f"got {r.eval_interval}")
     require(r.eval_interval == 0 or config.data.eval_paths,
             "-ei/--eval-interval needs held-out data: pass -ed/--eval-dataset '{\"name\": \"eval.jsonl\"}'")
+    require(r.equal_reward_steps >= 0, f"--equal-reward-steps must be >= 0 (0: no warning), got {r.equal_reward_steps}")
     require(r.rollout_save_interval >= 1, f"--rollout-save-interval must be at least 1, got {r.rollout_save_interval}")
 
 

@@ -30,6 +30,7 @@ import ray
 
 from coati.config.tree import RLConfig
 from coati.rollout.evaluation import EVAL_NUMBERS
+from rewards.correctness import NOT_DEFINED
 from coati.rollout.evaluator import MAX_PENDING, Evaluator
 from coati.utils.run_files import EvalWriter
 
@@ -58,18 +59,26 @@ class EvalSchedule:
                 config, num_threads)
         self.pending: deque = deque()  # (step, on_sync, [(task, mode, ObjectRef)]) in submission order
         self.submitted: set[int] = set()
-        self.accuracy: dict[int, dict[str, float]] = {}  # step -> "task/mode" -> accuracy
+        # step -> "task/mode" -> accuracy (None: no reward defines correctness) and mean reward
+        self.accuracy: dict[int, dict[str, float | None]] = {}
+        self.mean_reward: dict[int, dict[str, float]] = {}
 
-    def restore_before(self, accuracy: dict[str, float]) -> None:
-        """A resumed run: step 0 was evaluated by the run that wrote the checkpoint; keep its accuracies."""
+    def restore_before(self, accuracy: dict[str, float | None], mean_reward: dict[str, float] | None = None) -> None:
+        """A resumed run: step 0 was evaluated by the run that wrote the checkpoint; keep its numbers (checkpoints
+        from before mean rewards were kept have none)."""
         self.submitted.add(0)
         self.accuracy[0] = dict(accuracy)
+        self.mean_reward[0] = dict(mean_reward or {})
 
-    def before_accuracy(self) -> dict[str, float]:
+    def before_accuracy(self) -> dict[str, float | None]:
         """Step 0's accuracies, waiting for them if still in flight (a checkpoint stores them for resume)."""
         while self.pending and self.pending[0][0] == 0:
             self._collect_oldest()
         return self.accuracy.get(0, {})
+
+    def before_mean_reward(self) -> dict[str, float]:
+        self.before_accuracy()
+        return self.mean_reward.get(0, {})
 
     def due(self, step: int) -> bool:
         return self.interval > 0 and step % self.interval == 0
@@ -134,9 +143,14 @@ class EvalSchedule:
                    "count": out["count"], "version": out["version"], "on_sync": on_sync}
         name = self.writer.write(step, task, mode, out["records"], summary)
         self.logger.log(step, {"task": task, "mode": mode, **summary, "file": name}, kind="eval")
-        self.accuracy.setdefault(step, {})[f"{task}/{mode}"] = out["accuracy"]
+        self.accuracy.setdefault(step, {})[f"{task}/{mode}"] = out.get("accuracy")
+        self.mean_reward.setdefault(step, {})[f"{task}/{mode}"] = out.get("mean_reward")
         where = f"weights v{out['version']}" + ("" if on_sync else f" + training to step {step}")
         score = f" reward-model score {out['rm_score']:.3f}" if "rm_score" in out else ""
         score += f" tool use {out['tool_use_rate']:.3f}" if "tool_use_rate" in out else ""
-        self.log(f"eval step {step} {task}/{mode}: accuracy {out['accuracy']:.3f} format {out['format_rate']:.3f}"
+        if out.get("accuracy") is not None:
+            numbers = f"accuracy {out['accuracy']:.3f}"
+        else:  # the built-in verdict is no accuracy of this run's: say so, and what rose instead
+            numbers = f"accuracy {NOT_DEFINED}, mean reward {out['mean_reward']:.3f}"
+        self.log(f"eval step {step} {task}/{mode}: {numbers} format {out['format_rate']:.3f}"
                  f"{score} (n={out['count']}, {where})")

@@ -107,25 +107,35 @@ def _check_response(config: RLConfig, example) -> str:
 
 
 def check_user_rewards(config: RLConfig, first) -> None:
-    """--reward-fn: each function loads and, called on the first training row, returns a finite number;
-    --reward-url: the server scores that row. One ConfigError line otherwise, before any actor."""
+    """--reward-fn: each function loads and, called on the first training row, returns a finite number (or
+    (number, dict) with an optional "correct" bool); --reward-url: the server scores that row. DAPO's accuracy
+    filter needs correctness, which that row must then have (rewards/correctness.py). One ConfigError line
+    otherwise, before any actor."""
     d = config.data
     if not d.reward_fn and d.reward_url is None:
         return
     from rewards.combine import CombinedRewards, RewardWeightsError, example_label, last_user_text
+    from rewards.correctness import sample_correct
     from rewards.remote import RemoteRewardError
     from rewards.user import RewardFnError
 
+    options = d.scorer_options()
     try:
         rewards = CombinedRewards(d.reward_type, d.reward_fn, d.reward_url, d.reward_weights,
-                                  d.scorer_options()["remote_options"])
+                                  options["remote_options"], options["correct_threshold"])
         response, label = _check_response(config, first), example_label(first)
-        for fn in rewards.functions:
-            fn(response, label, first.row, f"{first.source} (the check call at start-up)")
+        answers = [fn(response, label, first.row, f"{first.source} (the check call at start-up)")
+                   for fn in rewards.functions]
         if rewards.remote is not None:
-            rewards.remote.score([{"prompt": last_user_text(first), "response": response, "label": label}])
+            answers += rewards.remote.score([{"prompt": last_user_text(first), "response": response, "label": label}])
     except (RewardFnError, RemoteRewardError, RewardWeightsError) as err:
         raise ConfigError(str(err)) from None
+    verdicts = [answer.correct for answer in answers if answer.correct is not None]
+    defined = sample_correct(True, rewards.weights[d.reward_type], verdicts, 0.0, rewards.correct_threshold) is not None
+    require(defined or config.algo.groups.filter_range is None,
+            f"filter_range keeps groups by accuracy, but no reward of this run defines correctness ({d.reward_type} "
+            f"weighs 0): return (score, {{\"correct\": bool}}) from --reward-fn, set --correct-threshold, or drop "
+            "filter_range")
 
 
 def check_inputs(config: RLConfig, engine: bool = True) -> None:

@@ -11,7 +11,7 @@ import json
 import os
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import ray
 
@@ -25,6 +25,7 @@ from coati.cluster.weight_sync import WeightStore
 from coati.config.colocation import choose_colocation
 from coati.config.tree import RLConfig
 from coati.launcher.eval_schedule import EvalSchedule
+from coati.launcher.health import run_monitors
 from coati.launcher.plan import fit_for_start
 from coati.rollout.producer import Producer
 from coati.launcher.checkpoints import check_resume, restore_run, save_checkpoint, trim_metrics
@@ -34,16 +35,19 @@ from coati.utils.checkpoint import prune_checkpoints
 from coati.utils.machine import usable_cores
 from coati.utils.metrics import MetricsLogger
 from coati.utils.run_files import RolloutWriter
+from rewards.correctness import accuracy_text
 
 
 @dataclass
 class RunResult:
     steps: int
-    eval_before: dict  # "task/sampling" -> accuracy
+    eval_before: dict  # "task/sampling" -> accuracy (None: no reward of the run defines correctness)
     eval_after: dict
     final_model_dir: str
     metrics_path: str
     wall_s: float
+    reward_before: dict = field(default_factory=dict)  # "task/sampling" -> held-out mean reward
+    reward_after: dict = field(default_factory=dict)
 
 
 def init_ray(config: RLConfig) -> None:
@@ -164,12 +168,19 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, evaluat
     # (path, skipped steps) of the newest checkpoint of this state: the final save does not repeat it
     last_saved = (os.path.join(config.run.run_dir, f"step_{step}"), skipped) if resume else None
     bar = tqdm(total=max_steps, initial=step, desc=config.algo.name, unit="step", disable=not config.run.progress_bar)
+    health = run_monitors(config)
+
+    def check_health(at_step: int, row: dict) -> None:
+        for warning in health.feed(at_step, row):
+            log(warning.text)
+            logger.log(at_step, warning.row(), kind="health")
 
     def save(at_step: int) -> str:
         path = os.path.join(config.run.run_dir, f"step_{at_step}")
         if (path, skipped) != last_saved or not os.path.isdir(path):
             save_checkpoint(path, consumers, buffer, config,
-                            {"step": at_step, "skipped": skipped, "eval_before": evals.before_accuracy()},
+                            {"step": at_step, "skipped": skipped, "eval_before": evals.before_accuracy(),
+                             "eval_reward_before": evals.before_mean_reward()},
                             supervisor.gather)
             if config.run.keep_checkpoints:
                 prune_checkpoints(config.run.run_dir, config.run.keep_checkpoints, path)
@@ -184,18 +195,20 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, evaluat
         if "skipped" in metrics:
             skipped += 1
             logger.log(step, metrics, kind="skipped")
+            check_health(step, metrics)
             log(f"after step {step}: a step was skipped: {metrics['skipped']} "
                 f"(groups drawn {metrics['groups_drawn']}, weights v{metrics['weight_version']})")
             continue
         step += 1
         logger.log(step, metrics)
+        check_health(step, metrics)
         if records and rollouts is not None:
             rollouts.write(step, records)
         if evals.due(step):
             evals.submit(step)
         evals.poll()
         bar.update(1)
-        bar.set_postfix(reward=f"{metrics['reward']:.3f}", acc=f"{metrics['accuracy']:.3f}",
+        bar.set_postfix(reward=f"{metrics['reward']:.3f}", acc=accuracy_text(metrics.get("accuracy")),
                         loss=f"{metrics['loss']:.4f}", v=metrics["weight_version"])
         if config.run.save_interval and step % config.run.save_interval == 0:
             last_saved = (save(step), skipped)
@@ -222,7 +235,8 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, evaluat
     # __del__ and print a SystemExit traceback after the results.
     supervisor.kill_all()
     logger.close()
-    return RunResult(total_steps, eval_before, eval_after, final_dir, logger.path, time.time() - start)
+    return RunResult(total_steps, eval_before, eval_after, final_dir, logger.path, time.time() - start,
+                     evals.mean_reward.get(0, {}), evals.mean_reward.get(total_steps, {}))
 
 
 def _open_outputs(config, log, producers, consumers, resume, state, evaluator_threads, reservation, gather):
@@ -239,7 +253,7 @@ def _open_outputs(config, log, producers, consumers, resume, state, evaluator_th
     if resume:
         log(f"resuming from {resume}: step {state['step']}, weights v{state['policy_version']}, "
             f"{state['pending_groups']} pending groups, producers from rounds {state['producer_rounds']}")
-        evals.restore_before(state["eval_before"])
+        evals.restore_before(state["eval_before"], state.get("eval_reward_before"))
     else:
         evals.submit(0)
     return logger, evals, rollouts

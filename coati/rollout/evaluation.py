@@ -6,17 +6,18 @@ from dataclasses import dataclass, field
 
 from coati.config.sampling import SamplingParams
 from coati.rollout.inference_backend import Completion, InferenceBackend
+from rewards.correctness import NOT_DEFINED, accuracy, accuracy_text
 from rewards.scorer import RewardScorer
 
 
-# The numbers an evaluation reports, in the order its row logs them; a None one (rm_score without a reward model,
-# tool_use_rate without --env) is left out.
+# The numbers an evaluation reports, in the order its row logs them; a None one (accuracy when no reward defines
+# correctness, rm_score without a reward model, tool_use_rate without --env) is left out.
 EVAL_NUMBERS = ("accuracy", "format_rate", "mean_reward", "rm_score", "tool_use_rate")
 
 
 @dataclass
 class EvalResult:
-    accuracy: float
+    accuracy: float | None  # None: no reward of the run defines correctness (rewards/correctness.py)
     format_rate: float
     mean_reward: float
     records: list[dict] = field(default_factory=list)  # prompt, response, extracted answer, reward per sample
@@ -61,12 +62,13 @@ def score_outputs(outputs: list[list[Completion]], examples, scorer: RewardScore
             "correct": result.correct,
             "format_ok": result.format_ok,
             "reason": result.reason,
+            "reason_code": result.reason_code,
             "finish_reason": completion.finish_reason,
             **({"reward_parts": result.parts} if result.parts is not None else {}),
         })
     count = max(len(records), 1)
     return EvalResult(
-        accuracy=sum(r["correct"] for r in records) / count,
+        accuracy=accuracy(r["correct"] for r in records) if records else 0.0,
         format_rate=sum(r["format_ok"] for r in records) / count,
         mean_reward=sum(r["reward"] for r in records) / count,
         records=records,
@@ -105,3 +107,19 @@ def held_out_row(backend, examples, skipped: int, params: SamplingParams, scorer
                           prompt_texts=[text for _, text, _ in examples], reward_model=reward_model)
     return {**result.summary(), "count": len(examples), "skipped_too_long": skipped, "version": version,
             "records": result.records}
+
+
+def held_out_line(key: str, before: dict, after: dict) -> str:
+    """The final summary's line for eval ``key`` ("task/mode") from its first and last eval numbers
+    (``EvalResult.summary()``): accuracy before -> after, or the mean reward when no reward defines correctness."""
+    if before.get("accuracy") is not None and after.get("accuracy") is not None:
+        a, b = before["accuracy"], after["accuracy"]
+        return f"held-out accuracy {key}: {a:.3f} -> {b:.3f} ({100 * (b - a):+.1f} points)"
+    a, b = before.get("mean_reward"), after.get("mean_reward")
+    reward = f"{a:.3f} -> {b:.3f} ({b - a:+.3f})" if a is not None and b is not None else "unknown"
+    if before.get("accuracy") is None and after.get("accuracy") is None:
+        why = ("no reward of this run defines correctness: return (score, {\"correct\": bool}) from --reward-fn, "
+               "or set --correct-threshold")
+    else:
+        why = f"before {accuracy_text(before.get('accuracy'))}, after {accuracy_text(after.get('accuracy'))}"
+    return f"held-out mean reward {key}: {reward}; accuracy {NOT_DEFINED} ({why})"

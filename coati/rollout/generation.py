@@ -92,5 +92,6 @@ def rollout_groups(backend, scorer, batch, sampling, version: int, learner: bool
             score_s=score_s,
             scores=rm_scores,
             reward_parts=[r.parts for r in results] if results and results[0].parts is not None else [],
+            reasons=[r.reason_code for r in results],
         ))
     return groups

@@ -16,7 +16,7 @@ class RolloutGroup:
     responses: list[list[int]]  # G token-id lists
     logprobs: list[list[float]]  # behaviour-policy logprobs, one per response token
     rewards: list[float]
-    correct: list[bool]
+    correct: list[bool | None]  # the run's verdict per response (rewards/correctness.py); None: not defined
     format_ok: list[bool]
     finish_reasons: list[str]  # "stop" | "length"
     policy_version: int  # weights version that generated the group
@@ -28,6 +28,8 @@ class RolloutGroup:
     score_s: float = 0.0  # its share of the seconds spent scoring its round (groups are scored together)
     scores: list[float] = field(default_factory=list)  # the reward model's score per response (-a PPO); else empty
     reward_parts: list[dict] = field(default_factory=list)  # each weighted reward's score per response; else empty
+    # the built-in reward's reason code per response ("ok", "wrong answer", "no \\boxed{} answer"...); else empty
+    reasons: list[str] = field(default_factory=list)
     # Multi-turn episodes (coati.rollout.episode): per response, 1 where the model wrote the token and 0 where the
     # environment did (tool output); empty = every response token is the model's (single-turn).
     loss_masks: list[list[int]] = field(default_factory=list)

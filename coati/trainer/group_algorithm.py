@@ -33,7 +33,8 @@ def group_tensors(groups: list[RolloutGroup]) -> GroupTensors:
         rewards=torch.tensor([g.rewards for g in groups], dtype=torch.float32),
         lengths=torch.tensor([g.model_token_counts() for g in groups], dtype=torch.float32),  # tool output excluded
         truncated=torch.tensor([[reason == "length" for reason in g.finish_reasons] for g in groups]),
-        correct=torch.tensor([g.correct for g in groups], dtype=torch.float32))
+        # a sample without a verdict counts as not correct (preflight refuses filter_range when none is defined)
+        correct=torch.tensor([[bool(c) for c in g.correct] for g in groups], dtype=torch.float32))
 
 
 def shaped_group_tensors(groups: list[RolloutGroup], groups_config, max_new_tokens: int):

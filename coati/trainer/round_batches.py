@@ -57,8 +57,8 @@ def sample_view(group: RolloutGroup, index: int) -> RolloutGroup:
         group, responses=one(group.responses), logprobs=one(group.logprobs), rewards=one(group.rewards),
         correct=one(group.correct), format_ok=one(group.format_ok), finish_reasons=one(group.finish_reasons),
         texts=one(group.texts), scores=one(group.scores), reward_parts=one(group.reward_parts),
-        loss_masks=one(group.loss_masks), turns=one(group.turns), generate_s=group.generate_s / size,
-        score_s=group.score_s / size)
+        reasons=one(group.reasons), loss_masks=one(group.loss_masks), turns=one(group.turns),
+        generate_s=group.generate_s / size, score_s=group.score_s / size)
 
 
 @dataclass

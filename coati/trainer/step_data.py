@@ -3,10 +3,12 @@ metrics of the groups drawn (pure functions of the groups), and what a step trai
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from coati.rollout.episode_metrics import episode_metrics
 from coati.rollout.group import RolloutGroup
+from rewards.correctness import accuracy
 
 
 def share_bounds(count: int, parts: int, index: int) -> tuple[int, int]:
@@ -20,9 +22,11 @@ def rollout_metrics(groups: list[RolloutGroup], current_version: int) -> dict:
     rewards = [r for g in groups for r in g.rewards]
     lengths = [len(r) for g in groups for r in g.responses]
     n = max(len(rewards), 1)
+    rate = accuracy(c for g in groups for c in g.correct)
     return {
         "reward": sum(rewards) / n,
-        "accuracy": sum(c for g in groups for c in g.correct) / n,
+        **({"accuracy": rate} if rate is not None else {}),  # absent: no reward of the run defines correctness
+        **equal_reward_metrics(groups),
         "format_rate": sum(f for g in groups for f in g.format_ok) / n,
         "response_length": sum(lengths) / n,
         "truncation_rate": sum(f == "length" for g in groups for f in g.finish_reasons) / n,
@@ -32,6 +36,18 @@ def rollout_metrics(groups: list[RolloutGroup], current_version: int) -> dict:
         "score_s": sum(g.score_s for g in groups),
         **episode_metrics(groups),  # multi-turn episodes only
     }
+
+
+def equal_reward_metrics(groups: list[RolloutGroup]) -> dict:
+    """Groups of several samples (``reward_groups``) and those among them whose samples all got the same reward
+    (``equal_reward_groups``: a group-relative advantage of 0 everywhere, nothing to learn), the rewards those
+    share (``equal_reward_values``, a few), and the built-in reward's reasons over all samples (``reasons``)."""
+    several = [g for g in groups if len(g.rewards) > 1]
+    equal = [g for g in several if max(g.rewards) == min(g.rewards)]
+    reasons = Counter(reason for g in groups for reason in g.reasons)
+    return {"reward_groups": len(several), "equal_reward_groups": len(equal),
+            "equal_reward_values": sorted({round(g.rewards[0], 4) for g in equal})[:5],
+            **({"reasons": dict(reasons.most_common())} if reasons else {})}
 
 
 @dataclass

@@ -36,9 +36,11 @@ TRAIN_PANELS = (
     ("is_truncated", "importance weights capped (fraction)"),
 )
 # Metrics of the eval rows (kind "eval", one curve per task / mode): the verifiable accuracy of GRPO/PPO evals
-# and an RM stage's held-out pairwise accuracy; the reward model's mean score of a PPO run's eval responses.
+# (absent when no reward of the run defines correctness), their mean reward, an RM stage's held-out pairwise
+# accuracy; the reward model's mean score of a PPO run's eval responses.
 EVAL_PANELS = (
     ("accuracy", "held-out accuracy"),
+    ("mean_reward", "held-out mean reward"),  # what a run whose rewards define no correctness reports instead
     ("rm_score", "held-out reward-model score (mean)"),
 )
 

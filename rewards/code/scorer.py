@@ -113,7 +113,7 @@ class CodeRewardScorer:
         calls = is_call_based(test_cases)
         inputs = [call_stdin(args) for args in test_cases["inputs"]] if calls else test_cases["inputs"]
         matches = returned_matches if calls else outputs_match
-        passed, first_failure = 0, None
+        passed, first_failure, cause = 0, None, None
         for i, (stdin, expected) in enumerate(zip(inputs, test_cases["outputs"])):
             result = self._run_case(program, stdin, uid)
             if result.status == OK and matches(result.stdout.decode("utf-8", "replace"), expected):
@@ -121,7 +121,7 @@ class CodeRewardScorer:
                 continue
             if first_failure is None:
                 what = "wrong answer" if result.status == OK else _FAILURE[result.status]
-                first_failure = f"{what} on case {i}"
+                first_failure, cause = f"{what} on case {i}", what
                 if result.status == SANDBOX_ERROR:
                     logger.error("sandbox error on case %d: %s", i, result.stderr[-300:])
             if self.all_or_nothing:
@@ -135,4 +135,5 @@ class CodeRewardScorer:
             reason = first_failure
         else:
             reason = f"{first_failure} ({passed}/{n} passed)"
-        return RewardResult(reward=combine(True, score), correct=correct, format_ok=True, extracted=code, reason=reason)
+        return RewardResult(reward=combine(True, score), correct=correct, format_ok=True, extracted=code, reason=reason,
+                            cause=None if correct else cause)

@@ -55,6 +55,9 @@ def test_yaml_list_of_reward_functions(tiny_model_dir, tmp_path):
      "{path}:f", "raised on {data}:1 (the check call at start-up): KeyError: 'missing'"),
     ("def f(response, label, row):\n    return float('nan')\n", "{path}:f", "returned nan"),
     ("def f(response, label, row):\n    return 'yes'\n", "{path}:f", "returned str 'yes'; return a number"),
+    ("def f(response, label, row):\n    return 1.0, {'correct': 'yes'}\n", "{path}:f",
+     "(the check call at start-up) returned {{'correct': 'yes'}} (str); 'correct' must be True or False"),
+    ("def f(response, label, row):\n    return (1.0,)\n", "{path}:f", "returned a tuple of 1"),
 ])
 def test_bad_reward_function_is_one_line(tiny_model_dir, tmp_path, capsys, source, spec, message):
     path = tmp_path / "user_reward.py"
@@ -96,3 +99,27 @@ def test_reward_server_down_at_start_up_is_one_line(tiny_model_dir, tmp_path, ca
                          "--reward-url-retries", "0"], capsys)
     assert code == 2 and err.count("\n") == 0, err
     assert f"reward server http://127.0.0.1:{port}/s is down:" in err and "(1 tries)" in err
+
+
+@pytest.mark.parametrize("source, extra, refused", [
+    ("return 1.0", [], True),  # boxed weighs 0 and nothing says what is correct
+    ("return 1.0, {'correct': True}", [], False),
+    ("return 1.0", ["--correct-threshold", "0.5"], False),
+])
+def test_dapo_filter_needs_correctness(tiny_model_dir, tmp_path, capsys, source, extra, refused):
+    path = tmp_path / "user_reward.py"
+    path.write_text(f"def f(response, label, row):\n    {source}\n")
+    config = config_from_args(build_parser().parse_args(
+        ["-m", tiny_model_dir, "-d", data(tmp_path), "-a", "DAPO", "--reward-fn", f"{path}:f",
+         "--reward-weights", "boxed:0", *extra]), None)
+    from coati.config.errors import ConfigError
+    from coati.launcher.preflight import check_user_rewards
+    from coati.dataset.loader import load_examples
+
+    first = load_examples(config.data.train_path, config.data.rows)[0]
+    if refused:
+        with pytest.raises(ConfigError, match="filter_range keeps groups by accuracy, but no reward of this run "
+                                              "defines correctness"):
+            check_user_rewards(config, first)
+    else:
+        check_user_rewards(config, first)

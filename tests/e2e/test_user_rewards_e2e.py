@@ -1,6 +1,6 @@
 """A user reward file from examples/ through a real short run on a local Ray cluster: weighted into the rewards
-the trainer sees, its parts in the rollout and eval logs; a function that raises mid-run stops the run with one
-line naming the row."""
+the trainer sees, its parts in the rollout and eval logs, the verdict of the function that defines correctness in
+the logs' `correct` and the accuracy; a function that raises mid-run stops the run with one line naming the row."""
 
 import json
 import os
@@ -12,6 +12,7 @@ import pytest
 from tests.run_helpers import ROOT, head, run_cli
 
 EXAMPLE = os.path.join(ROOT, "examples", "rewards", "length_penalty.py")
+CLOSENESS = os.path.join(ROOT, "examples", "rewards", "closeness.py")
 
 
 def read_jsonl(path):
@@ -27,7 +28,7 @@ def test_user_reward_file_in_a_short_run(demo_assets, tmp_path):
             "-tMbs", "8", "-tmbs", "32", "-e", "1", "-sd", str(tmp_path / "runs"), "-p", "t", "--no-progress",
             "-rsd", str(tmp_path / "rollouts"), "-esd", str(tmp_path / "evals"),
             "--reward-fn", f"{EXAMPLE}:length_penalty", "--reward-fn", f"{EXAMPLE}:exact_label",
-            "--reward-weights", "boxed:2,length_penalty:100,exact_label:0.25"]
+            "--reward-fn", f"{CLOSENESS}:closeness", "--reward-weights", "boxed:2,length_penalty:100,exact_label:0.25"]
     result, rows = run_cli(argv, demo_assets)
     golds = [json.loads(line)["gt_answer"] for line in open(train)]
     assert result.steps == 4
@@ -36,20 +37,26 @@ def test_user_reward_file_in_a_short_run(demo_assets, tmp_path):
     assert len(records) == 2 * 16 * 4  # two rounds of 16 prompts, G=4
     for r in records:
         parts = r["reward_parts"]
-        assert set(parts) == {"boxed", "length_penalty", "length_penalty/chars", "exact_label"}
+        assert set(parts) - {"closeness/abs_error"} == {"boxed", "length_penalty", "length_penalty/chars",
+                                                        "exact_label", "closeness", "closeness/correct"}
         assert parts["length_penalty/chars"] == len(r["response"])
-        expected = 2 * parts["boxed"] + 100 * parts["length_penalty"] + 0.25 * parts["exact_label"]
+        expected = (2 * parts["boxed"] + 100 * parts["length_penalty"] + 0.25 * parts["exact_label"]
+                    + parts["closeness"])
         assert r["reward"] == pytest.approx(expected)
-        assert parts["boxed"] == (1.0 if r["correct"] else 0.1 if r["format_ok"] else 0.0)
+        assert parts["boxed"] == (1.0 if r["reason"] == "ok" else 0.1 if r["format_ok"] else 0.0)
+        assert r["correct"] is parts["closeness/correct"]  # the function that defines correctness decides it
         assert parts["length_penalty"] == pytest.approx(max(-1.0, -0.002 * max(0, len(r["response"]) - 64)))
         gold = golds[int(r["source"].rsplit(":", 1)[1]) - 1]
         assert parts["exact_label"] == float(gold in r["response"])
     train_rows = [r for r in rows if r["kind"] == "train"]
-    assert len(train_rows) == 4 and all("reward" in r for r in train_rows)
+    assert len(train_rows) == 4 and all("reward" in r and "accuracy" in r for r in train_rows)
     eval_records = read_jsonl(tmp_path / "evals" / "t" / "add_greedy_step4.jsonl")
     assert all("reward_parts" in r and r["reward"] == pytest.approx(
         2 * r["reward_parts"]["boxed"] + 100 * r["reward_parts"]["length_penalty"]
-        + 0.25 * r["reward_parts"]["exact_label"]) for r in eval_records)
+        + 0.25 * r["reward_parts"]["exact_label"] + r["reward_parts"]["closeness"]) for r in eval_records)
+    assert all(r["correct"] is r["reward_parts"]["closeness/correct"] for r in eval_records)
+    [last] = [r for r in rows if r["kind"] == "eval" and r["step"] == 4 and r["mode"] == "greedy"]
+    assert last["accuracy"] == sum(r["correct"] for r in eval_records) / len(eval_records)
 
 
 @pytest.mark.e2e

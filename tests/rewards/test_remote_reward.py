@@ -43,6 +43,10 @@ class Server:
                 reply = ({"scores": [len(i["response"]) / 10 for i in items],
                           "parts": [{"has_label": float(str(i["label"]) in i["response"])} for i in items]}
                          if outer.mode != "short" else {"scores": [1.0]})
+                if outer.mode == "verdicts":  # the server's own verdict: the label appears in the response
+                    reply["correct"] = [str(i["label"]) in i["response"] for i in items]
+                if outer.mode == "bad_verdicts":
+                    reply["correct"] = ["yes" for _ in items]
                 data = json.dumps(reply).encode()
                 try:
                     self.send_response(200)
@@ -91,7 +95,7 @@ def test_batches_are_split():
     with Server() as server:
         remote = RemoteReward(server.url, batch_size=2)
         scores = remote.score([{"prompt": "p", "response": "x" * n, "label": "l"} for n in range(5)])
-    assert [s for s, _ in scores] == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
+    assert [s.score for s in scores] == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
     assert [len(body["items"]) for _, _, body in server.requests] == [2, 2, 1]
 
 
@@ -147,3 +151,19 @@ def test_wrong_answers_are_not_retried(mode, message):
 def test_bad_urls(url):
     with pytest.raises(RemoteRewardError, match="--reward-url"):
         RemoteReward(url)
+
+
+def test_the_server_may_say_what_is_correct():
+    with Server("verdicts") as server:
+        scorer = RewardScorer("boxed", reward_url=server.url, reward_weights="boxed:0")
+        groups = scorer.score_groups([["\\boxed{7}", "7, no box"], ["\\boxed{12}"]], [example("7"), example("13")])
+    (boxed, unboxed), (wrong,) = groups
+    # the server's verdict, not the built-in one: "7, no box" has no box yet is correct
+    assert [boxed.correct, unboxed.correct, wrong.correct] == [True, True, False]
+    assert unboxed.parts["remote/correct"] is True and not unboxed.format_ok
+
+
+def test_a_bad_verdict_from_the_server_is_one_line():
+    with Server("bad_verdicts") as server, pytest.raises(RemoteRewardError) as err:
+        RemoteReward(server.url).score([{"prompt": "p", "response": "r", "label": "l"}])
+    assert '"correct" must be a list of 1 true, false or null' in str(err.value) and "\n" not in str(err.value)

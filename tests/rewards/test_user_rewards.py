@@ -39,10 +39,12 @@ def test_weights_applied_to_builtin_and_user_functions():
     assert not wrong.correct and wrong.format_ok
 
 
-def test_builtin_weight_zero_replaces_it_but_keeps_the_verdict():
+def test_builtin_weight_zero_replaces_it_and_its_verdict():
     scorer = RewardScorer("boxed", reward_fns=[f"{EXAMPLE}:exact_label"], reward_weights="boxed:0")
     [result] = scorer.score_each(["the answer is 42, \\boxed{41}"], [example()])
-    assert result.reward == 1.0 and not result.correct  # the user's function alone decides the reward
+    assert result.reward == 1.0  # the user's function alone decides the reward
+    # and no reward of the run says what is correct: the built-in verdict (wrong) is not reported as the run's
+    assert result.correct is None and result.reason == "wrong answer" and result.format_ok
 
 
 def test_only_builtin_at_weight_one_is_unchanged():
@@ -79,6 +81,10 @@ def test_bad_function_is_one_line_at_load(tmp_path, spec_of, source, message):
     ("return None", "returned NoneType None"),
     ("return True", "returned bool True"),
     ("return 1.0, {'part': 'x'}", "(part 'part') returned str"),
+    ("return 1.0, {'correct': 'yes'}", "returned {'correct': 'yes'} (str); 'correct' must be True or False"),
+    ("return 1.0, {'correct': 1}", "'correct' must be True or False"),
+    ("return [1.0, 2.0]", "returned a list of 2; return a number or (number, {name: number})"),
+    ("return 1.0, True", "returned a tuple of 2"),
 ])
 def test_function_raising_or_returning_no_number_names_the_row(tmp_path, body, message):
     path = write(tmp_path, f"def f(response, label, row):\n    {body}\n")
