@@ -40,7 +40,9 @@ def last_integer(text: str) -> int | None:
     return int(found[-1]) if found else None
 
 
-def last_integer_reward(response: str, label, row: dict | None = None) -> float:
-    """1.0 when the response's last integer equals the gold answer, else 0.0 (a ``--reward-fn`` function)."""
+def last_integer_reward(response: str, label, row: dict | None = None) -> tuple[float, dict]:
+    """A ``--reward-fn`` function: 1.0 when the response's last integer equals the gold answer, else 0.0; the
+    same verdict is the run's definition of correct (eval accuracy, the summary, the rollout logs)."""
     answer = last_integer(response)
-    return float(answer is not None and answer == int(label))
+    correct = answer is not None and answer == int(label)
+    return float(correct), {"correct": correct}

@@ -1,0 +1,38 @@
+"""The real-model demo's task: the 300 problems, a disjoint split, and the last-integer reward by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from coati.dataset.arithmetic_task import last_integer, last_integer_reward, problems, splits
+
+
+def test_the_split_covers_every_problem_once():
+    train, held_out = splits(96)
+    assert len(problems()) == 300 and (len(train), len(held_out)) == (204, 96)
+    prompts = [row["messages"][0]["content"] for row in train + held_out]
+    assert len(set(prompts)) == 300
+    assert splits(96) == (train, held_out)  # the same seed, the same split
+    assert splits(96, seed=1)[1] != held_out  # another seed, another split
+
+
+@pytest.mark.parametrize("content,gold", [("Calculate 7 * 8. Reply with just the number.", "56"),
+                                          ("Calculate 3 - 9. Reply with just the number.", "-6"),
+                                          ("Calculate 0 + 0. Reply with just the number.", "0")])
+def test_rows_carry_the_gold_answer(content, gold):
+    rows = {row["messages"][0]["content"]: row["gt_answer"] for row in sum(splits(96), [])}
+    assert rows[content] == gold
+
+
+@pytest.mark.parametrize("response,expected", [
+    ("56", 56), ("7 * 8 = 56.", 56), ("The answer is -6", -6), ("3 - 9 is -6, not 6", 6), ("no number", None),
+    ("12 apples, then 13", 13)])
+def test_last_integer(response, expected):
+    assert last_integer(response) == expected
+
+
+def test_the_reward_is_one_and_correct_only_for_the_gold_last_integer():
+    assert last_integer_reward("7 * 8 = 56", "56") == (1.0, {"correct": True})
+    assert last_integer_reward("56, or maybe 54", "56") == (0.0, {"correct": False})
+    assert last_integer_reward("I cannot say", "56") == (0.0, {"correct": False})
+    assert last_integer_reward("The result is -6.", "-6", {"gt_answer": "-6"}) == (1.0, {"correct": True})
