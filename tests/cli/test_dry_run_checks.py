@@ -80,3 +80,42 @@ def test_lengths_beyond_the_models_positions_are_refused_before_a_start(small, t
     assert main([*small, "-mpt", "512", "-mnt", "1600"]) == 2  # the tiny model has 2048 positions
     assert one_error_line(capsys) == (f"error: -mpt 512 + -mnt 1600 = 2112 tokens exceed the model's 2048 positions "
                                       f"(max_position_embeddings in {tiny_model_dir}/config.json): lower -mnt or -mpt")
+
+
+def expected_engine(model_dir) -> str:
+    """The engine this machine should choose for a user's model: vLLM where installed and serving it."""
+    from coati.launcher.preflight import model_architectures
+    from coati.rollout.vllm_backend import vllm_offer
+
+    offer = vllm_offer(model_architectures(model_dir))
+    return "vllm" if offer.serves and offer.unusable is None else "transformers"
+
+
+def test_a_users_model_without_b_names_its_engine_and_the_plan_uses_it(small, tiny_model_dir, capsys):
+    assert main([*small, "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    engine = expected_engine(tiny_model_dir)
+    assert out[0].startswith(f"engine: {engine} (") and out[0].endswith(" to change)"), out[0]
+    assert f"1 {engine} inferencer(s)" in "\n".join(out)
+
+
+def test_b_given_keeps_its_engine_without_a_line(small, capsys):
+    assert main([*small, "-b", "transformers", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "engine:" not in out and "1 transformers inferencer(s)" in out
+
+
+def test_a_real_start_prints_the_same_line_before_the_run(small, capsys, monkeypatch):
+    """The line a start prints is the dry run's (the run itself is cut short by an injected cluster failure)."""
+    import coati.launcher.rl as rl
+    from coati.cluster.connect import ClusterError
+
+    assert main([*small, "--dry-run"]) == 0
+    dry = capsys.readouterr().out.splitlines()[0]
+
+    def no_cluster(config, log=print):
+        raise ClusterError("injected: no cluster")
+
+    monkeypatch.setattr(rl, "run", no_cluster)
+    assert main(small) == 1
+    assert capsys.readouterr().out.splitlines()[0] == dry

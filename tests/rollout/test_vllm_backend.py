@@ -51,6 +51,51 @@ def test_producer_tensor_parallel_flags(monkeypatch, capsys):
         assert "-ptp 2 needs 2 CUDA GPUs" in err and "use -ptp 1" in err
 
 
+def test_served_architectures_read_from_registry_source():
+    source = 'A = 1\n_TEXT_GENERATION_MODELS = {"LlamaForCausalLM": ("llama", "X"), **_MORE, "Qwen2ForCausalLM": 1}\n'
+    assert vllm_backend.served_architectures(source) == {"LlamaForCausalLM", "Qwen2ForCausalLM"}
+    assert vllm_backend.served_architectures("_OTHER_MODELS = {'LlamaForCausalLM': 1}\n") is None
+
+
+@needs_vllm
+def test_the_installed_vllm_offers_its_architectures_without_importing_it():
+    import subprocess
+    import sys
+
+    code = ("import sys; from coati.rollout.vllm_backend import vllm_offer; "
+            "print(vllm_offer(['LlamaForCausalLM']).serves, vllm_offer(['NoSuchForCausalLM']).serves, "
+            "'vllm' in sys.modules, vllm_offer(['Qwen2ForCausalLM']).installed, sep='|')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    served, unknown, imported, installed = done.stdout.strip().split("|")
+    assert (served, unknown, imported) == ("True", "False", "False")
+    assert installed.startswith("vllm")
+
+
+def test_no_vllm_is_no_offer(monkeypatch):
+    monkeypatch.setattr(vllm_backend, "vllm_available", lambda: False)
+    assert vllm_backend.vllm_offer(["LlamaForCausalLM"]) == vllm_backend.EngineOffer(None, None)
+
+
+@needs_vllm
+def test_a_model_vllm_does_not_serve_gets_transformers_with_the_reason(tiny_model_dir, tmp_path):
+    import shutil
+
+    from coati.config.cli import build_parser, config_from_args
+    from coati.launcher.preflight import choose_engine
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    argv = ["-m", str(model), "-d", str(tmp_path / "d.jsonl")]  # the choice reads no data
+    assert choose_engine(config_from_args(build_parser().parse_args(argv)))[0].parallel.backend == "vllm"
+    (model / "config.json").write_text(json.dumps({**config, "architectures": ["NoSuchForCausalLM"]}))
+    chosen, line = choose_engine(config_from_args(build_parser().parse_args(argv)))
+    assert chosen.parallel.backend == "transformers"
+    assert line.startswith("engine: transformers (vllm") and "does not serve NoSuchForCausalLM" in line
+    given = config_from_args(build_parser().parse_args([*argv, "-b", "vllm"]))
+    assert choose_engine(given) == (given, None)  # -b chooses
+
+
 # -- the engine ------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module", params=["in-process", "multiprocess"])
 def engine(demo_assets, request):
