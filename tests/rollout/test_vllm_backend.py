@@ -243,6 +243,46 @@ def test_weight_update_in_place_changes_outputs_and_reagrees(engine, hf_model):
                                torch.tensor([lp for g in before for c in g for lp in c.logprobs]), atol=1e-6, rtol=0)
 
 
+@pytest.mark.timeout(300)
+def test_a_weight_load_makes_only_harmless_warnings_and_none_reach_the_log(engine, hf_model):
+    """The demo model ties its head: vLLM's reload warns for the head and the rotary cache at every load. The
+    records are caught as made (a filter ahead of coati's) and as they reach vLLM's handler."""
+    import logging
+
+    from coati.rollout.vllm_logs import is_harmless
+
+    if engine.transport != "inproc":
+        pytest.skip("the worker's records are made in its own process")
+    made, reached = [], []
+
+    class Made(logging.Filter):
+        def filter(self, record):
+            made.append(record)
+            return True
+
+    class Reached(logging.Handler):
+        def emit(self, record):
+            reached.append(record)
+
+    reload, handler, first = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise"), Reached(), Made()
+    reload.filters.insert(0, first)
+    logging.getLogger("vllm").addHandler(handler)
+    try:
+        engine.load_weights(hf_model.named_parameters())
+    finally:
+        reload.removeFilter(first)
+        logging.getLogger("vllm").removeHandler(handler)
+    failed = [record for record in made if record.getMessage().endswith("Failed to load weights")]
+    assert {record.getMessage() for record in failed} == {"RotaryEmbedding: Failed to load weights",
+                                                           "ParallelLMHead: Failed to load weights"}
+    assert all(is_harmless(record, tied_head=True) for record in failed)
+    assert not [record for record in reached if record.name == reload.name]
+    # the same record from a model whose head is its own, or from a layer with weights, is a failure
+    head = next(record for record in failed if record.args == ("ParallelLMHead",))
+    assert not is_harmless(head, tied_head=False)
+    assert not is_harmless(logging.makeLogRecord({**head.__dict__, "args": ("QKVParallelLinear",)}), tied_head=True)
+
+
 @pytest.mark.e2e
 @needs_vllm
 @pytest.mark.timeout(300)
