@@ -41,7 +41,7 @@ BACKENDS: dict[str, BackendSpec] = {spec.name: spec for spec in (
                 preflight="coati.rollout.vllm_backend:check_vllm_usable", tensor_parallel=True,
                 kv_cache_budget=True, cpu_runtime_bytes=2.0 * GiB, sleeps=True, takes_adapters=True,
                 max_adapter_rank=512,  # vLLM's largest max_lora_rank
-                # ~100x transformers' generation speed on SmolLM2-135M (docs/results.md, The default engine)
+                # the faster engine for a user's model (docs/results.md, The default engine)
                 preference=1, offer="coati.rollout.vllm_backend:vllm_offer"),
 )}
 
