@@ -119,3 +119,11 @@ def test_a_real_start_prints_the_same_line_before_the_run(small, capsys, monkeyp
     monkeypatch.setattr(rl, "run", no_cluster)
     assert main(small) == 1
     assert capsys.readouterr().out.splitlines()[0] == dry
+
+
+def test_the_python_api_chooses_as_the_command_does(tiny_model_dir, tmp_path):
+    from coati.api import build_config
+
+    data = rows(tmp_path / "d.jsonl")
+    assert build_config(model=tiny_model_dir, dataset=data).parallel.backend == expected_engine(tiny_model_dir)
+    assert build_config(model=tiny_model_dir, dataset=data, backend="transformers").parallel.backend == "transformers"
