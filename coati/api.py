@@ -60,11 +60,9 @@ def run(config=None, /, log=print, **options) -> RunSummary:
     elif options:
         raise TypeError("run(config, ...): pass options either in an RLConfig or as keywords, not both")
     check_inputs(config)
-    if engine:
-        log(engine)
     started = not ray.is_initialized()
     try:
-        result = run_rl(config, log=log)
+        result = run_rl(config, log=log, start_lines=(engine,) if engine else ())
     finally:
         if started:
             ray.shutdown()

@@ -53,15 +53,13 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", description
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    if engine:
-        print(engine)
 
     from coati.cluster.connect import ClusterError
     from coati.cluster.supervision import RunStopped
     from coati.launcher.rl import run
 
     try:
-        result = run(config)
+        result = run(config, start_lines=(engine,) if engine else ())
     except (ClusterError, RunStopped) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

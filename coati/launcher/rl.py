@@ -57,15 +57,18 @@ def reserve(config: RLConfig, timeout_s: float = PLACEMENT_TIMEOUT_S) -> Reserva
     return reserve_placement(p.num_inferencers, p.producer_tensor_parallel_size, p.num_trainers, evaluator, timeout_s)
 
 
-def run(config: RLConfig, log=print) -> RunResult:
+def run(config: RLConfig, log=print, start_lines: tuple[str, ...] = ()) -> RunResult:
     """Train on the cluster ``init_ray`` picks; a dead trainer rank (or an inferencer past its restarts)
-    raises supervision.RunStopped, whose message says how to continue."""
+    raises supervision.RunStopped, whose message says how to continue. ``start_lines`` (the engine chosen and
+    why) are logged once the cluster is joined, so a cluster that cannot be joined is one error line alone."""
     from tqdm import tqdm
 
     start = time.time()
     if log is print:  # lines printed while the progress bar is up go above it, not through it
         log = tqdm.write
     init_ray(config)
+    for line in start_lines:
+        log(line)
     config, line = choose_colocation(config, ray.cluster_resources().get("GPU", 0))
     if line:
         log(line)
