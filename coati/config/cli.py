@@ -35,7 +35,7 @@ from rewards import REWARD_TYPES, default_system_prompt
 # with option(..., resolved=True) whose help names them.
 _BATCHES = {"inference_batch_size": 64, "inference_microbatch_size": 64, "train_batch_size": 32,
             "train_minibatch_size": 32, "train_microbatch_size": 256}
-# The demos' tiny models generate faster in transformers than vLLM starts and steps (docs/results.md, The
+# The demos' tiny models: vLLM's engine starts cost more than its rounds save (docs/results.md, The
 # default engine); a user's model starts from the first row, which coati/launcher/preflight.choose_engine
 # replaces with the fastest engine installed that serves it (that needs the model's config.json and the engines).
 _ENGINE = {"backend": DEFAULT_BACKEND}
