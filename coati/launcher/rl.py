@@ -63,9 +63,10 @@ def reserve(config: RLConfig, timeout_s: float = PLACEMENT_TIMEOUT_S) -> Reserva
     return reserve_placement(p.num_inferencers, p.producer_tensor_parallel_size, p.num_trainers, evaluator, timeout_s)
 
 
-def run(config: RLConfig, log=print) -> RunResult:
+def run(config: RLConfig, log=print, start_lines: tuple[str, ...] = ()) -> RunResult:
     """Train on the cluster ``init_ray`` picks; a dead trainer rank (or an inferencer past its restarts)
-    raises supervision.RunStopped, whose message says how to continue."""
+    raises supervision.RunStopped, whose message says how to continue. ``start_lines`` (the engine chosen and
+    why) are logged once the cluster is joined, so a cluster that cannot be joined is one error line alone."""
     from tqdm import tqdm
 
     start = time.time()
@@ -75,6 +76,8 @@ def run(config: RLConfig, log=print) -> RunResult:
         try:
             init_ray(config)
             stop.reclaim()
+            for line in start_lines:
+                log(line)
             config, line = choose_colocation(config, ray.cluster_resources().get("GPU", 0))
             if line:
                 log(line)

@@ -23,19 +23,26 @@ class BackendSpec:
     colocates: bool = True  # can run inside a trainer rank (--colocate)
     takes_adapters: bool = False  # loads LoRA adapter tensors in place (else each version is merged first)
     max_adapter_rank: int | None = None  # the highest LoRA rank it takes (None: any); higher ranks are merged
+    # The default engine of a user's model (-m without -b; coati/config/engine.py): the row of highest preference
+    # whose offer here serves the model and the run. offer: "module:function" (the model's architectures) ->
+    # EngineOffer, read without importing the engine; None: always installed, serves every causal LM.
+    preference: int = 0
+    offer: str | None = None
 
     def takes_adapters_of_rank(self, rank: int) -> bool:
         return self.takes_adapters and (self.max_adapter_rank is None or rank <= self.max_adapter_rank)
 
 
-# The first row is the default engine.
+# The first row is the default engine of configs built in code and the fallback of a user's model.
 BACKENDS: dict[str, BackendSpec] = {spec.name: spec for spec in (
     BackendSpec("transformers", build="coati.rollout.inference_backend:build_transformers_backend",
                 wraps_trained_module="coati.rollout.inference_backend:TransformersBackend", takes_adapters=True),
     BackendSpec("vllm", build="coati.rollout.vllm_backend:build_vllm_backend",
                 preflight="coati.rollout.vllm_backend:check_vllm_usable", tensor_parallel=True,
                 kv_cache_budget=True, cpu_runtime_bytes=2.0 * GiB, sleeps=True, takes_adapters=True,
-                max_adapter_rank=512),  # vLLM's largest max_lora_rank
+                max_adapter_rank=512,  # vLLM's largest max_lora_rank
+                # the faster engine for a user's model (docs/results.md, The default engine)
+                preference=1, offer="coati.rollout.vllm_backend:vllm_offer"),
 )}
 
 DEFAULT_BACKEND = next(iter(BACKENDS))

