@@ -3,6 +3,7 @@ shapes: SmolLM2-135M's and Qwen2.5-0.5B's; --dry-run and a run's start choose al
 one line with the -tmbs that would."""
 
 import json
+import re
 
 import pytest
 
@@ -116,7 +117,8 @@ def test_the_half_b_shape_fits_one_80_gb_gpu_but_no_24_gb_cpu_node(half_b, capsy
 def test_explicit_flags_that_cannot_fit_are_one_line_with_flags_that_do(smol, capsys):
     assert main([*smol, "-tmbs", "64", "--dry-run-cluster", "1x0x24x2"]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("error: node 0 needs 188.2 GiB") and \
+    # (the GiB follow the engine the run would take: vLLM where it is installed, as on CI, else transformers)
+    assert err.count("\n") == 1 and re.match(r"error: node 0 needs 18\d\.\d GiB", err) and \
         err.rstrip().endswith(": try -tmbs 2 (or --gradient-checkpointing)")
 
 
