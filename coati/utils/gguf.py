@@ -58,20 +58,16 @@ def converted_dir(gguf_path: str, cache_dir: str | None = None) -> str:
     return os.path.join(cache_dir or default_cache_dir(), "gguf", f"{stem}-{fingerprint(gguf_path)}")
 
 
-def is_converted(gguf_path: str, cache_dir: str | None = None) -> bool:
-    return os.path.isfile(os.path.join(converted_dir(gguf_path, cache_dir), MARKER))
-
-
 def hf_dir_from_gguf(gguf_path: str, cache_dir: str | None = None, log=print) -> str:
     """The cached HF directory of ``gguf_path``, converted first when missing (once per cache, under a lock)."""
     out = converted_dir(gguf_path, cache_dir)
     if not os.path.isfile(os.path.join(out, MARKER)):
         log(f"{gguf_path}: a GGUF file; converting it once into an HF directory (float32 safetensors) at {out}")
-        build_once(out, MARKER, lambda staging: _convert(gguf_path, staging))
+        build_once(out, MARKER, lambda staging: _convert(gguf_path, staging, out.rsplit("-", 1)[1]))
     return out
 
 
-def _convert(gguf_path: str, out_dir: str) -> None:
+def _convert(gguf_path: str, out_dir: str, stamp: str) -> None:
     try:
         import gguf  # noqa: F401 - transformers' GGUF reader needs it; say so before it fails deep inside
     except ImportError:
@@ -99,5 +95,5 @@ def _convert(gguf_path: str, out_dir: str) -> None:
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     with open(os.path.join(out_dir, MARKER), "w") as handle:
-        json.dump({"gguf": os.path.abspath(gguf_path), "fingerprint": fingerprint(gguf_path),
+        json.dump({"gguf": os.path.abspath(gguf_path), "fingerprint": stamp,
                    "architecture": type(model).__name__}, handle, indent=1)
