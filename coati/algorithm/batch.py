@@ -1,6 +1,17 @@
 """The tensors of a training batch: groups collated to padded rows, split into micro-batches, and the token
 logprobs every loss reads off the logits. Pure: no I/O, no Ray.
 
+Micro-batches by token budget (``token_budget_micro_batches``): a batch's rows sorted longest first and packed
+into micro-batches whose padded size (rows x their widest row) stays within a budget, each cut to its own widest
+row. A micro-batch's per-position tensors ([B, L-1], aligned with ``logits[:, :-1]``) and per-token ones ([B, L])
+are cut alike; trailing padding changes no earlier logit (causal attention), and the losses take the normaliser of
+the whole batch, so the micro-batches' losses add up to the batch's whatever the grouping.
+
+Logits only where a loss reads them (``logits_window``): a micro-batch's logits are needed from its first response
+position on, so a model that can (HF's ``logits_to_keep``) runs its LM head on the last ``logits_window`` positions
+only; ``window_token_logprobs`` reads either width and returns [B, L-1] with zeros before the window (positions
+every loss masks out).
+
 ``collate`` reads a group by what it carries (``ResponseGroup``: the producers' ``RolloutGroup`` is one), so
 this floor needs nothing from the rooms above it.
 """
@@ -10,6 +21,8 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
+
+from coati.plugins.base import LOGITS_TO_KEEP
 
 
 class ResponseGroup(Protocol):
@@ -66,3 +79,116 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: f
     if temperature != 1.0:
         logits = logits / temperature
     return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+
+def window_width(logits: torch.Tensor, input_ids: torch.Tensor) -> int:
+    """Positions the logits cover, counted from the end of the rows: all of them (L), or the last k of a model that
+    computed its LM head only there (``logits_to_keep=k``)."""
+    if logits.shape[1] > input_ids.shape[1]:
+        raise ValueError(f"logits of {logits.shape[1]} positions for rows of {input_ids.shape[1]} tokens")
+    return logits.shape[1]
+
+
+def left_pad_positions(values: torch.Tensor, positions: int) -> torch.Tensor:
+    """[B, k] values of the last k of ``positions`` per-position slots as [B, positions], zeros before them."""
+    missing = positions - values.shape[1]
+    return values if missing == 0 else torch.nn.functional.pad(values, (missing, 0))
+
+
+def window_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """``token_logprobs`` of logits that cover the whole rows or only their last k positions: [B, L-1] either way,
+    0 at the positions before the window (a micro-batch's window starts at its first response position, so every
+    loss masks those out)."""
+    width = window_width(logits, input_ids)
+    logprobs = token_logprobs(logits, input_ids[:, input_ids.shape[1] - width:], temperature)
+    return left_pad_positions(logprobs, input_ids.shape[1] - 1)
+
+
+def logits_window(micro_batch: dict[str, torch.Tensor]) -> int | None:
+    """Trailing positions whose logits a loss reads: from the micro-batch's first response position to the end
+    (``logits_to_keep``); None for a micro-batch without an ``action_mask`` (the logits of every position)."""
+    mask = micro_batch.get("action_mask")
+    if mask is None or mask.dim() != 2:
+        return None
+    used = mask.ne(0).any(dim=0).nonzero()
+    first = int(used[0]) if len(used) else mask.shape[1] - 1
+    return micro_batch["input_ids"].shape[1] - first  # logits at positions first .. L-1; the last predicts nothing
+
+
+def with_logits_window(micro_batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``micro_batch`` naming, under ``logits_to_keep`` (coati.plugins.base.LOGITS_TO_KEEP, [B]), the trailing
+    positions whose logits its loss reads (``logits_window``); unchanged without an action mask."""
+    keep = logits_window(micro_batch)
+    if keep is None:
+        return micro_batch
+    rows = micro_batch["input_ids"].shape[0]
+    return {**micro_batch, LOGITS_TO_KEEP: torch.full((rows,), keep, dtype=torch.long)}
+
+
+def row_lengths(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Tokens of every row (prompt and response, no padding): right-padded rows end at their last attended token."""
+    mask = batch["attention_mask"]
+    positions = torch.arange(1, mask.shape[1] + 1).expand_as(mask)
+    return (positions * mask.ne(0)).amax(dim=1)
+
+
+def take_rows(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Rows ``rows`` of every tensor of ``batch``, cut to the widest of them: [B, L] tensors to its length, [B, L-1]
+    per-position ones to one less; other tensors (per row) only indexed."""
+    width = batch["input_ids"].shape[1]
+    keep = max(2, int(row_lengths({"attention_mask": batch["attention_mask"][rows]}).max()))
+    out = {}
+    for key, value in batch.items():
+        value = value[rows]
+        if value.dim() >= 2 and value.shape[1] == width:
+            value = value[:, :keep]
+        elif value.dim() >= 2 and value.shape[1] == width - 1:
+            value = value[:, : keep - 1]
+        out[key] = value
+    return out
+
+
+def _greedy_runs(lengths: list[int], budget: int) -> list[tuple[int, int]]:
+    """Consecutive runs [start, end) of rows sorted longest first, each as long as rows x its first (widest) row
+    stays within ``budget`` (a row wider than the budget alone)."""
+    runs, start = [], 0
+    while start < len(lengths):
+        rows = max(1, budget // max(1, lengths[start]))
+        runs.append((start, min(len(lengths), start + rows)))
+        start = runs[-1][1]
+    return runs
+
+
+def budget_order(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The batch's row indices longest first (ties in row order): the order token-budget micro-batches take."""
+    lengths = row_lengths(batch)
+    return torch.tensor(sorted(range(len(lengths)), key=lambda row: (-int(lengths[row]), row)), dtype=torch.long)
+
+
+def micro_batch_count(batch: dict[str, torch.Tensor], budget: int) -> int:
+    """How many micro-batches ``token_budget_micro_batches`` makes of ``batch`` at most ``budget`` tokens each."""
+    lengths = row_lengths(batch)[budget_order(batch)].tolist()
+    return len(_greedy_runs(lengths, budget))
+
+
+def token_budget_micro_batches(batch: dict[str, torch.Tensor], budget: int,
+                               count: int | None = None) -> list[dict[str, torch.Tensor]]:
+    """Micro-batches of ``batch`` of at most ``budget`` padded tokens (rows x widest row) each, rows longest first,
+    each cut to its widest row (``take_rows``); a row longer than the budget goes alone.
+
+    ``count`` (>= the count the budget gives, <= the rows): exactly that many, the runs with the most rows split in
+    half until there are; data-parallel ranks must make the same number of forward/backward calls.
+    """
+    order = budget_order(batch)
+    lengths = row_lengths(batch)[order].tolist()
+    runs = _greedy_runs(lengths, budget)
+    if count is not None:
+        if not len(runs) <= count <= len(lengths):
+            raise ValueError(f"{count} micro-batches of {len(lengths)} rows: the budget of {budget} tokens needs "
+                             f"{len(runs)}")
+        while len(runs) < count:
+            index = max(range(len(runs)), key=lambda i: (runs[i][1] - runs[i][0], -i))
+            start, end = runs[index]
+            middle = start + (end - start + 1) // 2
+            runs[index : index + 1] = [(start, middle), (middle, end)]
+    return [take_rows(batch, order[start:end]) for start, end in runs]

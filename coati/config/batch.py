@@ -20,6 +20,9 @@ class BatchConfig:
                                            "demo)", "-tMbs", resolved=True)
     train_microbatch_size: int = option(256, "samples per forward/backward pass; default: 256 (64 for the code demo)",
                                         "-tmbs", resolved=True)
+    train_microbatch_tokens: int = option(0, "padded tokens per forward/backward pass: rows longest first, as many as "
+                                             "fit with their longest row; default: -tmbs x (-mpt + -mnt), the "
+                                             "micro-batch the memory plan sized", "-tmbt")
     round_minibatches: bool = option(True, "each optimizer step of a round trains on a random part of the round's "
                                            "samples (advantages over whole groups first; rounds of several steps "
                                            "only); --no-round-minibatches: whole groups per step, in draw order")

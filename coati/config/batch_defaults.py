@@ -58,6 +58,16 @@ def follow_given(values: dict, defaults: dict) -> dict:
     return out
 
 
+def micro_batch_tokens(config: RLConfig) -> int:
+    """The trainer's padded tokens per forward/backward pass: -tmbt, else -tmbs (per pipeline stage) rows of the
+    longest sequence -mpt + -mnt, the micro-batch the memory plan sized, now filled by the rows' real lengths."""
+    given = config.batch.train_microbatch_tokens
+    if given:
+        return given
+    rows = max(1, config.batch.train_microbatch_size // config.parallel.pipeline_parallel_size)
+    return rows * (config.data.max_prompt_tokens + config.sampling.max_new_tokens)
+
+
 def nearest(default: int, fits, upper: int | None = None) -> int:
     """The largest n <= ``default`` (and <= ``upper``) with ``fits(n)``, else the smallest n above it; the default
     itself when no n up to 64 x its size fits (validate.py then names the flags that clash)."""

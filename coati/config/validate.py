@@ -44,6 +44,8 @@ def validate(config: RLConfig) -> None:
                         ("-e/--num-episodes", config.run.num_episodes), ("-mnt/--max-new-tokens", s.max_new_tokens),
                         ("-mpt/--max-prompt-tokens", d.max_prompt_tokens)):
         require(value >= 1, f"{flag} must be at least 1, got {value}")
+    require(b.train_microbatch_tokens >= 0, f"-tmbt/--train-microbatch-tokens must be at least 0 (0: -tmbs x (-mpt + "
+            f"-mnt)), got {b.train_microbatch_tokens}")
     require(b.num_generations >= 2 or config.algo.uses_critic,
             "-g/--num-generations must be at least 2: group advantages compare samples within a group "
             "(-a PPO's critic allows -g 1)")

@@ -27,6 +27,7 @@ from coati.cluster.memory import (
 from coati.cluster.placement import plan as placement_plan
 from coati.cluster.placement import shortfall
 from coati.cluster.schedule import node_thread_budgets
+from coati.config.batch_defaults import micro_batch_tokens
 from coati.utils.machine import usable_cores
 
 GPU_USABLE = 0.95  # of a GPU's memory the trainer may fill (the CUDA context and the allocator's slack take the rest)
@@ -148,7 +149,7 @@ def estimate(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: l
     layout = MemoryLayout(p.plugin, p.tensor_parallel_size, p.pipeline_parallel_size, p.dp_size, p.zero_stage,
                            p.precision, config.algo.optim.gradient_checkpointing, adapters)
     seq = config.data.max_prompt_tokens + config.sampling.max_new_tokens
-    micro = min(batch.train_microbatch_size, batch.train_batch_size * batch.num_generations)
+    micro = micro_batch_rows(config)
     # with LoRA the reference is the policy with its adapters off: no second model
     uses_reference = (config.algo.loss.kl_loss_coef > 0 or config.algo.uses_critic) and not lora.enabled
     reference = DTYPE_BYTES[_dtype_name(device_rule(gpus, p.backend, "reference", p.model_dtype, p.precision))]
@@ -245,6 +246,17 @@ def _generators(p) -> str:
     return f"colocated: every trainer rank generates with {engine}; per rank the larger phase counts, not the sum"
 
 
+def micro_batch_rows(config) -> int:
+    """Rows of the longest sequence (-mpt + -mnt) whose activations the plan counts per trainer micro-batch: -tmbs
+    (at most a step's samples), or the rows -tmbt's tokens make (a token-budget micro-batch holds more, shorter
+    rows, in no more tokens)."""
+    b = config.batch
+    if not b.train_microbatch_tokens:
+        return min(b.train_microbatch_size, b.train_batch_size * b.num_generations)
+    seq = config.data.max_prompt_tokens + config.sampling.max_new_tokens
+    return max(1, -(-b.train_microbatch_tokens // seq))
+
+
 def render(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: list[Node]) -> list[str]:
     p, b = config.parallel, config.batch
     gpu_text = f"{nodes[0].gpus} GPUs of {nodes[0].memory / 1e9:.0f} GB" if unit == "GPU" else \
@@ -253,9 +265,11 @@ def render(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: lis
              f"({shape.layers} layers, hidden {shape.hidden}, vocab {shape.vocab})"),
              (f"trainer group: {p.plugin_name}, -t {p.num_trainers} = TP {p.tensor_parallel_size} x PP "
               f"{p.pipeline_parallel_size} x DP {p.dp_size}, -zero {p.zero_stage}, {p.precision}; {_generators(p)}"),
-             (f"activations: micro-batches of {min(b.train_microbatch_size, b.train_batch_size * b.num_generations)}"
-              f" samples x {config.data.max_prompt_tokens}+{config.sampling.max_new_tokens} tokens (-tmbs, -mpt + "
-              f"-mnt: the longest a batch can be)"
+             (f"activations: micro-batches of {micro_batch_tokens(config)} padded tokens ("
+              + ("-tmbt" if b.train_microbatch_tokens else f"-tmbs {b.train_microbatch_size} x -mpt + -mnt "
+                 f"{config.data.max_prompt_tokens}+{config.sampling.max_new_tokens}")
+              + f"), planned as {micro_batch_rows(config)} rows of the longest sequence; rows longest first, as many "
+              "as fit with their longest"
               + ("; gradient checkpointing keeps each layer's input only" if config.algo.optim.gradient_checkpointing
                  else "")),
              f"{'actor':<16} {'node':>4}  {'where':<14} {'thr':>3}  {'GiB':>6}  memory (GiB)"]
@@ -274,9 +288,9 @@ MARGIN = 0.2
 
 def trainer_rungs(config, free: tuple[str, ...]) -> list[dict]:
     """The trainer's memory knob, smallest setting first, when the user left it to the plan: -tmbs samples per
-    micro-batch, doubling from -pp (the fewest a pipeline splits) up to its default. (A token budget per
-    micro-batch would be another field's rungs here.)"""
-    if "train_microbatch_size" not in free:
+    micro-batch, doubling from -pp (the fewest a pipeline splits) up to its default; its token budget follows
+    (config/batch_defaults.micro_batch_tokens) unless -tmbt is given, which the plan then takes as it is."""
+    if "train_microbatch_size" not in free or config.batch.train_microbatch_tokens:
         return []
     cap = config.batch.train_microbatch_size
     return [{"train_microbatch_size": n} for n in doublings(min(config.parallel.pipeline_parallel_size, cap), cap)]

@@ -22,6 +22,7 @@ the concatenated batch.
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from typing import Callable, Iterator
 
@@ -35,6 +36,30 @@ MicroBatch = dict[str, torch.Tensor]
 LossFn = Callable[[torch.Tensor, MicroBatch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 # (logits of the micro-batch, the micro-batch) -> anything (forward_only's results, one per micro-batch)
 ForwardFn = Callable[[torch.Tensor, MicroBatch], object]
+
+
+# A micro-batch key set by the algorithm's batching ([B], every entry the same k): the loss reads the logits of the
+# last k positions only, so a model that can computes its LM head there alone (HF's ``logits_to_keep``).
+LOGITS_TO_KEEP = "logits_to_keep"
+
+
+def takes_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s forward (under a DDP wrapper or peft's adapters) has HF's ``logits_to_keep``."""
+    inner = getattr(model, "module", model)  # DistributedDataParallel
+    if hasattr(inner, "get_base_model"):  # peft passes its keywords on to the base model
+        inner = inner.get_base_model()
+    try:
+        return "logits_to_keep" in inspect.signature(inner.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def causal_lm_logits(model: torch.nn.Module, micro_batch: MicroBatch) -> torch.Tensor:
+    """The logits of a micro-batch: of its last ``LOGITS_TO_KEEP`` positions where it names them and the model
+    can, else of every position (the loss reads either: coati.algorithm.batch.window_token_logprobs)."""
+    keep = micro_batch.get(LOGITS_TO_KEEP)
+    kwargs = {"logits_to_keep": int(keep[0])} if keep is not None and takes_logits_to_keep(model) else {}
+    return model(input_ids=micro_batch["input_ids"], attention_mask=micro_batch["attention_mask"], **kwargs).logits
 
 
 class TrainerPlugin(ABC):
@@ -73,6 +98,10 @@ class TrainerPlugin(ABC):
         raise NotImplementedError(f"{type(self).__name__} has no forward-only pass")
 
     optimizer = None  # the torch optimizer (or a wrapper with ``param_groups``), built in ``setup``
+
+    # Whether the micro-batches of one call may differ in rows and width (token-budget micro-batches, each cut to
+    # its own longest row). Pipeline schedules concatenate them into one batch of equal micro-batches: False.
+    ragged_micro_batches: bool = True
 
     def set_learning_rate(self, learning_rate: float) -> None:
         """The learning rate of the next optimizer steps (a schedule sets it before each step)."""

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from coati.models.lora import is_adapted, load_adapter_weights, save_adapter, version_parameters
 from coati.plugins import colossal_cpu_compat
-from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin
+from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin, causal_lm_logits
 from coati.plugins.dist import trainer_device, world
 from coati.plugins.mesh import TrainerMesh
 from coati.plugins.precision import autocast
@@ -82,6 +82,10 @@ class ColossalPlugin(TrainerPlugin):
     @property
     def pp_size(self) -> int:
         return self.layout.pp_size
+
+    @property
+    def ragged_micro_batches(self) -> bool:  # the pipeline schedule takes one batch of equal micro-batches
+        return self.pp_size == 1
 
     @property
     def pp_rank(self) -> int:
@@ -172,8 +176,7 @@ class ColossalPlugin(TrainerPlugin):
     def _logits(self, micro_batch: MicroBatch) -> torch.Tensor:
         precision = self.layout.precision if self.kind == "ddp" else "fp32"  # the others cast their weights
         with autocast(self.device, precision):
-            return self.model(input_ids=micro_batch["input_ids"],
-                              attention_mask=micro_batch["attention_mask"]).logits.float()
+            return causal_lm_logits(self.model, micro_batch).float()
 
     def _pipeline_step(self, micro_batches: list[MicroBatch], loss_fn: LossFn):
         """All micro-batches of the call become one pipeline batch; each is a pipeline micro-batch."""

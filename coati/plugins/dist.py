@@ -160,6 +160,16 @@ def all_reduce_stats(totals: dict[str, float], mesh, summed=(), maxima=()) -> di
     return out
 
 
+def agree_max(value: int) -> int:
+    """The largest of every rank's ``value`` (e.g. micro-batches per call, which every rank must make alike).
+    Collective over the default group; without one, ``value`` itself."""
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64, device=device_type())
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.cpu()[0])
+
+
 def broadcast_named_tensors(items, is_sender: bool, device: torch.device, src: int = 0):
     """Yield on every rank the (name, tensor) pairs that ``items`` yields on the sender (global rank ``src``),
     one tensor at a time: the names, shapes and dtypes first (one object broadcast), then each tensor. Every

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from coati.models.lora import is_adapted, save_adapter, version_parameters
-from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin
+from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin, causal_lm_logits
 from coati.plugins.dist import clip_grads_, full_tensor, grad_norm_sq, trainer_device, world
 from coati.plugins.mesh import TrainerMesh
 from coati.plugins.precision import autocast, fsdp_policy
@@ -121,7 +121,7 @@ class TorchNativePlugin(TrainerPlugin):
         """The logits of ``micro_batch``; autocast unless FSDP2's policy already computes in the precision."""
         precision = "fp32" if self._sharded else self.layout.precision
         with autocast(self.device, precision):
-            return self.wrapped(input_ids=micro_batch["input_ids"], attention_mask=micro_batch["attention_mask"]).logits
+            return causal_lm_logits(self.wrapped, micro_batch)
 
     # --- training ---
     def _sync_context(self, last: bool):

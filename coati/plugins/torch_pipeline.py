@@ -82,6 +82,8 @@ class DecoderStage(torch.nn.Module):
 
 
 class TorchPipelinePlugin(TrainerPlugin):
+    ragged_micro_batches = False  # the schedule splits one batch into equal micro-batches
+
     def __init__(self, layout: ParallelLayout | None = None, mesh: TrainerMesh | None = None):
         self.layout = layout or ParallelLayout(pp_size=2)
         self._use_mesh(mesh)

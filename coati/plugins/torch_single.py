@@ -7,7 +7,7 @@ from typing import Iterator
 import torch
 
 from coati.models.lora import version_parameters
-from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin
+from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin, causal_lm_logits
 from coati.plugins.precision import autocast
 from coati.plugins.validation import ParallelLayout
 
@@ -32,7 +32,7 @@ class SingleProcessPlugin(TrainerPlugin):
 
     def _logits(self, micro_batch: MicroBatch) -> torch.Tensor:
         with autocast(self.device, self.layout.precision):
-            return self.model(input_ids=micro_batch["input_ids"], attention_mask=micro_batch["attention_mask"]).logits
+            return causal_lm_logits(self.model, micro_batch)
 
     def forward_backward(self, micro_batches: list[MicroBatch], loss_fn: LossFn):
         stats = []

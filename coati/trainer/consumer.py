@@ -52,14 +52,16 @@ import time
 import ray
 import torch
 
-from coati.algorithm.batch import split_micro_batches
+from coati.algorithm.batch import (micro_batch_count, split_micro_batches, token_budget_micro_batches,
+                                   with_logits_window)
 from coati.cluster.trainer_group import rendezvous_address
 from coati.cluster.weight_sync import make_publisher, pack_named_tensors
 from coati.registry.weight_sync import weight_sync_spec
 from coati.config.algo import estimator_family
+from coati.config.batch_defaults import micro_batch_tokens
 from coati.config.tree import RLConfig
 from coati.models.lora import merged_tensors
-from coati.plugins.dist import all_reduce_stats
+from coati.plugins.dist import agree_max, all_reduce_stats
 from coati.plugins.mesh import TrainerMesh
 from coati.rollout.group import RolloutGroup
 from coati.rollout.rollout_log import rollout_log_due, rollout_records
@@ -229,6 +231,16 @@ class Consumer:
         pp = self.config.parallel.pipeline_parallel_size
         return max(1, self.config.batch.train_microbatch_size // pp)  # ColossalChat's microbatch_size = tmbs // pp
 
+    def _micro_batches(self, batch: dict) -> list[dict]:
+        """This rank's micro-batches of a minibatch. Where every role's plugin takes micro-batches of any shape: by
+        token budget (``micro_batch_tokens``), longest rows first, each cut to its own longest row and naming the
+        logits its loss reads; as many on every rank (collective: the largest count). Else ``tmbs`` rows each."""
+        if not all(role.plugin.ragged_micro_batches for role in self.roles.values()):
+            return split_micro_batches(batch, self._micro_batch_samples())
+        budget = micro_batch_tokens(self.config)
+        count = agree_max(micro_batch_count(batch, budget))
+        return [with_logits_window(micro) for micro in token_budget_micro_batches(batch, budget, count)]
+
     def _whole_groups(self) -> StepWork | None:
         """One step's whole groups in draw order (``--no-round-minibatches``, or a round of one step)."""
         groups, drawn, info = self._pull(self.config.batch.train_batch_size * self._dp_size)
@@ -336,7 +348,7 @@ class Consumer:
             self.algorithm.objective.begin_epoch(epoch)
             stats: list[dict] = []
             for batch in batches:
-                micro_batches = split_micro_batches(batch, self._micro_batch_samples())
+                micro_batches = self._micro_batches(batch)
                 for role in self.roles.values():  # each role's statistics have names of their own
                     stats += role.plugin.forward_backward(micro_batches, role.loss_fn)
             for name, role in self.roles.items():

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from coati.algorithm.batch import split_micro_batches, token_logprobs
+from coati.algorithm.batch import left_pad_positions, split_micro_batches, window_token_logprobs, with_logits_window
 from coati.algorithm.loss import aggregate, token_entropy
 from coati.algorithm.policy_losses import LossInputs, policy_loss
+from coati.plugins.base import causal_lm_logits
+from coati.plugins.dist import to_device
 
 
 def load_reference(config, policy_plugin):
@@ -41,9 +43,8 @@ class FrozenReference:
         chunks = []
         device = next(self.model.parameters()).device
         for micro in split_micro_batches(batch, micro_batch_size):
-            input_ids = micro["input_ids"].to(device)
-            logits = self.model(input_ids=input_ids, attention_mask=micro["attention_mask"].to(device)).logits
-            chunks.append(token_logprobs(logits, input_ids, temperature).to(micro["input_ids"].device))
+            logits = causal_lm_logits(self.model, to_device(with_logits_window(micro), device))
+            chunks.append(window_token_logprobs(logits, micro["input_ids"].to(device), temperature).cpu())
         return torch.cat(chunks)
 
 
@@ -56,10 +57,11 @@ class AdaptersOffReference:
 
     def logprobs(self, batch: dict, micro_batch_size: int, temperature: float) -> torch.Tensor:
         def on_cpu(logits, micro):
-            return token_logprobs(logits, micro["input_ids"], temperature).cpu()
+            return window_token_logprobs(logits, micro["input_ids"], temperature).cpu()
 
         with self.plugin.adapters_off():
-            return torch.cat(self.plugin.forward_only(split_micro_batches(batch, micro_batch_size), on_cpu))
+            micro_batches = [with_logits_window(micro) for micro in split_micro_batches(batch, micro_batch_size)]
+            return torch.cat(self.plugin.forward_only(micro_batches, on_cpu))
 
 
 class PolicyObjective:
@@ -92,12 +94,12 @@ class PolicyObjective:
         return prox
 
     def loss(self, logits: torch.Tensor, micro_batch: dict) -> tuple[torch.Tensor, dict]:
-        logprobs = token_logprobs(logits, micro_batch["input_ids"], self.temperature)
+        logprobs = window_token_logprobs(logits, micro_batch["input_ids"], self.temperature)
         normaliser = float(micro_batch["normaliser"][0])
         inputs = LossInputs(logprobs, micro_batch["old_logprobs"], micro_batch["advantages"],
                             micro_batch["action_mask"], normaliser, ref_logprobs=micro_batch.get("ref_logprobs"),
                             prox_logprobs=self._proximal(logprobs))
         loss, stats = policy_loss(inputs, self.loss_config)
-        entropy = token_entropy(logits, self.temperature)
+        entropy = left_pad_positions(token_entropy(logits, self.temperature), logprobs.shape[1])
         stats["entropy"] = aggregate(entropy, micro_batch["action_mask"], self.loss_config.loss_variation, normaliser)
         return loss, stats

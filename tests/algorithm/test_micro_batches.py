@@ -1,0 +1,151 @@
+"""Micro-batches by token budget and logits only where the loss reads them (coati/algorithm/batch.py): the grouping
+by hand, and the loss and gradients of a real model through them equal to one unbatched pass with every logit."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from coati.algorithm.batch import (
+    collate,
+    logits_window,
+    micro_batch_count,
+    row_lengths,
+    token_budget_micro_batches,
+    token_logprobs,
+    window_token_logprobs,
+    with_logits_window,
+)
+from coati.algorithm.loss import normaliser_from_counts
+from coati.algorithm.loss_config import PolicyLossConfig
+from coati.plugins.base import causal_lm_logits, takes_logits_to_keep
+from coati.rollout.group import RolloutGroup
+from coati.trainer.objective import PolicyObjective
+
+
+def rows_of(lengths: list[int], prompt: int = 2) -> dict[str, torch.Tensor]:
+    """A collated batch of one-response groups: ``prompt`` prompt tokens, then the rest of each length."""
+    groups = [RolloutGroup(prompt_ids=list(range(3, 3 + prompt)), responses=[[5] * (length - prompt)],
+                           logprobs=[[-1.0] * (length - prompt)], rewards=[0.0], correct=[False], format_ok=[False],
+                           finish_reasons=["stop"], policy_version=0) for length in lengths]
+    return collate(groups, pad_id=0)
+
+
+def test_micro_batches_by_hand():
+    batch = rows_of([3, 7, 5, 2])  # longest first: rows 1 (7), 2 (5), 0 (3), 3 (2)
+    assert row_lengths(batch).tolist() == [3, 7, 5, 2]
+    micro = token_budget_micro_batches(batch, budget=10)
+    # 10 // 7 = 1 row; 10 // 5 = 2 rows (5 and 3: 2 x 5 = 10 padded tokens); 10 // 2 = 5 rows, one left
+    assert [m["input_ids"].shape for m in micro] == [(1, 7), (2, 5), (1, 2)]
+    assert [row_lengths(m).tolist() for m in micro] == [[7], [5, 3], [2]]
+    assert [m["action_mask"].shape[1] for m in micro] == [6, 4, 1]  # per-position tensors cut with their rows
+    assert micro_batch_count(batch, 10) == 3
+    assert len(token_budget_micro_batches(batch, budget=100)) == 1
+    assert [m["input_ids"].shape[0] for m in token_budget_micro_batches(batch, budget=1)] == [1, 1, 1, 1]
+
+
+def test_a_count_splits_the_runs_with_the_most_rows():
+    batch = rows_of([4, 4, 4, 4, 3, 3])
+    assert micro_batch_count(batch, 100) == 1
+    micro = token_budget_micro_batches(batch, budget=100, count=3)  # 6 rows -> 3 + 3 -> 2 + 1, 3
+    assert [m["input_ids"].shape[0] for m in micro] == [2, 1, 3]
+    assert sum(m["input_ids"].shape[0] for m in micro) == 6
+    with pytest.raises(ValueError, match="needs 6"):
+        token_budget_micro_batches(batch, budget=1, count=2)
+
+
+def test_the_window_starts_at_the_first_response_position():
+    batch = rows_of([6, 4], prompt=3)  # responses start at token 3: its logprob is read off position 2
+    assert logits_window(batch) == 6 - 2
+    batch["action_mask"][:, :] = 0
+    batch["action_mask"][1, 3] = 1  # only row 1's second response token is trained on
+    assert logits_window(batch) == 6 - 3
+    keep = with_logits_window(batch)["logits_to_keep"]
+    assert keep.tolist() == [3, 3]
+    assert "logits_to_keep" not in with_logits_window({"input_ids": batch["input_ids"]})
+
+
+def test_window_logprobs_are_the_full_ones_from_the_window_on():
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 7, 11, generator=generator)
+    ids = torch.randint(0, 11, (2, 7), generator=generator)
+    full = token_logprobs(logits, ids)
+    windowed = window_token_logprobs(logits[:, -3:], ids)  # positions 4, 5, 6: logprobs of tokens 5 and 6
+    assert windowed.shape == full.shape
+    assert torch.equal(windowed[:, 4:], full[:, 4:]) and not windowed[:, :4].any()
+    assert torch.equal(window_token_logprobs(logits, ids), full)
+
+
+@pytest.fixture(scope="module")
+def tiny_lm():
+    from coati.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
+
+    return build_tiny_model(TinyModelSpec(), build_char_tokenizer(), seed=3).float()
+
+
+def test_hf_causal_lms_take_logits_to_keep_and_a_critic_does_not(tiny_lm):
+    from transformers import AutoModelForTokenClassification
+
+    assert takes_logits_to_keep(tiny_lm)
+    critic = AutoModelForTokenClassification.from_config(tiny_lm.config)
+    assert not takes_logits_to_keep(critic)
+    ids = torch.tensor([[3, 4, 5, 6]])
+    micro = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "logits_to_keep": torch.tensor([2])}
+    assert causal_lm_logits(tiny_lm, micro).shape[1] == 2
+    assert critic(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.shape[1] == 4
+
+
+def step_batch(vocab: int, loss_variation: str, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Eight samples of differing prompt and response lengths, one sample loss-masked, as group_algorithm makes
+    them: advantages, action mask x sample mask, the whole batch's normaliser, reference logprobs."""
+    generator = torch.Generator().manual_seed(seed)
+    groups = []
+    for index in range(4):
+        prompt = torch.randint(3, vocab, (int(torch.randint(3, 9, (1,), generator=generator)),), generator=generator)
+        responses = [torch.randint(3, vocab, (int(torch.randint(1, 10, (1,), generator=generator)),),
+                                   generator=generator).tolist() for _ in range(2)]
+        groups.append(RolloutGroup(prompt_ids=prompt.tolist(), responses=responses,
+                                   logprobs=[(-torch.rand(len(r), generator=generator) * 3).tolist() for r in responses],
+                                   rewards=[0.0, 1.0], correct=[False, True], format_ok=[False] * 2,
+                                   finish_reasons=["stop"] * 2, policy_version=0))
+    batch = collate(groups, pad_id=0)
+    samples = batch["input_ids"].shape[0]
+    batch["advantages"] = torch.randn(samples, generator=generator)
+    batch["sample_mask"] = torch.ones(samples)
+    batch["sample_mask"][5] = 0
+    batch["action_mask"] = batch["action_mask"] * batch["sample_mask"].unsqueeze(1)
+    counts = batch["action_mask"].sum(dim=1)
+    batch["normaliser"] = torch.full((samples,), normaliser_from_counts(counts, loss_variation, 10))
+    batch["ref_logprobs"] = batch["old_logprobs"] + 0.1 * torch.randn(batch["old_logprobs"].shape, generator=generator)
+    return batch
+
+
+def loss_and_grads(model, objective, micro_batches) -> tuple[float, list[torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    total = 0.0
+    for micro in micro_batches:
+        loss, _ = objective.loss(causal_lm_logits(model, micro), micro)
+        loss.backward()
+        total += float(loss.detach())
+    return total, [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("objective_name,loss_variation", [
+    ("ppo_clip", "token_level"), ("ppo_clip", "sample_level"), ("ppo_clip", "sample_sum"),
+    ("ppo_clip", "sample_sum_norm"), ("gspo", "sample_level"), ("cispo", "token_level")])
+def test_budget_micro_batches_give_the_unbatched_loss_and_gradients(tiny_lm, objective_name, loss_variation):
+    config = SimpleNamespace(
+        algo=SimpleNamespace(loss=PolicyLossConfig(objective=objective_name, loss_variation=loss_variation,
+                                                   kl_loss_coef=0.05, clip_eps_high=0.28), ppo_epochs=1),
+        sampling=SimpleNamespace(temperature=0.9), batch=SimpleNamespace(train_microbatch_size=8))
+    objective = PolicyObjective(config)
+    batch = step_batch(tiny_lm.config.vocab_size, loss_variation)
+    whole_loss, whole_grads = loss_and_grads(tiny_lm, objective, [batch])  # one pass, every logit
+    micro = [with_logits_window(m) for m in token_budget_micro_batches(batch, budget=40)]
+    assert len(micro) >= 3
+    assert any(int(m["logits_to_keep"][0]) < m["input_ids"].shape[1] for m in micro)  # the LM head ran on fewer
+    assert sum(m["input_ids"].numel() for m in micro) < batch["input_ids"].numel()  # less padding
+    loss, grads = loss_and_grads(tiny_lm, objective, micro)
+    assert loss == pytest.approx(whole_loss, rel=1e-5, abs=1e-6)
+    for got, expected in zip(grads, whole_grads):
+        assert torch.allclose(got, expected, rtol=1e-4, atol=1e-6)
