@@ -178,6 +178,8 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, evaluat
             log(warning.text)
             logger.log(at_step, warning.row(), kind="health")
 
+    evals.watch(lambda at_step, row: check_health(at_step, {**row, "kind": "eval"}))
+
     def save(at_step: int) -> str:
         path = os.path.join(config.run.run_dir, f"step_{at_step}")
         if (path, skipped) != last_saved or not os.path.isdir(path):
