@@ -45,6 +45,7 @@ def test_few_grpo_steps_over_ray(demo_assets, tmp_path):
     assert [(r["step"], r["mode"], r["version"]) for r in eval_rows] == [
         (0, "sampled", 0), (0, "greedy", 0), (8, "sampled", 4), (8, "greedy", 4)]  # producer got the new weights
     assert os.path.isfile(tmp_path / "runs" / "t" / "eval" / "add_greedy_step8.jsonl")
+    assert [r["message"] for r in rows if r["kind"] == "health"] == []  # a healthy run: no run-health warning
 
     before = AutoModelForCausalLM.from_pretrained(demo_assets.model_dir).state_dict()
     after = AutoModelForCausalLM.from_pretrained(result.final_model_dir).state_dict()
@@ -71,6 +72,9 @@ def test_demo_cli_learns(demo_assets, tmp_path):
     before, after = map(float, match.groups())
     print(proc.stdout[-600:])
     assert after - before >= 0.15, f"sampled accuracy {before} -> {after}"
+    # the run-health monitors stay quiet on the demo (their thresholds: docs/metrics.md#run-health)
+    rows = [json.loads(line) for line in open(tmp_path / "runs" / "demo" / "metrics.jsonl")]
+    assert [r["message"] for r in rows if r["kind"] == "health"] == []
 
 
 @pytest.mark.e2e
