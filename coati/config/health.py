@@ -70,7 +70,8 @@ def parse_health(text: str | None) -> HealthSettings | None:
 
 def _check(s: HealthSettings) -> None:
     problems = [(s.window >= 1, f"window must be at least 1, got {s.window}"),
-                (s.length_ratio == 0 or s.length_ratio > 1, f"length_ratio must be 0 (off) or > 1, got {s.length_ratio:g}"),
+                (s.length_ratio == 0 or s.length_ratio > 1,
+                 f"length_ratio must be 0 (off) or > 1, got {s.length_ratio:g}"),
                 (s.truncation <= 1, f"truncation is a share of the responses, 0-1, got {s.truncation:g}"),
                 (s.dominance <= 1, f"dominance is a share of the reward, 0-1, got {s.dominance:g}")]
     for ok, message in problems:

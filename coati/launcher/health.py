@@ -162,8 +162,23 @@ class Recent:
         return started
 
 
+class Windowed:
+    """A monitor of one number of the training rows (``metric``) over ``windows`` windows of its last values
+    (``self._recent``): rows without the number neither count nor break them, and ``check(step, value)`` takes
+    each value."""
+    name = metric = ""
+    windows = 1
+
+    def __post_init__(self):
+        self._recent = Recent(self.windows * self.window)
+
+    def feed(self, step: int, metrics: dict) -> HealthWarning | None:
+        value = _number(metrics, self.metric)
+        return None if value is None else self.check(step, value)
+
+
 @dataclass
-class EntropyCollapse:
+class EntropyCollapse(Windowed):
     """The policy's entropy per token, averaged over ``window`` steps, fell below ``minimum``: sampling is nearly
     deterministic, so a prompt's samples stop differing and exploration ends."""
     minimum: float
@@ -171,16 +186,12 @@ class EntropyCollapse:
     temperature: float
     clip_eps_high: float
     learning_rate: float
-    name: str = "entropy_collapse"
-    metric: str = "entropy"
+    name = "entropy_collapse"
+    metric = "entropy"
+    _start = None  # the first window's mean
 
-    def __post_init__(self):
-        self._recent, self._start = Recent(self.window), None
-
-    def feed(self, step: int, metrics: dict) -> HealthWarning | None:
-        value, recent = _number(metrics, self.metric), self._recent
-        if value is None:
-            return None
+    def check(self, step: int, value: float) -> HealthWarning | None:
+        recent = self._recent
         recent.add(step, value)
         if not recent.full:
             return None
@@ -194,29 +205,28 @@ class EntropyCollapse:
             tips.append(f"DAPO's clip-higher (--grpo-config '{{\"clip_eps_high\": 0.28}}', now {self.clip_eps_high:g})")
         tips.append(f"a lower learning rate (-lr, now {self.learning_rate:g})")
         text = (f"warning: steps {recent.steps[0]}-{step}: entropy collapse: the policy's entropy is {mean:.3g} nats "
-                f"per token (mean of {self.window} steps; {self._start:.3g} over the first {self.window}), below "
+                f"per token (mean of {self.window} steps; {self._start:.3g} over the run's first {self.window}), below "
                 f"{self.minimum:g}: a prompt's samples stop differing and exploration ends. Try: {'; '.join(tips)}")
         return HealthWarning(self.name, recent.steps[0], step, text,
                              {"entropy": mean, "start": self._start, "bound": self.minimum}, self.metric)
 
 
 @dataclass
-class LengthDrift:
+class LengthDrift(Windowed):
     """The mean response length over ``window`` steps is ``ratio`` times that of the run's first ``window`` steps,
     or that many times shorter."""
     ratio: float
     window: int
     max_new_tokens: int
-    name: str = "length_drift"
-    metric: str = "response_length"
+    name = "length_drift"
+    metric = "response_length"
 
     def __post_init__(self):
-        self._first, self._recent = Recent(self.window), Recent(self.window)
+        super().__post_init__()
+        self._first = Recent(self.window)
 
-    def feed(self, step: int, metrics: dict) -> HealthWarning | None:
-        value, first, recent = _number(metrics, self.metric), self._first, self._recent
-        if value is None:
-            return None
+    def check(self, step: int, value: float) -> HealthWarning | None:
+        first, recent = self._first, self._recent
         if not first.full:  # the baseline: the run's first window, kept apart from the windows compared with it
             first.add(step, value)
             return None
@@ -242,22 +252,17 @@ class LengthDrift:
 
 
 @dataclass
-class Truncation:
+class Truncation(Windowed):
     """At least ``rate`` of the responses, averaged over ``window`` steps, hit the -mnt limit (finish reason
     "length"): a cut-off response has no final answer to reward."""
     rate: float
     window: int
     max_new_tokens: int
-    name: str = "truncation"
-    metric: str = "truncation_rate"
+    name = "truncation"
+    metric = "truncation_rate"
 
-    def __post_init__(self):
-        self._recent = Recent(self.window)
-
-    def feed(self, step: int, metrics: dict) -> HealthWarning | None:
-        value, recent = _number(metrics, self.metric), self._recent
-        if value is None:
-            return None
+    def check(self, step: int, value: float) -> HealthWarning | None:
+        recent = self._recent
         recent.add(step, value)
         if not recent.full or not recent.starts(recent.mean() >= self.rate):
             return None
@@ -271,7 +276,7 @@ class Truncation:
 
 
 @dataclass
-class KLRising:
+class KLRising(Windowed):
     """The KL to the reference per token (``kl``: the loss's KL term, or PPO's penalty), averaged over ``window``
     steps, is above ``bound`` and higher than over the ``window`` steps before: the policy keeps moving away from
     where it started."""
@@ -280,16 +285,12 @@ class KLRising:
     coef_flag: str  # the flag of the run's KL coefficient
     coef: float
     learning_rate: float
-    name: str = "kl_rising"
-    metric: str = "kl"
+    name = "kl_rising"
+    metric = "kl"
+    windows = 2  # the window compared, and the one before it
 
-    def __post_init__(self):
-        self._recent = Recent(2 * self.window)
-
-    def feed(self, step: int, metrics: dict) -> HealthWarning | None:
-        value, recent = _number(metrics, self.metric), self._recent
-        if value is None:
-            return None
+    def check(self, step: int, value: float) -> HealthWarning | None:
+        recent = self._recent
         recent.add(step, value)
         if not recent.full:
             return None
@@ -308,32 +309,29 @@ class KLRising:
 
 
 @dataclass
-class GradSpike:
+class GradSpike(Windowed):
     """One step's gradient norm is ``factor`` times the median of the (up to) ``4 * window`` steps before it, once
     at least ``window`` steps are known."""
     factor: float
     window: int
     learning_rate: float
     max_grad_norm: float
-    name: str = "grad_spike"
-    metric: str = "grad_norm"
+    name = "grad_spike"
+    metric = "grad_norm"
+    windows = 4  # the steps before a step, whose median it is measured against
 
-    def __post_init__(self):
-        self._before = Recent(4 * self.window)
-
-    def feed(self, step: int, metrics: dict) -> HealthWarning | None:
-        value, before = _number(metrics, self.metric), self._before
-        if value is None:
-            return None
+    def check(self, step: int, value: float) -> HealthWarning | None:
+        before = self._recent
         median = statistics.median(before.values) if len(before.values) >= self.window else 0.0
         count = len(before.values)
-        before.add(step, value)  # a spike joins the history: the median barely moves, and a lasting rise is the new norm
+        # a spike joins the history: the median barely moves, and a lasting rise becomes the new norm
+        before.add(step, value)
         if not before.starts(median > 0 and value > self.factor * median):
             return None
         clip = (f"clipped to {self.max_grad_norm:g} for the update" if self.max_grad_norm > 0
                 else "unclipped: --max-grad-norm is 0")
-        text = (f"warning: step {step}: gradient-norm spike: {value:.3g}, {value / median:.1f}x the median {median:.3g} "
-                f"of the {count} steps before (the bound: {self.factor:g}x; {clip}): one batch pulled the weights "
+        text = (f"warning: step {step}: gradient-norm spike: {value:.3g}, {value / median:.1f}x the median "
+                f"{median:.3g} of the {count} steps before (the bound: {self.factor:g}x; {clip}): one batch pulled the weights "
                 f"hard. Try: read that step's rollouts (-rsd DIR) for an odd batch; a lower learning rate (-lr, now "
                 f"{self.learning_rate:g})" + ("" if self.max_grad_norm > 0 else "; --max-grad-norm 1"))
         return HealthWarning(self.name, step, step, text,
@@ -341,7 +339,7 @@ class GradSpike:
 
 
 @dataclass
-class RewardDominance:
+class RewardDominance(Windowed):
     """Of a run with several weighted rewards, one makes at least ``share`` of the summed |weight x mean score|
     over ``window`` steps (``reward_parts`` in the rows: each reward's mean own score): the others barely steer
     the policy. ``weights``: --reward-weights as given (1 for a reward not named); ``weights_text``: as typed."""
@@ -349,11 +347,8 @@ class RewardDominance:
     window: int
     weights: dict
     weights_text: str
-    name: str = "reward_dominance"
-    metric: str = "reward"
-
-    def __post_init__(self):
-        self._recent = Recent(self.window)
+    name = "reward_dominance"
+    metric = "reward"
 
     def feed(self, step: int, metrics: dict) -> HealthWarning | None:
         parts, recent = metrics.get("reward_parts"), self._recent

@@ -58,7 +58,7 @@ def test_entropy_collapse_fires_once_when_the_window_mean_falls_below_the_bound(
     step, warning = one(feed(entropy(), "entropy", [0.4, 0.3, 0.2, 0.1, 0.05, 0.03, 0.02, 0.01, 0.01]))
     assert step == 7 and (warning.first_step, warning.last_step) == (5, 7)
     assert warning.text.startswith("warning: steps 5-7: entropy collapse: the policy's entropy is 0.0333 nats per "
-                                   "token (mean of 3 steps; 0.3 over the first 3), below 0.05")
+                                   "token (mean of 3 steps; 0.3 over the run's first 3), below 0.05")
     assert "-temp, now 1" in warning.text and "clip_eps_high" in warning.text and "-lr, now 0.0003" in warning.text
     assert warning.row()["metric"] == "entropy" and warning.row()["entropy"] == pytest.approx(0.1 / 3)
 

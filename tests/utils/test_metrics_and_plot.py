@@ -83,7 +83,8 @@ def test_health_rows_get_a_panel_and_a_mark_on_their_metrics_panel(tmp_path):
     from coati.utils.plot import HEALTH_PANEL, choose_panels, health_marks
 
     rows = [{"step": s, "kind": "train", "reward": 0.1 * s, "entropy": 0.4 / s, "grad_norm": 1.0} for s in range(1, 11)]
-    rows += [{"step": s, "kind": "eval", "task": "add", "mode": "greedy", "accuracy": a} for s, a in ((0, .5), (10, .3))]
+    rows += [{"step": s, "kind": "eval", "task": "add", "mode": "greedy", "accuracy": a}
+             for s, a in ((0, .5), (10, .3))]
     rows += [{"step": 7, "kind": "health", "monitor": "entropy_collapse", "metric": "entropy", "first_step": 5,
               "last_step": 7, "message": "warning: ..."},
              {"step": 10, "kind": "health", "monitor": "eval_falls", "metric": "eval/accuracy", "first_step": 0,
