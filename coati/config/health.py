@@ -30,7 +30,8 @@ class HealthSettings:
     dominance: float = setting(0.9, "one reward dominating: one reward's share (0-1) of the summed |weight x score| "
                                     "of a run with several weighted rewards")
     eval_drop: float = setting(0.1, "eval falling: a held-out accuracy (mean reward where accuracy is not defined) "
-                                    "falls this far below its best while the training reward rises")
+                                    "falls this far (and beyond chance for its prompt count) below its best while the training "
+                                    "reward rises")
     reward_rise: float = setting(0.05, "eval falling: how much the training reward (mean over a window) must have "
                                        "risen since that best evaluation")
 

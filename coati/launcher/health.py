@@ -377,11 +377,20 @@ class RewardDominance(Windowed):
                              {"dominant": top, "share": top_share, "parts": means, "bound": self.share}, self.metric)
 
 
+def noise(count_a: int | None, count_b: int | None) -> float:
+    """Twice the largest standard error of the difference of two accuracies over ``count_a`` and ``count_b``
+    prompts (a share's variance is at most 1/4): a smaller fall may be chance. 0 where a count is not known."""
+    if not count_a or not count_b:
+        return 0.0
+    return 2 * (0.25 / count_a + 0.25 / count_b) ** 0.5
+
+
 @dataclass
 class EvalFalls:
     """A held-out accuracy (the mean reward where no reward defines correctness) fell at least ``drop`` below its
-    best evaluation so far while the training reward (the mean of up to ``window`` steps up to each evaluation's
-    step) rose at least ``rise`` since that best: the policy learns what the held-out set does not reward."""
+    best evaluation so far, and beyond the two evaluations' sampling noise (``noise``), while the training reward
+    (the mean of up to ``window`` steps up to each evaluation's step) rose at least ``rise`` since that best: the
+    policy learns what the held-out set does not reward."""
     drop: float
     rise: float
     window: int
@@ -390,7 +399,7 @@ class EvalFalls:
 
     def __post_init__(self):
         self._rewards: list[tuple[int, float]] = []  # (step, training reward), in the order fed
-        self._best: dict[str, tuple[float, int]] = {}  # "task/mode" -> (best value, its step)
+        self._best: dict[str, tuple[float, int, int | None]] = {}  # "task/mode" -> (best value, its step, count)
         self._holding: dict[str, bool] = {}
 
     def _reward_at(self, step: int) -> float | None:
@@ -408,23 +417,25 @@ class EvalFalls:
         value, key = metrics.get(metric), f"{metrics.get('task')}/{metrics.get('mode')}"
         if not isinstance(value, (int, float)):
             return None
-        best = self._best.get(key)
+        best, count = self._best.get(key), metrics.get("count")
         if best is None or value >= best[0]:
-            self._best[key], self._holding[key] = (value, step), False
+            self._best[key], self._holding[key] = (value, step, count), False
             return None
         then, now = self._reward_at(best[1]), self._reward_at(step)
-        holds = best[0] - value >= self.drop and then is not None and now is not None and now - then >= self.rise
+        bound = max(self.drop, noise(best[2], count))
+        holds = best[0] - value >= bound and then is not None and now is not None and now - then >= self.rise
         started, self._holding[key] = holds and not self._holding.get(key), holds
         if not started:
             return None
         text = (f"warning: steps {best[1]}-{step}: held-out {key} {metric.replace('_', ' ')} fell {best[0]:.3f} -> "
                 f"{value:.3f} while the training reward rose {then:.3f} -> {now:.3f} (the bounds: a fall of "
-                f"{self.drop:g}, a rise of {self.rise:g}): the policy learns what the held-out set does not reward "
+                f"{bound:.3g}, a rise of {self.rise:g}): the policy learns what the held-out set does not reward "
                 "(over-fitting the training prompts, or a reward exploit). Try: read the rollouts (-rsd DIR) for "
                 f"answers that earn reward without being right; the checkpoint nearest step {best[1]} (step_N); a "
                 f"lower learning rate (-lr, now {self.learning_rate:g})")
         return HealthWarning(self.name, best[1], step, text,
-                             {"eval": key, "best": best[0], "value": value, "reward_then": then, "reward_now": now},
+                             {"eval": key, "best": best[0], "value": value, "reward_then": then, "reward_now": now,
+                              "bound": bound},
                              f"eval/{metric}")
 
 

@@ -12,6 +12,7 @@ import os
 
 import pytest
 
+from coati.config.cli import build_parser, config_from_args
 from coati.config.errors import ConfigError
 from coati.config.health import HealthSettings, parse_health
 from coati.launcher.health import (
@@ -23,10 +24,10 @@ from coati.launcher.health import (
     RewardDominance,
     RunHealth,
     Truncation,
+    noise,
     run_monitors,
 )
 from coati.train import placeholder_demo
-from coati.config.cli import build_parser, config_from_args
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 
@@ -290,3 +291,16 @@ def test_quiet_on_the_demos_real_metrics(name, tight):
     assert replay(name, config_for()) == []
     # the replay does reach the monitors: a tighter bound fires on the same rows
     assert len(replay(name, config_for("--health", tight))) == 1
+
+
+def test_eval_falls_beyond_the_evaluations_noise_only():
+    """With counts: a fall must also pass 2 x sqrt(1/4n + 1/4m), 0.25 for two evaluations of 32 prompts."""
+    monitor = EvalFalls(drop=0.1, rise=0.05, window=2, learning_rate=3e-4)
+    monitor.feed(1, {"reward": 0.3})
+    assert monitor.feed(1, eval_row("add", "greedy", accuracy=0.688, count=32)) is None
+    monitor.feed(2, {"reward": 0.5})
+    assert monitor.feed(2, eval_row("add", "greedy", accuracy=0.5, count=32)) is None  # 0.188: chance at n=32
+    warning = monitor.feed(2, eval_row("add", "greedy", accuracy=0.4, count=32))  # 0.288 is not
+    assert warning is not None and "(the bounds: a fall of 0.25, a rise of 0.05)" in warning.text
+    # 512 prompts each: 2 x sqrt(1/1024) = 0.0625, below the 0.1 that rules then
+    assert noise(512, 512) == pytest.approx(0.0625) and noise(None, 32) == 0.0
