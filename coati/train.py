@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", description
 
     from coati.cluster.connect import ClusterError
     from coati.cluster.supervision import RunStopped
+    from coati.launcher.checkpoints import NothingToResume
     from coati.launcher.plan import PlanError
     from coati.launcher.rl import run
     from coati.launcher.stop import RunInterrupted
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", description
     except RunInterrupted as stopped:  # SIGINT/SIGTERM: one line, 130/143
         print(stopped.line(prog), file=sys.stderr)
         return stopped.exit_code
-    except (ClusterError, RunStopped, PlanError) as err:
+    except (ClusterError, RunStopped, PlanError, NothingToResume) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     print()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from coati.config.health import HealthSettings, health_help, parse_health
 from coati.utils.dataclass_cli import option
 
 # Periodic checkpoints by default, so that a stopped run loses at most this many steps (--resume latest); the
@@ -42,6 +43,7 @@ class RunConfig:
                                            "steps: all of its rollouts at its first step when one of them is due)")
     equal_reward_steps: int = option(
         3, "warn once when every group's rewards were equal (nothing to learn) for this many steps in a row; 0: never")
+    health: str | None = option(None, health_help(), metavar="KEY=VALUE,...|off")
     ray_dir: str | None = option(
         None, "Ray's temp directory: the local cluster's, or, when joining, the --temp-dir that this machine's node "
               "of the cluster was started with (`ray start --temp-dir`)", flag="--ray_dir")
@@ -58,6 +60,11 @@ class RunConfig:
         None, "continue a run from a step_N checkpoint (or the newest complete one under <save-dir>/<project>): "
               "trainer state, counters, pending rollouts and data position; the layout (-t/-tp/-pp/-zero) may "
               "differ", metavar="PATH|latest")
+
+    @property
+    def health_settings(self) -> HealthSettings | None:
+        """The monitors' thresholds; None: --health off."""
+        return parse_health(self.health)
 
     @property
     def run_dir(self) -> str:

@@ -11,6 +11,7 @@ import math
 from coati.config.algo import ALGOS
 from coati.config.data import DataConfig
 from coati.config.errors import ConfigError, require
+from coati.config.health import parse_health
 from coati.config.layout import ParallelConfig
 from coati.config.run import RunConfig
 from coati.config.tree import RLConfig
@@ -187,6 +188,7 @@ def _validate_logs(config: RLConfig) -> None:
     require(r.eval_interval == 0 or config.data.eval_paths,
             "-ei/--eval-interval needs held-out data: pass -ed/--eval-dataset '{\"name\": \"eval.jsonl\"}'")
     require(r.equal_reward_steps >= 0, f"--equal-reward-steps must be >= 0 (0: no warning), got {r.equal_reward_steps}")
+    parse_health(r.health)  # a bad --health item is its one ConfigError line
     require(r.rollout_save_interval >= 1, f"--rollout-save-interval must be at least 1, got {r.rollout_save_interval}")
 
 

@@ -120,9 +120,30 @@ def trim_metrics(run_dir: str, step: int) -> int:
     return len(lines) - len(kept)
 
 
-def check_resume(config) -> str:
+class NothingToResume(RuntimeError):
+    """--resume of a run with no step left to train; the message is the one line to show."""
+
+
+def most_steps(config, prompts: int) -> int:
+    """The most steps a run of ``prompts`` training prompts can take: as if one generator held every prompt and
+    -mpt dropped none (more generators, -mpt and DAPO's filter only shorten a run), each step training -tbs groups
+    per data-parallel rank, within --max-steps."""
+    rounds = prompts // config.batch.inference_batch_size * config.run.num_episodes
+    return config.run_length(rounds)[1] // (config.parallel.dp_size * config.batch.train_batch_size)
+
+
+def nothing_left_line(path: str, step: int, planned: int | None = None) -> str:
+    """The one line of a --resume whose run has no step left: the checkpoint at ``step`` and, known before the
+    start, the most steps the run plans."""
+    why = f"this run plans at most {planned}" if planned is not None else "every group of its data was drawn"
+    return (f"--resume {path}: the run has no step left to train (the checkpoint is at step {step}; {why}): "
+            "raise -e/--epochs or --max-steps to train on, or drop --resume to start a new run")
+
+
+def check_resume(config, prompts: int | None = None) -> str:
     """Start-up checks of ``--resume``: the checkpoint (path or ``latest``) is complete and this run can continue
-    it. Returns its path; raises ValueError with one line otherwise."""
+    it, with a step left to train when the count of training ``prompts`` is given (``most_steps``). Returns its
+    path; raises ValueError with one line otherwise."""
     from coati.utils.checkpoint import resolve_resume
 
     try:
@@ -142,6 +163,8 @@ def check_resume(config) -> str:
     if changed:
         raise ValueError(f"--resume {path}: the run must keep the settings that shape producer rounds and the data "
                          f"order; changed: {', '.join(changed)}")
+    if prompts is not None and state.get("step", 0) >= most_steps(config, prompts):
+        raise ValueError(nothing_left_line(path, state["step"], most_steps(config, prompts)))
     _check_state_format(path, config)
     return path
 

@@ -62,6 +62,8 @@ class EvalSchedule:
         # step -> "task/mode" -> accuracy (None: no reward defines correctness) and mean reward
         self.accuracy: dict[int, dict[str, float | None]] = {}
         self.mean_reward: dict[int, dict[str, float]] = {}
+        self.rows: list[tuple[int, dict]] = []  # (step, row) of every row logged, for ``watch``
+        self.on_row = None
 
     def restore_before(self, accuracy: dict[str, float | None], mean_reward: dict[str, float] | None = None) -> None:
         """A resumed run: step 0 was evaluated by the run that wrote the checkpoint; keep its numbers (checkpoints
@@ -69,6 +71,13 @@ class EvalSchedule:
         self.submitted.add(0)
         self.accuracy[0] = dict(accuracy)
         self.mean_reward[0] = dict(mean_reward or {})
+
+    def watch(self, on_row) -> None:
+        """Call ``on_row(step, row)`` with every row logged, the rows logged so far first (the driver's run-health
+        check, which starts after step 0's evaluation may have been logged)."""
+        for step, row in self.rows:
+            on_row(step, row)
+        self.on_row = on_row
 
     def before_accuracy(self) -> dict[str, float | None]:
         """Step 0's accuracies, waiting for them if still in flight (a checkpoint stores them for resume)."""
@@ -142,7 +151,8 @@ class EvalSchedule:
         summary = {**{name: out[name] for name in EVAL_NUMBERS if name in out},
                    "count": out["count"], "version": out["version"], "on_sync": on_sync}
         name = self.writer.write(step, task, mode, out["records"], summary)
-        self.logger.log(step, {"task": task, "mode": mode, **summary, "file": name}, kind="eval")
+        row = {"task": task, "mode": mode, **summary, "file": name}
+        self.logger.log(step, row, kind="eval")
         self.accuracy.setdefault(step, {})[f"{task}/{mode}"] = out.get("accuracy")
         self.mean_reward.setdefault(step, {})[f"{task}/{mode}"] = out.get("mean_reward")
         where = f"weights v{out['version']}" + ("" if on_sync else f" + training to step {step}")
@@ -154,3 +164,6 @@ class EvalSchedule:
             numbers = f"accuracy {NOT_DEFINED}, mean reward {out['mean_reward']:.3f}"
         self.log(f"eval step {step} {task}/{mode}: {numbers} format {out['format_rate']:.3f}"
                  f"{score} (n={out['count']}, {where})")
+        self.rows.append((step, row))
+        if self.on_row is not None:
+            self.on_row(step, row)

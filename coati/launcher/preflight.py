@@ -212,7 +212,7 @@ def check_inputs(config: RLConfig, engine: bool = True) -> None:
         from coati.launcher.checkpoints import check_resume
 
         try:
-            check_resume(config)
+            check_resume(config, len(train))
         except ValueError as err:
             raise ConfigError(str(err)) from None
     chunk = config.algo.learner_chunk_size

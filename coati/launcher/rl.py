@@ -28,7 +28,14 @@ from coati.launcher.eval_schedule import EvalSchedule
 from coati.launcher.health import run_monitors
 from coati.launcher.plan import fit_for_start
 from coati.rollout.producer import Producer
-from coati.launcher.checkpoints import check_resume, restore_run, save_checkpoint, trim_metrics
+from coati.launcher.checkpoints import (
+    NothingToResume,
+    check_resume,
+    nothing_left_line,
+    restore_run,
+    save_checkpoint,
+    trim_metrics,
+)
 from coati.launcher.stop import RunInterrupted, StopRequest
 from coati.trainer.consumer import Consumer
 from coati.utils.checkpoint import prune_checkpoints
@@ -178,6 +185,8 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, evaluat
             log(warning.text)
             logger.log(at_step, warning.row(), kind="health")
 
+    evals.watch(lambda at_step, row: check_health(at_step, {**row, "kind": "eval"}))
+
     def save(at_step: int) -> str:
         path = os.path.join(config.run.run_dir, f"step_{at_step}")
         if (path, skipped) != last_saved or not os.path.isdir(path):
@@ -216,6 +225,12 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, evaluat
         if config.run.save_interval and step % config.run.save_interval == 0:
             last_saved = (save(step), skipped)
     bar.close()
+    if resume and not stop.requested and (step, skipped) == (state["step"], state["skipped"]):
+        # the first step found no group left (a finished run resumed): one line, not a second final evaluation
+        evals.settle()
+        logger.close()
+        supervisor.kill_all()
+        raise NothingToResume(nothing_left_line(resume, step))
     if stop.requested:  # a step boundary, the run's last included: save it (skipping the final evaluation) and stop
         trained = (step, skipped) != ((state["step"], state["skipped"]) if resume else (0, 0))
         path = save(step) if trained else None

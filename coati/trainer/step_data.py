@@ -35,7 +35,21 @@ def rollout_metrics(groups: list[RolloutGroup], current_version: int) -> dict:
         "generate_s": sum(g.generate_s for g in groups),
         "score_s": sum(g.score_s for g in groups),
         **episode_metrics(groups),  # multi-turn episodes only
+        **reward_part_metrics(groups),  # several weighted rewards only
     }
+
+
+def reward_part_metrics(groups: list[RolloutGroup]) -> dict:
+    """``reward_parts``: each reward's mean own score (before weighting) over the samples, by its name (its named
+    sub-parts and verdicts left out), where the run has several rewards; the health monitor of one reward
+    dominating the sum weighs them."""
+    parts = [p for g in groups for p in g.reward_parts]
+    sums: dict[str, float] = {}
+    for part in parts:
+        for name, score in part.items():
+            if "/" not in name and isinstance(score, (int, float)) and not isinstance(score, bool):
+                sums[name] = sums.get(name, 0.0) + score
+    return {"reward_parts": {name: total / len(parts) for name, total in sums.items()}} if sums else {}
 
 
 def equal_reward_metrics(groups: list[RolloutGroup]) -> dict:

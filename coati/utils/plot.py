@@ -4,7 +4,9 @@
 ``RUN_DIR/plots/eval.png``. Panels are chosen by the metrics the rows have (``choose_panels``): GRPO's policy
 curves, an RM stage's held-out pairwise accuracy, and a PPO run's critic (value loss, explained variance, clipped
 value fraction), KL penalty (KL per token, its coefficient) and reward-model scores (training rollouts; eval rows'
-``rm_score``).
+``rm_score``). Run-health warnings (rows of kind "health") get a panel of their own, one line per monitor, and a
+dashed red line at their step on the panel of the metric they read (the row's ``metric``; ``eval/<key>`` for
+an eval panel's).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ TRAIN_PANELS = (
     ("rm_score", "reward-model score of rollouts (mean)"),
     ("accuracy", "rollout accuracy"),
     ("loss", "policy loss"),
+    ("entropy", "policy entropy (per token)"),
     ("value_loss", "critic value loss"),
     ("explained_variance", "critic explained variance"),
     ("value_clip_fraction", "clipped value fraction"),
@@ -43,6 +46,9 @@ EVAL_PANELS = (
     ("mean_reward", "held-out mean reward"),  # what a run whose rewards define no correctness reports instead
     ("rm_score", "held-out reward-model score (mean)"),
 )
+
+
+HEALTH_PANEL = ("health", "run-health warnings")
 
 
 class PlotError(ValueError):
@@ -85,8 +91,38 @@ def choose_panels(rows: list[dict]) -> dict[str, list[tuple[str, str]]]:
     row of that kind has a number for (an SFT stage's eval rows have a loss only: no eval panel)."""
     train = [r for r in rows if r.get("kind", "train") == "train"]
     evals = [r for r in rows if r.get("kind") == "eval"]
-    return {"train": [(key, title) for key, title in TRAIN_PANELS if any(_numeric(r, key) for r in train)],
+    health = [HEALTH_PANEL] if any(r.get("kind") == "health" for r in rows) else []
+    return {"train": [(key, title) for key, title in TRAIN_PANELS if any(_numeric(r, key) for r in train)] + health,
             "eval": [(key, title) for key, title in EVAL_PANELS if any(_numeric(r, key) for r in evals)]}
+
+
+def health_marks(rows: list[dict]) -> dict[str, list[tuple[int, str]]]:
+    """metric -> [(step, monitor)] of the run-health warnings, the step being the last one the warning covers."""
+    marks: dict[str, list[tuple[int, str]]] = defaultdict(list)
+    for row in rows:
+        if row.get("kind") == "health":
+            marks[row.get("metric", "reward")].append((row.get("last_step", row["step"]), row.get("monitor", "?")))
+    return marks
+
+
+def _mark(ax, marks: list[tuple[int, str]]) -> None:
+    for step, monitor in marks:
+        ax.axvline(step, color="tab:red", linestyle="--", linewidth=1, alpha=0.7)
+        ax.annotate(monitor, (step, 0.98), xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right",
+                    fontsize=7, color="tab:red")
+
+
+def _draw_health(ax, rows: list[dict]) -> None:
+    """One line per monitor: each warning's steps (first to last) and a cross at its last."""
+    warnings = [r for r in rows if r.get("kind") == "health"]
+    names = sorted({r.get("monitor", "?") for r in warnings})
+    for row in warnings:
+        y = names.index(row.get("monitor", "?"))
+        last = row.get("last_step", row["step"])
+        ax.plot([row.get("first_step", last), last], [y, y], color="tab:red", linewidth=3, alpha=0.5)
+        ax.plot([last], [y], marker="x", color="tab:red")
+    ax.set_yticks(range(len(names)), names)
+    ax.set_ylim(-0.5, len(names) - 0.5)
 
 
 def _grid(plt, count: int, cols: int, height: float):
@@ -110,13 +146,18 @@ def plot_run(run_dir: str) -> list[str]:
     os.makedirs(out_dir, exist_ok=True)
     written = []
     train = [r for r in rows if r.get("kind", "train") == "train"]
+    marks = health_marks(rows)
     if panels["train"]:
         fig, axes = _grid(plt, len(panels["train"]), 2, 2.8)
         window = max(1, len(train) // 20)
         for ax, (key, title) in zip(axes, panels["train"]):
-            steps, values = zip(*[(r["step"], r[key]) for r in train if _numeric(r, key)])
-            ax.plot(steps, values, color="tab:blue", alpha=0.3, linewidth=1)
-            ax.plot(steps, _smooth(list(values), window), color="tab:blue", linewidth=2)
+            if (key, title) == HEALTH_PANEL:
+                _draw_health(ax, rows)
+            else:
+                steps, values = zip(*[(r["step"], r[key]) for r in train if _numeric(r, key)])
+                ax.plot(steps, values, color="tab:blue", alpha=0.3, linewidth=1)
+                ax.plot(steps, _smooth(list(values), window), color="tab:blue", linewidth=2)
+                _mark(ax, marks.get(key, []))
             ax.set_title(title)
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
@@ -135,6 +176,7 @@ def plot_run(run_dir: str) -> list[str]:
             for label, points in sorted(curves.items()):
                 steps, values = zip(*sorted(points))
                 ax.plot(steps, values, marker="o", label=label)
+            _mark(ax, marks.get(f"eval/{key}", []))
             ax.set_title(title)
             ax.set_xlabel("step")
             if key == "accuracy":

@@ -11,6 +11,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from coati.config.cli import build_parser, config_from_args
+from coati.config.errors import ConfigError
+from coati.launcher.checkpoints import NothingToResume
 from coati.launcher.preflight import check_inputs
 from run_helpers import head, run_in_module_ray
 
@@ -18,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 @pytest.mark.e2e
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(400)
 def test_few_grpo_steps_over_ray(demo_assets, tmp_path):
     train = head(demo_assets.train_path, tmp_path / "train.jsonl", 64)
     evals = head(demo_assets.eval_path, tmp_path / "eval.jsonl", 32)
@@ -45,11 +47,24 @@ def test_few_grpo_steps_over_ray(demo_assets, tmp_path):
     assert [(r["step"], r["mode"], r["version"]) for r in eval_rows] == [
         (0, "sampled", 0), (0, "greedy", 0), (8, "sampled", 4), (8, "greedy", 4)]  # producer got the new weights
     assert os.path.isfile(tmp_path / "runs" / "t" / "eval" / "add_greedy_step8.jsonl")
+    assert [r["message"] for r in rows if r["kind"] == "health"] == []  # a healthy run: no run-health warning
 
     before = AutoModelForCausalLM.from_pretrained(demo_assets.model_dir).state_dict()
     after = AutoModelForCausalLM.from_pretrained(result.final_model_dir).state_dict()
     changed = [name for name in before if not torch.equal(before[name], after[name])]
     assert len(changed) == len(before), "every tensor should move after 8 Adam steps"
+
+    # --resume of the finished run: refused before any actor starts; and where that count is not known before
+    # the start (several generators, -mpt), the first step finds no group left and says so, adding no row
+    metrics = open(result.metrics_path).read()
+    again = config_from_args(build_parser().parse_args(argv + ["--resume", "latest"]), demo_assets)
+    with pytest.raises(ConfigError, match=r"step_8: the run has no step left to train \(the checkpoint is at step 8; "
+                                          r"this run plans at most 8\)"):
+        check_inputs(again)
+    with pytest.raises(NothingToResume, match=r"step_8: the run has no step left to train \(the checkpoint is at "
+                                              r"step 8; every group of its data was drawn\)"):
+        run_in_module_ray(again)
+    assert open(result.metrics_path).read() == metrics
 
 
 @pytest.mark.e2e
@@ -71,6 +86,9 @@ def test_demo_cli_learns(demo_assets, tmp_path):
     before, after = map(float, match.groups())
     print(proc.stdout[-600:])
     assert after - before >= 0.15, f"sampled accuracy {before} -> {after}"
+    # the run-health monitors stay quiet on the demo (their thresholds: docs/metrics.md#run-health)
+    rows = [json.loads(line) for line in open(tmp_path / "runs" / "demo" / "metrics.jsonl")]
+    assert [r["message"] for r in rows if r["kind"] == "health"] == []
 
 
 @pytest.mark.e2e

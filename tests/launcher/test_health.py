@@ -1,6 +1,8 @@
 """Run-health monitors on synthetic metric streams: the equal-rewards warning fires once after N steps in a
 row, stays quiet otherwise, is rate-limited; the rollout metrics it reads, computed from groups by hand."""
 
+import pytest
+
 from coati.launcher.health import EqualRewards, RunHealth
 from coati.rollout.group import RolloutGroup
 from coati.trainer.step_data import equal_reward_metrics, rollout_metrics
@@ -97,3 +99,18 @@ def test_rollout_accuracy_is_absent_when_not_defined():
     undefined.correct = [None, None]
     assert "accuracy" not in rollout_metrics([undefined], 0)
     assert rollout_metrics([group([1.0, 0.1])], 0)["accuracy"] == 0.5
+
+
+def test_reward_part_metrics_by_hand():
+    from coati.trainer.step_data import reward_part_metrics
+
+    parted = group([1.0, 0.3])
+    parted.reward_parts = [{"boxed": 1.0, "length_penalty": -0.2, "length_penalty/chars": 164.0, "fn/correct": True},
+                           {"boxed": 0.1, "length_penalty": -0.6}]
+    other = group([0.5])
+    other.reward_parts = [{"boxed": 0.4, "length_penalty": 0.2}]
+    metrics = reward_part_metrics([parted, other])
+    assert metrics.keys() == {"reward_parts"}
+    assert metrics["reward_parts"] == pytest.approx({"boxed": 0.5, "length_penalty": -0.2})  # (1 + .1 + .4) / 3
+    assert reward_part_metrics([group([1.0, 0.0])]) == {}  # the built-in reward alone: no parts
+    assert "reward_parts" in rollout_metrics([parted], 0)

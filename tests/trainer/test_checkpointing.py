@@ -9,8 +9,15 @@ import pytest
 
 from coati.cluster.schedule import round_seed
 from coati.config.cli import build_parser, config_from_args
-from coati.launcher.checkpoints import FORMAT, check_resume, producer_rounds, round_settings, trim_metrics, \
-    write_run_state
+from coati.launcher.checkpoints import (
+    FORMAT,
+    check_resume,
+    most_steps,
+    producer_rounds,
+    round_settings,
+    trim_metrics,
+    write_run_state,
+)
 from coati.rollout.round_generator import RoundGenerator
 from coati.train import placeholder_demo
 from coati.utils.checkpoint import COMPLETE_MARKER
@@ -65,3 +72,27 @@ def test_a_resume_that_moves_the_prompt_shards_is_refused_in_one_line(tmp_path):
     assert message.endswith("changed: learner_chunk_size 0 -> 4") and "\n" not in message, message
     with pytest.raises(FileNotFoundError):  # the same settings pass, on to the (absent) trainer state
         check_resume(config("--resume", "latest"))
+
+
+def test_a_resume_with_no_step_left_is_refused_in_one_line(tmp_path):
+    """32 prompts, -ibs 8, -e 1: 4 rounds of 8 groups, 4 a step: 8 steps. A checkpoint at step 8 has nothing left
+    to train (the run would have evaluated and exited 0 having trained nothing); more epochs or steps go on."""
+    def config(*flags):
+        argv = ["-sd", str(tmp_path), "-p", "r", "-ibs", "8", "-imbs", "8", "-g", "4", "-tbs", "4", "-tMbs", "4",
+                "-tmbs", "8", "-e", "1", *flags]
+        return config_from_args(build_parser().parse_args(argv), placeholder_demo())
+
+    assert most_steps(config(), 32) == 8 and most_steps(config("-e", "3"), 32) == 24
+    assert most_steps(config("--max-steps", "5"), 32) == 5 and most_steps(config(), 39) == 8  # 7 left over
+    step = tmp_path / "r" / "step_8"
+    step.mkdir(parents=True)
+    (step / COMPLETE_MARKER).write_text("{}")
+    write_run_state(str(step), {"format": FORMAT, "step": 8, "round_settings": round_settings(config())})
+    with pytest.raises(ValueError) as refused:
+        check_resume(config("--resume", "latest"), prompts=32)
+    assert str(refused.value) == (
+        f"--resume {step}: the run has no step left to train (the checkpoint is at step 8; this run plans at most "
+        "8): raise -e/--epochs or --max-steps to train on, or drop --resume to start a new run")
+    for flags, prompts in ((("-e", "2"), 32), ((), 64), ((), None)):  # steps left, or not known: on to the state
+        with pytest.raises(FileNotFoundError):
+            check_resume(config("--resume", "latest", *flags), prompts=prompts)

@@ -77,3 +77,24 @@ def test_ppo_metrics_get_panels_only_when_present(tmp_path):
     assert choose_panels(sft) == {"train": [("loss", "policy loss")], "eval": []}
     write_rows(tmp_path / "metrics.jsonl", sft)
     assert [os.path.basename(p) for p in plot_run(str(tmp_path))] == ["train.png"]
+
+
+def test_health_rows_get_a_panel_and_a_mark_on_their_metrics_panel(tmp_path):
+    from coati.utils.plot import HEALTH_PANEL, choose_panels, health_marks
+
+    rows = [{"step": s, "kind": "train", "reward": 0.1 * s, "entropy": 0.4 / s, "grad_norm": 1.0} for s in range(1, 11)]
+    rows += [{"step": s, "kind": "eval", "task": "add", "mode": "greedy", "accuracy": a}
+             for s, a in ((0, .5), (10, .3))]
+    rows += [{"step": 7, "kind": "health", "monitor": "entropy_collapse", "metric": "entropy", "first_step": 5,
+              "last_step": 7, "message": "warning: ..."},
+             {"step": 10, "kind": "health", "monitor": "eval_falls", "metric": "eval/accuracy", "first_step": 0,
+              "last_step": 10, "message": "warning: ..."}]
+    panels = choose_panels(rows)
+    assert [key for key, _ in panels["train"]] == ["reward", "entropy", "grad_norm", "health"]
+    assert panels["train"][-1] == HEALTH_PANEL
+    assert health_marks(rows) == {"entropy": [(7, "entropy_collapse")], "eval/accuracy": [(10, "eval_falls")]}
+    assert HEALTH_PANEL not in choose_panels(rows[:-2])["train"]  # no warning, no panel
+    write_rows(tmp_path / "metrics.jsonl", rows)
+    written = plot_run(str(tmp_path))
+    assert [os.path.basename(p) for p in written] == ["train.png", "eval.png"]
+    assert all(open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n" for p in written)
