@@ -4,6 +4,7 @@ Ray cluster per test module; under pytest-xdist (``-n N``), each worker pinned t
 from __future__ import annotations
 
 import collections
+import json
 import os
 import sys
 
@@ -28,7 +29,11 @@ def _pin_xdist_worker() -> None:
 _pin_xdist_worker()
 
 
-E2E_COST = 100  # an end-to-end test costs about as much as this many quick ones
+# Seconds each slow module took in a whole-suite run (scripts/test_seconds.py writes it from --durations=0);
+# modules not in it are estimated at these seconds a test. Only the order of the modules depends on it.
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "module_seconds.json")) as _handle:
+    MODULE_SECONDS: dict[str, float] = json.load(_handle)
+E2E_SECONDS, QUICK_SECONDS = 60.0, 0.2
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: without it installed, never called
@@ -43,16 +48,17 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Under xdist, the costliest test modules first (e2e tests counted by E2E_COST), each module's tests kept
-    together and in order: modules are handed out in this order, and a long module handed out last would leave
-    the other worker idle until it ends."""
+    """Under xdist, the longest test modules first (measured: ``MODULE_SECONDS``; else estimated by their tests),
+    each module's tests kept together and in order: modules are handed out in this order, and a long module handed
+    out last would leave the other worker idle until it ends."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     scope = lambda item: item.nodeid.rsplit("::", 1)[0]  # noqa: E731 - xdist's loadscope unit
-    cost, first = collections.Counter(), {}
+    estimate, first = collections.Counter(), {}
     for index, item in enumerate(items):
-        cost[scope(item)] += E2E_COST if item.get_closest_marker("e2e") else 1
+        estimate[scope(item)] += E2E_SECONDS if item.get_closest_marker("e2e") else QUICK_SECONDS
         first.setdefault(scope(item), index)
+    cost = {unit: MODULE_SECONDS.get(unit.split("::")[0], seconds) for unit, seconds in estimate.items()}
     items.sort(key=lambda item: (-cost[scope(item)], first[scope(item)]))
 
 

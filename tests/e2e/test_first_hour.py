@@ -3,7 +3,9 @@
 ``coati train --resume latest`` and one flag given again: the checkpoint's saved options make up the rest.
 
 Child processes, since huggingface_hub reads HF_HOME and HF_HUB_OFFLINE when it is imported. 16 prompts, -ibs 8
-x -g 2, 8 groups a step: 2 steps an episode.
+x -g 2, 8 groups a step: 2 steps an episode. The transformers engine (``backend``, saved with the run's options):
+a user's model would get vLLM, whose start costs each of the four engines here more than the run's training, and
+the engine choice has tests of its own (tests/config/test_engine_choice.py, tests/rollout/test_vllm_backend.py).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import json, sys
 import coati
 
 summary = coati.run(model="coati-test/adder", dataset=sys.argv[1], save_dir=sys.argv[2], reward_type="boxed",
-                    system_prompt="", learning_rate=3e-4, max_new_tokens=8, max_prompt_tokens=64,
+                    backend="transformers", system_prompt="", learning_rate=3e-4, max_new_tokens=8, max_prompt_tokens=64,
                     inference_batch_size=8, inference_microbatch_size=8, num_generations=2, train_batch_size=8,
                     train_minibatch_size=8, train_microbatch_size=16, progress=False, log=lambda line: None)
 print(json.dumps({"steps": summary.steps, "checkpoint": summary.checkpoint, "final": summary.final_metrics}))

@@ -119,5 +119,4 @@ def test_colocated_run_stops_on_sigterm_and_resumes(demo_assets, argv, tmp_path)
     reached = max(train_steps(run_dir))
     assert len(lines) == 1 and lines[0].startswith(f"SIGTERM: stopped after step {reached}, saved ")
     assert checkpoints(run_dir) == [reached] and reached < STEPS
-
-    resume_to_the_end(demo_assets, run_dir, tmp_path)
+    # resuming it is the first test's (and tests/trainer/test_colocated.py's colocated resume, exact)
