@@ -344,11 +344,11 @@ class Consumer:
         role's gradient norm per epoch)."""
         totals: dict[str, float] = {}
         grad_norms: dict[str, list[float]] = {name: [] for name in self.roles}
+        split = [self._micro_batches(batch) for batch in batches]  # every epoch the same, in the same order
         for epoch in range(epochs):
             self.algorithm.objective.begin_epoch(epoch)
             stats: list[dict] = []
-            for batch in batches:
-                micro_batches = self._micro_batches(batch)
+            for micro_batches in split:
                 for role in self.roles.values():  # each role's statistics have names of their own
                     stats += role.plugin.forward_backward(micro_batches, role.loss_fn)
             for name, role in self.roles.items():

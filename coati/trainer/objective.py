@@ -43,8 +43,9 @@ class FrozenReference:
         chunks = []
         device = next(self.model.parameters()).device
         for micro in split_micro_batches(batch, micro_batch_size):
-            logits = causal_lm_logits(self.model, to_device(with_logits_window(micro), device))
-            chunks.append(window_token_logprobs(logits, micro["input_ids"].to(device), temperature).cpu())
+            micro = to_device(with_logits_window(micro), device)
+            logits = causal_lm_logits(self.model, micro)
+            chunks.append(window_token_logprobs(logits, micro["input_ids"], temperature).cpu())
         return torch.cat(chunks)
 
 
