@@ -12,7 +12,8 @@ of coati/trainer/objective.py through the single-process plugin, then the optimi
 
 Each variant is timed ``--repeats`` times, round-robin (so a slow spell of a shared machine hits all alike); the
 medians are printed with real tokens per second and the model FLOP/s they imply (6 x parameters x real tokens),
-beside the bare matmul FLOP/s of this machine measured in the same run (fp32 and bf16, the layers' shapes).
+beside the bare matmul FLOP/s of this machine measured in the same run (fp32 and bf16, the layers' shapes). On a
+machine with a GPU the step runs there (the trainer's device rule), timed to the device's completion.
 
     .venv/bin/python benchmarks/bench_train_step.py [--repeats 3] [--threads 2] [--model DIR]
 """
@@ -81,18 +82,29 @@ def micro_batches(batch, variant: str):
     return [with_logits_window(m) for m in token_budget_micro_batches(batch, MICRO_ROWS * MAX_TOKENS)]
 
 
-def matmul_flops(dtype_name: str, hidden: int, intermediate: int, repeats: int = 5) -> float:
-    """FLOP/s of the model's largest layer shape ([tokens, hidden] x [hidden, intermediate]) on this machine."""
+def synchronize(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_flops(dtype_name: str, hidden: int, intermediate: int, device, repeats: int = 5) -> float:
+    """FLOP/s of the model's largest layer shape ([tokens, hidden] x [hidden, intermediate]) on the trainer's
+    device."""
     import torch
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
-    a, b = torch.randn(2048, hidden, dtype=dtype), torch.randn(hidden, intermediate, dtype=dtype)
+    a = torch.randn(2048, hidden, dtype=dtype, device=device)
+    b = torch.randn(hidden, intermediate, dtype=dtype, device=device)
     torch.mm(a, b)
+    synchronize(device)
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(4):
             torch.mm(a, b)
+        synchronize(device)
         best = min(best, (time.perf_counter() - start) / 4)
     return 2 * a.shape[0] * hidden * intermediate / best
 
@@ -108,6 +120,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from coati.plugins.dist import trainer_device
     from coati.plugins.torch_single import SingleProcessPlugin
     from coati.plugins.validation import ParallelLayout
     from coati.trainer.objective import PolicyObjective
@@ -115,6 +128,7 @@ def main() -> None:
     from types import SimpleNamespace
 
     torch.set_num_threads(args.threads)
+    device = trainer_device()
     path = args.model or smollm2_dir()
     tokenizer = AutoTokenizer.from_pretrained(path)
     base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -138,10 +152,11 @@ def main() -> None:
             start = time.perf_counter()
             plugins[variant].forward_backward(shapes[variant], objective.loss)
             plugins[variant].optimizer_step(1.0)
+            synchronize(device)
             if repeat:
                 times[variant].append(time.perf_counter() - start)
     cfg = base.config
-    peak = {name: matmul_flops(name, cfg.hidden_size, cfg.intermediate_size) for name in ("fp32", "bf16")}
+    peak = {name: matmul_flops(name, cfg.hidden_size, cfg.intermediate_size, device) for name in ("fp32", "bf16")}
     rows = []
     for variant in variants:
         step = statistics.median(times[variant])
@@ -153,7 +168,7 @@ def main() -> None:
     for row in rows:
         row["vs_first"] = round(row["step_s"] / base_step, 3)
     print(json.dumps({"model": os.path.basename(path.rstrip("/")), "params": params, "samples": PROMPTS * SAMPLES,
-                      "real_tokens": real_tokens, "threads": args.threads, "repeats": args.repeats,
+                      "real_tokens": real_tokens, "device": str(device), "threads": args.threads, "repeats": args.repeats,
                       "matmul_gflops": {k: round(v / 1e9, 1) for k, v in peak.items()}, "rows": rows}, indent=1))
 
 
