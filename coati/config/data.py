@@ -88,6 +88,14 @@ class DataConfig:
               "gives its own verdict (default: the built-in -rt verdict while its weight is not 0; docs/rewards.md)")
 
     @property
+    def builtin_reward_counts(self) -> bool:
+        """Whether the built-in -rt reward is part of the reward (its weight is not 0): only then are its
+        format verdict and its all-zero groups the user's concern."""
+        from rewards.combine import parse_weights
+
+        return parse_weights(self.reward_weights).get(self.reward_type, 1.0) != 0
+
+    @property
     def rows(self) -> RowFormat:
         return RowFormat(reward_type=self.reward_type, input_key=self.input_key, label_key=self.label_key)
 

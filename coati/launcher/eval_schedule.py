@@ -41,6 +41,23 @@ def eval_dir(config: RLConfig) -> str:
     return os.path.join(run.eval_save_dir, run.project) if run.eval_save_dir else os.path.join(run.run_dir, "eval")
 
 
+def eval_line(step: int, name: str, out: dict, on_sync: bool, show_format: bool) -> str:
+    """The console line of one evaluation result. The built-in reward's format rate is shown only when that
+    reward counts (``show_format``): with its weight 0 (a user reward defines success) it is noise."""
+    if out.get("accuracy") is not None:
+        numbers = f"accuracy {out['accuracy']:.3f}"
+    else:  # the built-in verdict is no accuracy of this run's: say so, and what rose instead
+        numbers = f"accuracy {NOT_DEFINED}, mean reward {out['mean_reward']:.3f}"
+    if show_format:
+        numbers += f" format {out['format_rate']:.3f}"
+    if "rm_score" in out:
+        numbers += f" reward-model score {out['rm_score']:.3f}"
+    if "tool_use_rate" in out:
+        numbers += f" tool use {out['tool_use_rate']:.3f}"
+    where = f"weights v{out['version']}" + ("" if on_sync else f" + training to step {step}")
+    return f"eval step {step} {name}: {numbers} (n={out['count']}, {where})"
+
+
 class EvalSchedule:
     def __init__(self, config: RLConfig, producer, consumers, logger, gather, log=print, num_threads: int = 1,
                  resume: bool = False, actor_options: dict | None = None):
@@ -155,15 +172,7 @@ class EvalSchedule:
         self.logger.log(step, row, kind="eval")
         self.accuracy.setdefault(step, {})[f"{task}/{mode}"] = out.get("accuracy")
         self.mean_reward.setdefault(step, {})[f"{task}/{mode}"] = out.get("mean_reward")
-        where = f"weights v{out['version']}" + ("" if on_sync else f" + training to step {step}")
-        score = f" reward-model score {out['rm_score']:.3f}" if "rm_score" in out else ""
-        score += f" tool use {out['tool_use_rate']:.3f}" if "tool_use_rate" in out else ""
-        if out.get("accuracy") is not None:
-            numbers = f"accuracy {out['accuracy']:.3f}"
-        else:  # the built-in verdict is no accuracy of this run's: say so, and what rose instead
-            numbers = f"accuracy {NOT_DEFINED}, mean reward {out['mean_reward']:.3f}"
-        self.log(f"eval step {step} {task}/{mode}: {numbers} format {out['format_rate']:.3f}"
-                 f"{score} (n={out['count']}, {where})")
+        self.log(eval_line(step, f"{task}/{mode}", out, on_sync, self.config.data.builtin_reward_counts))
         self.rows.append((step, row))
         if self.on_row is not None:
             self.on_row(step, row)

@@ -451,7 +451,7 @@ def run_monitors(config) -> RunHealth:
     if config.run.equal_reward_steps > 0:
         monitors.append(EqualRewards(
             steps=config.run.equal_reward_steps, reward_type=d.reward_type,
-            builtin_weighted=weights.get(d.reward_type, 1.0) != 0,
+            builtin_weighted=d.builtin_reward_counts,
             user_rewards=bool(d.reward_fn or d.reward_url), group_size=config.batch.num_generations,
             temperature=config.sampling.temperature))
     lr, mnt = algo.learning_rate, config.sampling.max_new_tokens
