@@ -26,11 +26,12 @@ from coati.plugins.base import LOGITS_TO_KEEP
 
 
 class ResponseGroup(Protocol):
-    """What ``collate`` reads of a group: a prompt, its responses with their behaviour logprobs, and each
-    response's per-token loss mask."""
+    """What ``collate`` reads of a group: a prompt, its responses with their behaviour logprobs and the weights
+    version that sampled them, and each response's per-token loss mask."""
     prompt_ids: list[int]
     responses: list[list[int]]
     logprobs: list[list[float]]
+    policy_version: int
 
     def loss_mask(self, index: int) -> list[int]: ...
 
@@ -40,11 +41,13 @@ def collate(groups: list[ResponseGroup], pad_id: int) -> dict[str, torch.Tensor]
 
     ``action_mask[b, t]`` is 1 when token ``t + 1`` of row ``b`` is a response token the model wrote (the
     group's loss mask: an environment's tokens inside a multi-turn response are 0), so it lines up with
-    ``logits[:, :-1]``; ``old_logprobs`` sits at the same positions.
+    ``logits[:, :-1]``; ``old_logprobs`` sits at the same positions. ``policy_version[b]``: the weights version
+    that sampled row ``b`` (the weight-delivery check compares it with the trainer's).
     """
-    rows, spans, logprobs, masks = [], [], [], []
+    rows, spans, logprobs, masks, versions = [], [], [], [], []
     for group in groups:
         for index, (response, logp) in enumerate(zip(group.responses, group.logprobs)):
+            versions.append(group.policy_version)
             rows.append(group.prompt_ids + response)
             spans.append((len(group.prompt_ids), len(response)))
             logprobs.append(logp)
@@ -64,6 +67,7 @@ def collate(groups: list[ResponseGroup], pad_id: int) -> dict[str, torch.Tensor]
         "attention_mask": attention_mask,
         "action_mask": action_mask,
         "old_logprobs": old_logprobs,
+        "policy_version": torch.tensor(versions, dtype=torch.long),  # the weights that sampled each row
     }
 
 

@@ -42,7 +42,7 @@ from coati.algorithm.registry import (  # noqa: F401  (the registries' API, also
 )
 
 # Statistics that are maxima over the step (not sums over micro-batches, not means over ranks).
-MAX_STATS = ("is_weight_max", "mismatch_max_abs")
+MAX_STATS = ("is_weight_max", "mismatch_max_abs", "delivery_gap")
 
 # name -> fn(values, old_values, returns, clip_eps) -> (per-token loss, clipped indicator)
 VALUE_LOSSES: dict[str, Callable] = {}

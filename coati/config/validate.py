@@ -189,6 +189,7 @@ def _validate_logs(config: RLConfig) -> None:
             "-ei/--eval-interval needs held-out data: pass -ed/--eval-dataset '{\"name\": \"eval.jsonl\"}'")
     require(r.equal_reward_steps >= 0, f"--equal-reward-steps must be >= 0 (0: no warning), got {r.equal_reward_steps}")
     parse_health(r.health)  # a bad --health item is its one ConfigError line
+    require(r.delivery_bound >= 0, f"--delivery-bound {r.delivery_bound:g}: a gap in nats is >= 0 (0: by precision)")
     require(r.rollout_save_interval >= 1, f"--rollout-save-interval must be at least 1, got {r.rollout_save_interval}")
 
 

@@ -25,6 +25,7 @@ from coati.cluster.weight_sync import WeightStore
 from coati.config.colocation import choose_colocation
 from coati.config.tree import RLConfig
 from coati.launcher.eval_schedule import EvalSchedule
+from coati.launcher.delivery import DeliveryCheck, WeightsNotDelivered
 from coati.launcher.health import run_monitors
 from coati.launcher.plan import fit_for_start
 from coati.rollout.producer import Producer
@@ -146,7 +147,7 @@ def _run(config: RLConfig, log, reservation, start: float, stop: StopRequest) ->
         supervisor.kill_all()
         supervisor.drain()
         raise stopped from None
-    except (KeyboardInterrupt, RunInterrupted):
+    except (KeyboardInterrupt, RunInterrupted, WeightsNotDelivered):
         # Ended for good before their placement groups go: a producer removed with its group would be restarted
         # (and say so), and a failure nobody fetched would print a traceback after the stop's line.
         supervisor.cancel_generation()
@@ -160,7 +161,9 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, evaluat
     from tqdm import tqdm
 
     join_trainer_group(TrainerGroup(consumers), supervisor.gather)
-    rounds, total_groups = config.run_length(_rounds_to_run(config, consumers, producers, log))
+    rounds, engine_precisions = _rounds_to_run(config, consumers, producers, log)
+    rounds, total_groups = config.run_length(rounds)
+    delivery = DeliveryCheck.of(config, engine_precisions)
     # Every trainer rank draws its share of all rounds (or of --max-steps steps); a step returns None once its
     # share is used up. Without filtering that is exactly total_groups / (dp * tbs) steps; with it (DAPO), fewer.
     max_steps = total_groups // (config.parallel.dp_size * config.batch.train_batch_size)
@@ -214,6 +217,16 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, evaluat
         step += 1
         logger.log(step, metrics)
         check_health(step, metrics)
+        problem = delivery.problem(step, metrics)
+        if problem and delivery.stops:  # the step is kept: the trainer's weights are right, the engines' were not
+            path = save(step)
+            evals.settle()
+            logger.close()
+            raise WeightsNotDelivered(f"{problem}; the run stopped after saving {path}")
+        if problem:
+            log(f"warning: {problem}")
+            logger.log(step, {"monitor": "delivery", "metric": "delivery_gap", "first_step": step, "last_step": step,
+                              "message": problem}, kind="health")
         if records and rollouts is not None:
             rollouts.write(step, records)
         if evals.due(step):
@@ -279,7 +292,8 @@ def _open_outputs(config, log, producers, consumers, resume, state, evaluator_th
 
 def _rounds_to_run(config, consumers, producers, log) -> int:
     """Rounds of the whole run: the shortest shard's rounds per episode (producers', the sending trainer's with
-    --learner-chunk-size, every trainer rank's with --colocate) times the episodes."""
+    --learner-chunk-size, every trainer rank's with --colocate) times the episodes; and the precisions the
+    inferencers' engines compute in."""
     trainer = "learner" if config.algo.learner_chunk_size else "trainer rank"
     infos = {f"inferencer {rank}": info for rank, info in enumerate(ray.get([p.info.remote() for p in producers]))}
     infos.update({f"{trainer} {rank}": info for rank, info in
@@ -290,7 +304,7 @@ def _rounds_to_run(config, consumers, producers, log) -> int:
     rounds = min(info["rounds_per_episode"] for info in infos.values()) * config.run.num_episodes
     if rounds == 0:
         raise RuntimeError("no full inference batch of prompts fits -mpt; raise -mpt/--max-prompt-tokens or lower -ibs")
-    return rounds
+    return rounds, [info["engine_precision"] for info in infos.values() if "engine_precision" in info]
 
 
 def _merged_adapters_line(config: RLConfig) -> str:

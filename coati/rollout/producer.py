@@ -14,6 +14,7 @@ from coati.config.sampling import SamplingParams
 from coati.registry import resolve
 from coati.rollout.round_generator import RoundGenerator
 from coati.utils.actor_process import start_actor_process
+from coati.utils.device import precision_name
 from coati.utils.machine import usable_cores
 
 
@@ -44,7 +45,9 @@ class Producer:
         self.version = 0
 
     def info(self) -> dict:
-        return self.rounds.info()
+        """The round generator's facts, and the precision this engine computes in (the delivery check's bound)."""
+        dtype = self.config.parallel.model_placement("producer").dtype
+        return {**self.rounds.info(), "engine_precision": precision_name(dtype)}
 
     def _sync_weights(self, min_version: int, timeout_s: float = 600.0) -> None:
         """Wait for a version >= ``min_version`` and load the newest one (newer than ours)."""

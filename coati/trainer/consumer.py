@@ -71,7 +71,7 @@ from coati.trainer.roles import ACTOR, TrainedModel, grad_norm_name
 from coati.trainer.step_algorithm import StepAlgorithm
 from coati.trainer.round_batches import RoundPool, parts_of_round, round_part
 from coati.trainer.step_data import StepWork, rollout_metrics, share_bounds
-from coati.utils.device import device_memory_metrics
+from coati.utils.device import device_memory_metrics, precision_name
 from coati.utils.actor_process import start_actor_process
 from coati.utils.machine import usable_cores
 
@@ -97,6 +97,9 @@ class Consumer:
         self._draw_serial = 0  # draws since the start
         self.publisher = None  # the sender's end of the weight sync (weight_sync.make_publisher)
         self._published_version = 0  # the newest published version (tracked on every rank)
+        # Whether an optimizer step moved the weights since they were version ``self.version`` (a resumed run
+        # cannot tell: it waits for its next publish). Only rows sampled by exactly these weights are checked.
+        self._trained_since_version = False
         self.learner = None  # LearnerGenerator on the weight sender when --learner-chunk-size > 0
         self.colocated = None  # ColocatedGenerator on every rank with --colocate
         self.algorithm: StepAlgorithm | None = None
@@ -151,8 +154,10 @@ class Consumer:
     def learner_info(self) -> dict | None:
         """This rank's own generator's shard (prompts, rounds per episode): the learner-side generator on the rank
         that owns it, or this rank's colocated generator; else None."""
-        generator = self.learner or self.colocated
-        return generator.info() if generator is not None else None
+        if self.learner is not None:  # its own engine, in the dtype the device rule gives it
+            dtype = self.config.parallel.model_placement("learner_generation").dtype
+            return {**self.learner.info(), "engine_precision": precision_name(dtype)}
+        return self.colocated.info() if self.colocated is not None else None  # the trained module itself
 
     def add_role(self, name: str, model: torch.nn.Module, learning_rate: float, loss_fn,
                  trained_modules: tuple[str, ...] = ()) -> TrainedModel:
@@ -302,10 +307,16 @@ class Consumer:
                 self.colocated.phases.train()
             metrics.update(self._schedule_learning_rates())
             train_start = time.perf_counter()
+            self.algorithm.objective.delivery_version = None if self._trained_since_version else self.version
             totals, grad_norms = self._train_epochs(batches, epochs)
+            self._trained_since_version = True
             totals, maxima = self._reduce_stats(totals), self.algorithm.max_stats
             # Per-epoch means (maxima as they are); grad norms are the first epoch's (later epochs see the same data).
             metrics.update({name: value if name in maxima else value / epochs for name, value in totals.items()})
+            if metrics.get("delivery_gap", 0.0) < 0:  # no row of this step was sampled by the current weights
+                del metrics["delivery_gap"]
+            elif "delivery_gap" in metrics:
+                metrics["delivery_version"] = self.algorithm.objective.delivery_version
             metrics.update({grad_norm_name(name): norms[0] for name, norms in grad_norms.items()})
             metrics.update(optimizer_steps=epochs, train_s=time.perf_counter() - train_start)
             metrics.update(staleness_mean=sum(work.staleness) / len(work.staleness),
@@ -376,6 +387,7 @@ class Consumer:
     def _publish(self) -> None:
         self.version += 1
         self.drawn_since_sync = 0
+        self._trained_since_version = False
         self._published_version = self.version  # on every rank (the publisher lives on the sender only)
         if self.colocated is not None:  # nobody else generates: the new weights go into each rank's own engine
             self.colocated.load_weights()
@@ -441,6 +453,7 @@ class Consumer:
         """Collective, after ``setup``: continue from a run checkpoint of any layout the plugin reads."""
         from coati.trainer.checkpointing import load_consumer
 
+        self._trained_since_version = True  # unknown: the check resumes at the next publish
         return load_consumer(self, path)
 
     def full_state(self, role: str = ACTOR) -> dict[str, torch.Tensor]:

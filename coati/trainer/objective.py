@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from coati.algorithm.batch import left_pad_positions, split_micro_batches, window_token_logprobs, with_logits_window
-from coati.algorithm.loss import aggregate, token_entropy
+from coati.algorithm.loss import aggregate, masked_max, token_entropy
 from coati.algorithm.policy_losses import LossInputs, policy_loss
 from coati.plugins.base import causal_lm_logits
 from coati.plugins.dist import to_device
@@ -65,6 +65,16 @@ class AdaptersOffReference:
             return torch.cat(self.plugin.forward_only(micro_batches, on_cpu))
 
 
+def delivery_gap(inputs: LossInputs, fresh_rows: torch.Tensor) -> torch.Tensor:
+    """The largest |behaviour - trainer| logprob over the valid tokens of ``fresh_rows`` (rows sampled by the
+    weights the trainer holds, before any update): numeric noise when the engine got those weights, far more
+    when it did not. -1 when no such token is here (the maximum over ranks then ignores this one)."""
+    valid = (inputs.mask > 0) & fresh_rows.to(inputs.mask.device).unsqueeze(1)
+    if not valid.any():
+        return inputs.mask.new_full((), -1.0)
+    return masked_max((inputs.prox - inputs.old_logprobs).abs().detach(), valid)
+
+
 class PolicyObjective:
     def __init__(self, config, reference: FrozenReference | AdaptersOffReference | None = None):
         self.loss_config = config.algo.loss
@@ -72,6 +82,9 @@ class PolicyObjective:
         self.micro_batch_size = config.batch.train_microbatch_size
         self.keep_proximal = config.algo.ppo_epochs > 1
         self.reference = reference
+        # The weights version the trainer's weights are exactly (set by the trainer each step; None when they
+        # moved on since it was published): rows sampled by it must score as the trainer scores them.
+        self.delivery_version: int | None = None
         self.begin_epoch(0)
 
     def begin_epoch(self, epoch: int) -> None:
@@ -101,6 +114,8 @@ class PolicyObjective:
                             micro_batch["action_mask"], normaliser, ref_logprobs=micro_batch.get("ref_logprobs"),
                             prox_logprobs=self._proximal(logprobs))
         loss, stats = policy_loss(inputs, self.loss_config)
+        if self.epoch == 0 and self.delivery_version is not None:
+            stats["delivery_gap"] = delivery_gap(inputs, micro_batch["policy_version"] == self.delivery_version)
         entropy = left_pad_positions(token_entropy(logits, self.temperature), logprobs.shape[1])
         stats["entropy"] = aggregate(entropy, micro_batch["action_mask"], self.loss_config.loss_variation, normaliser)
         return loss, stats

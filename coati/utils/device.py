@@ -89,6 +89,11 @@ def granted_gpus() -> list[int]:
     return [int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()]
 
 
+def precision_name(dtype: torch.dtype) -> str:
+    """The --precision name of a model dtype (fp32, bf16, fp16)."""
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+
+
 def model_placement(role: str, backend: str = DEFAULT_BACKEND, dtype: str = "auto",
                     trainer_precision: str = "fp32") -> ModelPlacement:
     """``device_rule`` for this process's granted GPUs: what every model holder calls."""

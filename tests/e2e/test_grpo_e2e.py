@@ -43,6 +43,10 @@ def test_few_grpo_steps_over_ray(demo_assets, tmp_path):
     assert train_rows[-1]["kl"] > 0
     # Sync mode: the data of steps 1-2 came from version 0, steps 3-4 from version 1, ...
     assert all(r["policy_lag"] == 0 for r in train_rows)
+    # each version is checked at its first step, where the trainer's weights are exactly it: fp32 noise only
+    checked = {r["step"]: (r["delivery_version"], r["delivery_gap"]) for r in train_rows if "delivery_gap" in r}
+    assert sorted(checked) == [1, 3, 5, 7] and [v for v, _ in checked.values()] == [0, 1, 2, 3], checked
+    assert max(gap for _, gap in checked.values()) < 1e-4, checked
     eval_rows = [r for r in rows if r["kind"] == "eval"]
     assert [(r["step"], r["mode"], r["version"]) for r in eval_rows] == [
         (0, "sampled", 0), (0, "greedy", 0), (8, "sampled", 4), (8, "greedy", 4)]  # producer got the new weights

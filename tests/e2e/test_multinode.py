@@ -93,23 +93,6 @@ def lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
-def test_two_node_run_places_trainers_and_inferencers_on_their_nodes(cluster, node_ids, data, demo_assets, tmp_path):
-    run_dir = tmp_path / "runs" / "two"
-    proc = driver(["--master_address", cluster.address, "-d", data[16], "-i", "1", "-t", "2", *SMALL,
-                   "-sd", str(tmp_path / "runs"), "-p", "two"], cluster.env(**cache_env(demo_assets)))
-    out, err = finish(proc)
-    assert proc.returncode == 0, err[-3000:]
-    assert train_steps(run_dir) == [1, 2, 3, 4]  # 16 prompts, rounds of 4, one round per step (dp 2 x tbs 2)
-    placement = json.load(open(run_dir / "placement.json"))
-    assert placement["unit"] == "CPU"
-    assert [p["node_id"] for p in placement["inferencers"]] == [node_ids["head"]]
-    assert [p["node_id"] for p in placement["trainers"]] == [node_ids["worker"]] * 2
-    head_node, worker_node = (f"{placement[role][0]['ip']} (node {node_ids[name][:8]})"
-                              for role, name in (("inferencers", "head"), ("trainers", "worker")))
-    assert f"2 nodes: trainer ranks 0-1 on {worker_node}; inferencers 0 on {head_node}" in out
-    assert cluster.alive() and len(cluster.nodes()) == 2  # the run left the cluster as it found it
-
-
 def test_a_local_run_neither_joins_nor_disturbs_a_running_cluster(cluster, demo_assets, data, monkeypatch):
     """``ray.init()`` without an address joins the cluster ``ray start`` recorded in the temp dir; a local run
     (no --master_address, no RAY_ADDRESS) must start its own, even with that very temp dir as --ray_dir."""
@@ -156,15 +139,21 @@ def test_wrong_ray_dir_is_one_line(cluster, data, demo_assets, tmp_path):
     assert cluster.temp_dirs[0] in output[0] and seconds < 15
 
 
-def test_killed_inferencer_restarts_and_every_prompt_is_trained_once(cluster, data, demo_assets, tmp_path):
-    """SIGKILL the inferencer's process after step 2: Ray restarts it, it regenerates the round it was on, and
-    the run trains every step; each prompt's samples appear exactly G=2 times in the rollout logs."""
+def test_two_node_run_places_its_actors_and_survives_a_killed_inferencer(cluster, node_ids, data, demo_assets,
+                                                                        tmp_path):
+    """The trainers go to the worker node and the inferencer to the head (the start line says so). SIGKILL the
+    inferencer's process after step 2: Ray restarts it, it regenerates the round it was on, and the run trains
+    every step; each prompt's samples appear exactly G=2 times in the rollout logs."""
     run_dir = tmp_path / "runs" / "kill"
     proc = driver(["--master_address", cluster.address, "-d", data[32], "-i", "1", "-t", "2", *SMALL,
                    "-sd", str(tmp_path / "runs"), "-p", "kill", "-rsd", str(tmp_path / "rollouts")],
                   cluster.env(**cache_env(demo_assets)))
     wait_for(lambda: len(train_steps(run_dir)) >= 2, proc, what="step 2")
-    pid = json.load(open(run_dir / "placement.json"))["inferencers"][0]["pid"]
+    placement = json.load(open(run_dir / "placement.json"))
+    assert placement["unit"] == "CPU"
+    assert [p["node_id"] for p in placement["inferencers"]] == [node_ids["head"]]
+    assert [p["node_id"] for p in placement["trainers"]] == [node_ids["worker"]] * 2
+    pid = placement["inferencers"][0]["pid"]
     os.kill(pid, signal.SIGKILL)
     killed_at = len(train_steps(run_dir))
     out, err = finish(proc)
@@ -181,6 +170,10 @@ def test_killed_inferencer_restarts_and_every_prompt_is_trained_once(cluster, da
     prompts = Counter(json.dumps(json.loads(line)["messages"]) for line in open(data[32]))
     assert sum(samples.values()) == 32 * 2
     assert sorted(samples.values()) == sorted(2 * count for count in prompts.values())
+    head_node, worker_node = (f"{placement[role][0]['ip']} (node {node_ids[name][:8]})"
+                              for role, name in (("inferencers", "head"), ("trainers", "worker")))
+    assert f"2 nodes: trainer ranks 0-1 on {worker_node}; inferencers 0 on {head_node}" in out
+    assert cluster.alive() and len(cluster.nodes()) == 2  # the run left the cluster as it found it
 
 
 def test_killed_trainer_rank_stops_the_run_and_resume_latest_finishes_it(cluster, data, demo_assets, tmp_path):

@@ -12,10 +12,11 @@ import torch
 from run_helpers import head, run_cli
 from transformers import AutoModelForCausalLM
 
+# ColossalAI Hybrid TP: step for step in tests/trainer/test_trainer_group.py, saved and reloaded in
+# tests/plugins/test_equivalence.py; the CLI path of the colossalai family runs here as Hybrid PP.
 LAYOUTS = [
     ("torch-fsdp2", ["-t", "2", "-zero", "2"], 2),  # (name, flags, data-parallel size)
     ("colossalai-hybrid-pp", ["-t", "2", "-pp", "2", "--plugin", "colossalai"], 1),
-    ("colossalai-hybrid-tp", ["-t", "2", "-tp", "2", "--plugin", "colossalai"], 1),
 ]
 
 

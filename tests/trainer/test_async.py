@@ -12,7 +12,7 @@ import pytest
 from run_helpers import head, killed_while_saving, run_cli
 
 import coati.launcher.checkpoints as checkpointing
-from coati.utils.checkpoint import list_checkpoints
+from coati.utils.checkpoint import list_checkpoints, resolve_resume
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -40,6 +40,8 @@ def test_crash_and_resume_train_every_prompt_once(demo_assets, tmp_path, monkeyp
         run_cli(argv + ["-rsd", str(tmp_path / "before")], demo_assets)
     run_dir = os.path.join(tmp_path, "async")
     assert [step for step, _ in list_checkpoints(run_dir)] == [3]
+    assert not os.path.exists(os.path.join(run_dir, "step_6"))  # the half-written save is gone, not listed
+    assert resolve_resume("latest", run_dir).endswith("step_3")
     state = json.load(open(os.path.join(run_dir, "step_3", checkpointing.RUN_STATE)))
     print(f"checkpoint at step 3: weights v{state['policy_version']}, {state['pending_groups']} undrawn groups, "
           f"producer at round {state['producer_rounds']}")

@@ -4,6 +4,10 @@ Every run: 32 prompts, -ibs 8 x -g 4, 4 groups per step -> 4 rounds of 2 steps, 
 steps 3 and 6 (-si 3) and 8. Step 3 is the middle of round 1: the round was drawn at once (round-level
 minibatches) and its second part is still to train, so the consumer state keeps the round. A resumed run must
 repeat the uninterrupted run's steps 4-8.
+
+Elsewhere, so that no layout is run twice for the same proof: one trainer resumed exactly from step 3 (and its final
+weights) in tests/trainer/test_training_knobs.py; a save killed midway and ``--resume latest`` in
+tests/trainer/test_async.py.
 """
 
 from __future__ import annotations
@@ -14,14 +18,14 @@ import shutil
 
 import pytest
 import torch
-from run_helpers import head, killed_while_saving, run_in_module_ray
+from run_helpers import head, run_in_module_ray
 from transformers import AutoModelForCausalLM
 
 import coati.launcher.checkpoints as checkpointing
 from coati.config.cli import build_parser, config_from_args
 from coati.config.errors import ConfigError
 from coati.launcher.preflight import check_inputs
-from coati.utils.checkpoint import COMPLETE_MARKER, list_checkpoints, resolve_resume
+from coati.utils.checkpoint import COMPLETE_MARKER, list_checkpoints
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 TOL = 1e-5
@@ -93,35 +97,6 @@ def test_checkpoint_layout_and_plain_transformers_load(single_reference):
         assert torch.isfinite(model(torch.tensor([[1, 2, 3]])).logits).all()
 
 
-def test_single_trainer_resume_is_exact(demo_assets, data, single_reference, tmp_path):
-    result = launch(demo_assets, data, tmp_path, "resumed", "--resume", os.path.join(single_reference, "step_3"))
-    assert result.steps == 8
-    reference, resumed = train_rows(single_reference), train_rows(os.path.join(tmp_path, "resumed"))
-    assert sorted(resumed) == [4, 5, 6, 7, 8]  # only the steps after the checkpoint
-    assert_same_steps(reference, resumed, range(4, 9), "single -> single")
-    assert max_weight_diff(os.path.join(single_reference, "step_8"), result.final_model_dir) <= TOL
-
-
-def test_crash_during_save_keeps_previous_checkpoint_and_resume_latest(demo_assets, data, single_reference,
-                                                                       tmp_path, monkeypatch):
-    """The save of step 6 dies after the trainers wrote their state, before the marker: step_3 stays the
-    newest complete checkpoint, ``--resume latest`` continues from it, and the result equals the reference."""
-    with killed_while_saving(monkeypatch, 6):
-        launch(demo_assets, data, tmp_path, "crash")
-    run_dir = os.path.join(tmp_path, "crash")
-    assert [step for step, _ in list_checkpoints(run_dir)] == [3]
-    assert not os.path.exists(os.path.join(run_dir, "step_6"))
-    assert resolve_resume("latest", run_dir).endswith("step_3")
-    assert max(train_rows(run_dir)) == 6  # the crashed run had logged steps 4-6
-
-    result = launch(demo_assets, data, tmp_path, "crash", "--resume", "latest")
-    assert result.steps == 8
-    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
-    assert [r["step"] for r in rows if r["kind"] == "train"] == list(range(1, 9))  # appended, no repeats
-    assert_same_steps(train_rows(single_reference), train_rows(run_dir), range(1, 9), "crash + resume latest")
-    assert [step for step, _ in list_checkpoints(run_dir)] == [3, 6, 8]
-
-
 def test_resume_errors_at_start_up(demo_assets, data, single_reference, tmp_path):
     with pytest.raises(ConfigError, match="no complete checkpoint"):
         configure(demo_assets, data, tmp_path, "empty", "--resume", "latest")
@@ -148,20 +123,14 @@ def fsdp_reference(demo_assets, data, tmp_path_factory):
     return os.path.join(save_dir, "ref")
 
 
-def test_fsdp2_resume_is_exact(demo_assets, data, fsdp_reference, tmp_path):
-    manifest = json.load(open(os.path.join(fsdp_reference, "step_3", "trainer_state", "actor", "trainer_state.json")))
-    assert (manifest["plugin"], manifest["world_size"]) == ("torch-fsdp2", 2)
-    assert sorted(os.listdir(os.path.join(fsdp_reference, "step_3", "consumer_state"))) == ["rank_0.pt", "rank_1.pt"]
-    result = launch(demo_assets, data, tmp_path, "resumed", *FSDP, "--resume", os.path.join(fsdp_reference, "step_3"))
-    reference, resumed = train_rows(fsdp_reference), train_rows(os.path.join(tmp_path, "resumed"))
-    assert_same_steps(reference, resumed, range(4, 9), "FSDP2x2 -> FSDP2x2")
-    assert max_weight_diff(os.path.join(fsdp_reference, "step_8"), result.final_model_dir) <= TOL
-
-
 def test_fsdp2_checkpoint_resumes_as_single_trainer(demo_assets, data, fsdp_reference, tmp_path):
     """Cross-layout: DCP reshards the FSDP2 shards into one process. The first step after the resume trains
     on the checkpoint's pending groups and equals the FSDP2 run's; later rounds are sampled from weights that
-    differ from the FSDP2 run's only by float summation order (~1e-7)."""
+    differ from the FSDP2 run's only by float summation order (~1e-7). (FSDP2 -> FSDP2 resumes exactly in
+    tests/plugins/test_state.py; a two-rank run through the driver in the LoRA test below.)"""
+    manifest = json.load(open(os.path.join(fsdp_reference, "step_3", "trainer_state", "actor", "trainer_state.json")))
+    assert (manifest["plugin"], manifest["world_size"]) == ("torch-fsdp2", 2)
+    assert sorted(os.listdir(os.path.join(fsdp_reference, "step_3", "consumer_state"))) == ["rank_0.pt", "rank_1.pt"]
     launch(demo_assets, data, tmp_path, "single", "--resume", os.path.join(fsdp_reference, "step_3"))
     reference, resumed = train_rows(fsdp_reference), train_rows(os.path.join(tmp_path, "single"))
     assert sorted(resumed) == [4, 5, 6, 7, 8]

@@ -104,8 +104,7 @@ def assert_same_run(reference, candidate, label, weight_tol=1e-5):
     assert diff <= weight_tol, f"{label}: weights differ by {diff:.2e}"
 
 
-LAYOUTS = [
-    ("torch DDP x2", ["-t", "2"], 2),
+LAYOUTS = [  # torch DDP x2 against one process: test_dapo_filtering_over_two_data_parallel_ranks, twice
     ("torch FSDP2 x2 (zero 2)", ["-t", "2", "-zero", "2"], 2),
     ("torch TP x2", ["-t", "2", "-tp", "2"], 4),
     ("torch PP x2", ["-t", "2", "-pp", "2"], 4),

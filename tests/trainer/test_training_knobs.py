@@ -12,7 +12,7 @@ import json
 import os
 
 import pytest
-from test_resume import assert_same_steps, launch, train_rows
+from test_resume import TOL, assert_same_steps, launch, max_weight_diff, train_rows
 
 from coati.plugins.optim import lr_multiplier
 from coati.utils.checkpoint import list_checkpoints
@@ -61,3 +61,4 @@ def test_resume_inside_the_schedule_restores_the_learning_rate_exactly(demo_asse
     for step in resumed:
         assert resumed[step]["lr"] == reference[step]["lr"], step
     assert_same_steps(reference, resumed, range(4, 7), "knobs -> knobs")
+    assert max_weight_diff(os.path.join(run_dir, "step_6"), result.final_model_dir) <= TOL
