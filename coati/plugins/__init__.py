@@ -19,6 +19,8 @@ learning-rate schedules and gradient checkpointing: ``coati.plugins.optim``.
 Trainer-state checkpoints (``save_state`` / ``load_state``, resumable in other layouts): ``coati.plugins.state``.
 """
 
+from typing import TYPE_CHECKING
+
 from coati.parallel.dims import ParallelDims
 from coati.plugins.mesh import TrainerMesh
 from coati.plugins.validation import validate_layout
@@ -26,11 +28,16 @@ from coati.registry import resolve
 from coati.registry.plugins import PLUGINS as PLUGIN_SPECS
 from coati.registry.plugins import plugin_spec
 
+if TYPE_CHECKING:
+    from coati.plugins.base import TrainerPlugin
+
+# This face imports nothing that imports torch (config/ reads validate_layout through it); the protocol and the
+# plugins themselves are imported from their modules, a plugin's when make_plugin resolves its row.
 PLUGINS = tuple(PLUGIN_SPECS)
 
 
 def make_plugin(name: str, tp_size: int = 1, pp_size: int = 1, zero_stage: int = 0, precision: str = "fp32",
-                world_size: int | None = None, model_config=None, mesh: TrainerMesh | None = None):
+                world_size: int | None = None, model_config=None, mesh: TrainerMesh | None = None) -> "TrainerPlugin":
     """The plugin ``name`` (a row of coati.registry.plugins) for a layout; with ``world_size`` (and
     ``model_config``) the layout is validated now.
 
