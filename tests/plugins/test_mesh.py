@@ -88,3 +88,12 @@ def test_config_layouts_use_the_mesh():
     argv = ["-m", "unused", "-d", "unused.jsonl", "-t", "8", "-tp", "2", "-pp", "2", "--plugin", "colossalai"]
     parallel = config_from_args(build_parser().parse_args(argv)).parallel
     assert parallel.parallel_dims == ParallelDims(8, 2, 2) and parallel.dp_size == 2
+
+
+def test_dims_rules_for_zero_and_precision_and_a_later_world():
+    with pytest.raises(ValueError, match=r"^zero stage must be 0, 1, 2 or 3 \(got 4\)$"):
+        ParallelDims(2, zero_stage=4).validate()
+    with pytest.raises(ValueError, match=r"^precision must be one of fp32, bf16, fp16 \(got 'fp8'\)$"):
+        ParallelDims(2, precision="fp8").validate()
+    built_alone = ParallelDims(tp_size=2, zero_stage=1, precision="bf16")  # a plugin before its group is up
+    assert built_alone.on_world(8) == ParallelDims(8, 2, 1, 1, "bf16") and built_alone.on_world(8).dp_size == 4
