@@ -110,7 +110,7 @@ def run_ranks(layout: str, world_size: int = 2, timeout_s: float = 300) -> list[
 
 
 def bench_memory() -> dict:
-    from coati.plugins import SingleProcessPlugin
+    from coati.plugins.torch_single import SingleProcessPlugin
 
     model, batch = build()
     plugin = SingleProcessPlugin()
@@ -137,13 +137,13 @@ def bench_memory() -> dict:
 
 
 def plugin_for_split():
-    from coati.plugins import SingleProcessPlugin
+    from coati.plugins.torch_single import SingleProcessPlugin
 
     return SingleProcessPlugin()
 
 
 def bench_step_time(steps: int) -> dict:
-    from coati.plugins import SingleProcessPlugin
+    from coati.plugins.torch_single import SingleProcessPlugin
 
     torch.set_num_threads(1)  # the host is shared: one thread keeps both sides equally exposed to noise
     from coati.plugins import make_plugin

@@ -122,7 +122,7 @@ def main() -> None:
 
     from coati.plugins.dist import trainer_device
     from coati.plugins.torch_single import SingleProcessPlugin
-    from coati.plugins.validation import ParallelLayout
+    from coati.parallel.dims import ParallelDims
     from coati.trainer.objective import PolicyObjective
     from coati.algorithm.loss_config import PolicyLossConfig
     from types import SimpleNamespace
@@ -142,7 +142,7 @@ def main() -> None:
     variants = args.variants.split(",")
     plugins = {}
     for variant in variants:
-        plugin = SingleProcessPlugin(ParallelLayout(precision="bf16" if variant.endswith("bf16") else "fp32"))
+        plugin = SingleProcessPlugin(ParallelDims(precision="bf16" if variant.endswith("bf16") else "fp32"))
         plugin.setup(copy.deepcopy(base), 1e-7)
         plugins[variant] = plugin
     times = {variant: [] for variant in variants}

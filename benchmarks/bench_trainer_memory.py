@@ -69,6 +69,7 @@ def measure(precision: str, lora_rank: int, checkpointing: bool, entropy_slice: 
     from coati.algorithm.batch import token_logprobs
     from coati.algorithm.loss import token_entropy
     from coati.cluster.memory import MemoryLayout, ModelShape, trainer_memory
+    from coati.parallel.dims import ParallelDims
     from coati.config.lora import LoraConfig
     from coati.models.lora import add_adapters
     from coati.plugins import make_plugin
@@ -97,7 +98,7 @@ def measure(precision: str, lora_rank: int, checkpointing: bool, entropy_slice: 
     with LiveStorageBytes() as live:
         plugin.forward_backward([micro], loss_fn)
         plugin.optimizer_step(1.0)
-    layout = MemoryLayout(plugin="torch", precision=precision, checkpointing=checkpointing,
+    layout = MemoryLayout(ParallelDims(precision=precision), "torch", checkpointing=checkpointing,
                           adapter_params=shape.adapter_params(lora_rank) if lora_rank else 0)
     return resident + live.peak, trainer_memory(shape, layout, BATCH, SEQ, on_cpu=False)["total"]
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coati.parallel.dims import ParallelDims
 from coati.registry.backends import backend_spec
 from coati.registry.plugins import DEFAULT_PLUGIN_FAMILY, plugin_for, plugin_spec
 
@@ -91,33 +92,31 @@ class ModelShape:
 
 @dataclass(frozen=True)
 class MemoryLayout:
-    """What the memory arithmetic reads of a trainer group's layout (the config's is ``config.layout.TrainerLayout``)."""
+    """What the memory arithmetic reads of a trainer group: its degrees (``config.layout.TrainerLayout.parallel_dims``)
+    and what else changes a rank's bytes."""
 
+    dims: ParallelDims = ParallelDims()
     plugin: str = DEFAULT_PLUGIN_FAMILY  # the family (coati.registry.plugins)
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    zero: int = 0
-    precision: str = "fp32"
     checkpointing: bool = False  # gradient (activation) checkpointing of the decoder layers
     adapter_params: int = 0  # LoRA adapters' parameters (0: every weight trains)
 
 
 def trainer_states(shape: ModelShape, layout: MemoryLayout) -> dict[str, float]:
     """Bytes per rank of parameters (incl. fp32 masters and gathered full parameters), gradients, Adam."""
-    local = shape.params / (layout.tp * layout.pp)
-    b = DTYPE_BYTES[layout.precision]
-    mixed = layout.precision != "fp32"
-    dp, zero = layout.dp, layout.zero
-    spec = plugin_spec(plugin_for(layout.plugin, dp * layout.tp * layout.pp, layout.tp, layout.pp, zero))
+    dims = layout.dims
+    local = shape.params / dims.model_parallel_size
+    b = DTYPE_BYTES[dims.precision]
+    mixed = dims.precision != "fp32"
+    dp, zero = dims.dp_size, dims.zero_stage
+    spec = plugin_spec(plugin_for(layout.plugin, dims.world_size, dims.tp_size, dims.pp_size, zero))
     if layout.adapter_params and zero >= 1 and not spec.zero_shards_parameters:
-        return _colossal_zero_adapters(local, layout.adapter_params / (layout.tp * layout.pp), layout)
+        return _colossal_zero_adapters(local, layout.adapter_params / dims.model_parallel_size, dims)
     if layout.adapter_params:  # a frozen base as loaded (no masters), adapters with gradients and Adam
-        adapters = layout.adapter_params / (layout.tp * layout.pp)
+        adapters = layout.adapter_params / dims.model_parallel_size
         base = 4 * local / dp + b * local if spec.zero_shards_parameters and zero >= 1 else 4 * local
         return {"weights": base + 4 * adapters, "gradients": 4 * adapters, "optimizer": 8 * adapters}
     if spec.zero_shards_parameters and zero >= 1:  # FSDP2: fp32 shards; full parameters (compute dtype) while computing
-        gathered = local if zero < 3 else 2 * shape.layer_params / layout.tp  # this layer's and the prefetched one
+        gathered = local if zero < 3 else 2 * shape.layer_params / dims.tp_size  # this layer's and the prefetched one
         return {"weights": 4 * local / dp + b * gathered, "gradients": 4 * local / dp, "optimizer": 8 * local / dp}
     master = 4 * local / (dp if zero >= 1 else 1) if mixed else 0.0
     grads = 4 * local  # fp32 gradients: of the fp32 parameters, or for ColossalAI's fp32 masters
@@ -125,23 +124,24 @@ def trainer_states(shape: ModelShape, layout: MemoryLayout) -> dict[str, float]:
             "optimizer": 8 * local / (dp if zero >= 1 else 1)}
 
 
-def _colossal_zero_adapters(local: float, adapters: float, layout: MemoryLayout) -> dict[str, float]:
+def _colossal_zero_adapters(local: float, adapters: float, dims: ParallelDims) -> dict[str, float]:
     """LoRA under ColossalAI's ZeRO: the whole model (frozen base and adapters) as working weights in the compute
     dtype; fp32 masters (mixed precision), gradients (stage 2) and Adam states of the adapters, sharded over dp."""
-    b, dp = DTYPE_BYTES[layout.precision], layout.dp
-    master = 4 * adapters / dp if layout.precision != "fp32" else 0.0
-    return {"weights": b * (local + adapters) + master, "gradients": 4 * adapters / (dp if layout.zero >= 2 else 1),
+    b, dp = DTYPE_BYTES[dims.precision], dims.dp_size
+    master = 4 * adapters / dp if dims.precision != "fp32" else 0.0
+    return {"weights": b * (local + adapters) + master, "gradients": 4 * adapters / (dp if dims.zero_stage >= 2 else 1),
             "optimizer": 8 * adapters / dp}
 
 
 def activation_bytes(shape: ModelShape, layout: MemoryLayout, micro_batch: int, seq_len: int) -> dict[str, float]:
     """Saved activations and logits of one micro-batch (its tokens: samples x sequence length) on a rank."""
-    b = DTYPE_BYTES[layout.precision]
+    dims = layout.dims
+    b = DTYPE_BYTES[dims.precision]
     tokens = micro_batch * seq_len
-    per_layer = 8 * shape.hidden + (4 * shape.kv_dim + 4 * shape.intermediate) / layout.tp
-    layers = shape.layers / layout.pp * layout.pp  # the first stage holds pp micro-batches of its layers
+    per_layer = 8 * shape.hidden + (4 * shape.kv_dim + 4 * shape.intermediate) / dims.tp_size
+    layers = shape.layers / dims.pp_size * dims.pp_size  # the first stage holds pp micro-batches of its layers
     kept = shape.hidden * layers + per_layer if layout.checkpointing else per_layer * layers
-    return {"activations": b * tokens * kept, "logits": 3 * 4 * tokens * shape.vocab / layout.tp}
+    return {"activations": b * tokens * kept, "logits": 3 * 4 * tokens * shape.vocab / dims.tp_size}
 
 
 def trainer_memory(shape: ModelShape, layout: MemoryLayout, micro_batch: int, seq_len: int,

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coati.config.errors import ConfigError, require
-from coati.plugins.mesh import MeshShape
+from coati.parallel.dims import ParallelDims
+from coati.plugins.validation import validate_layout
 from coati.registry.backends import BACKENDS, DEFAULT_BACKEND, BackendSpec, backend_spec
 from coati.registry.plugins import DEFAULT_PLUGIN_FAMILY, PLUGIN_FAMILIES, PluginSpec, adapter_plugins, \
     families_with, plugin_for, plugin_spec
@@ -34,13 +35,14 @@ class TrainerLayout:
                                     "--plugin colossalai with -zero or -tp/-pp)", choices=("fp32", "bf16", "fp16"))
 
     @property
-    def mesh_shape(self) -> MeshShape:
-        """The trainer group's sizes (coati.plugins.mesh: the arithmetic every layout shares)."""
-        return MeshShape(self.num_trainers, self.tensor_parallel_size, self.pipeline_parallel_size)
+    def parallel_dims(self) -> ParallelDims:
+        """These options as the one layout type the plugins, the mesh and the memory plan take (coati.parallel)."""
+        return ParallelDims(self.num_trainers, self.tensor_parallel_size, self.pipeline_parallel_size,
+                            self.zero_stage, self.precision)
 
     @property
     def dp_size(self) -> int:
-        return self.mesh_shape.dp_size
+        return self.parallel_dims.dp_size
 
     @property
     def plugin_name(self) -> str:
@@ -57,8 +59,6 @@ class TrainerLayout:
         """The layout's own rules (-t/-tp/-pp/-zero/--plugin/--precision against the plugin family), one
         ConfigError line each; what it must divide (batch sizes) and the model's heads and layers are checked
         by their owners."""
-        from coati.plugins.validation import ParallelLayout, validate_layout
-
         tp, pp = self.tensor_parallel_size, self.pipeline_parallel_size
         for flag, value in (("-t/--num-trainers", self.num_trainers), ("-tp/--tensor-parallel-size", tp),
                             ("-pp/--pipeline-parallel-size", pp)):
@@ -77,9 +77,8 @@ class TrainerLayout:
         require(not (self.zero_stage > 0 and pp > 1 and spec.pipeline_max_zero == 0),
                 f"-zero with -pp needs --plugin {zero_pipelines}; the {self.plugin} pipeline plugin is data parallel "
                 "by DDP only")
-        layout = ParallelLayout(tp_size=tp, pp_size=pp, zero_stage=self.zero_stage, precision=self.precision)
         try:
-            validate_layout(self.plugin_name, self.num_trainers, layout)
+            validate_layout(self.plugin_name, self.parallel_dims)
         except ValueError as err:
             raise ConfigError(f"trainer layout (-t {self.num_trainers} -tp {tp} -pp {pp} -zero {self.zero_stage} "
                               f"--plugin {self.plugin} --precision {self.precision}): {err}") from None

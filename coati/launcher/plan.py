@@ -146,8 +146,7 @@ def estimate(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: l
     gpus = () if on_cpu else (0,)
     lora = config.model.lora
     adapters = shape.adapter_params(lora.lora_rank, lora.targets) if lora.enabled else 0
-    layout = MemoryLayout(p.plugin, p.tensor_parallel_size, p.pipeline_parallel_size, p.dp_size, p.zero_stage,
-                           p.precision, config.algo.optim.gradient_checkpointing, adapters)
+    layout = MemoryLayout(p.parallel_dims, p.plugin, config.algo.optim.gradient_checkpointing, adapters)
     seq = config.data.max_prompt_tokens + config.sampling.max_new_tokens
     micro = micro_batch_rows(config)
     # with LoRA the reference is the policy with its adapters off: no second model

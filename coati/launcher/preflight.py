@@ -109,15 +109,13 @@ def _check_model_layout(config: RLConfig) -> None:
     """tp/pp against the model's heads, MLP width and layers, and pipeline support for its family."""
     from transformers import AutoConfig
 
-    from coati.plugins.validation import ParallelLayout, validate_model
+    from coati.plugins.validation import validate_model
 
     p = config.parallel
     if p.tensor_parallel_size == 1 and p.pipeline_parallel_size == 1:
         return
-    layout = ParallelLayout(tp_size=p.tensor_parallel_size, pp_size=p.pipeline_parallel_size, zero_stage=p.zero_stage,
-                            precision=p.precision)
     try:
-        validate_model(p.plugin_name, layout, AutoConfig.from_pretrained(config.model.path))
+        validate_model(p.plugin_name, p.parallel_dims, AutoConfig.from_pretrained(config.model.path))
     except ValueError as err:
         raise ConfigError(f"{config.model.path}: {err}") from None
 

@@ -19,25 +19,21 @@ learning-rate schedules and gradient checkpointing: ``coati.plugins.optim``.
 Trainer-state checkpoints (``save_state`` / ``load_state``, resumable in other layouts): ``coati.plugins.state``.
 """
 
-import importlib
+from typing import TYPE_CHECKING
 
-from coati.plugins.mesh import MeshShape, TrainerMesh
-from coati.plugins.validation import ParallelLayout, validate_layout
+from coati.parallel.dims import ParallelDims
+from coati.plugins.mesh import TrainerMesh
+from coati.plugins.validation import validate_layout
 from coati.registry import resolve
 from coati.registry.plugins import PLUGINS as PLUGIN_SPECS
 from coati.registry.plugins import plugin_spec
 
+if TYPE_CHECKING:
+    from coati.plugins.base import TrainerPlugin
+
+# This face imports nothing that imports torch (config/ reads validate_layout through it); the protocol and the
+# plugins themselves are imported from their modules, a plugin's when make_plugin resolves its row.
 PLUGINS = tuple(PLUGIN_SPECS)
-# The parts that import torch load on first use, so that coati/config can read the mesh arithmetic and the
-# layout rules of this package without torch.
-_ON_FIRST_USE = {"LossFn": "coati.plugins.base", "MicroBatch": "coati.plugins.base",
-                 "TrainerPlugin": "coati.plugins.base", "SingleProcessPlugin": "coati.plugins.torch_single"}
-
-
-def __getattr__(name: str):
-    if name in _ON_FIRST_USE:
-        return getattr(importlib.import_module(_ON_FIRST_USE[name]), name)
-    raise AttributeError(f"module 'coati.plugins' has no attribute {name!r}")
 
 
 def make_plugin(name: str, tp_size: int = 1, pp_size: int = 1, zero_stage: int = 0, precision: str = "fp32",
@@ -52,15 +48,14 @@ def make_plugin(name: str, tp_size: int = 1, pp_size: int = 1, zero_stage: int =
     plugin built with it (the roles of one group); without it the plugin builds its own in ``setup``.
     """
     spec = plugin_spec(name)
-    layout = ParallelLayout(tp_size=tp_size, pp_size=pp_size, zero_stage=zero_stage, precision=precision)
+    dims = ParallelDims(world_size or 1, tp_size, pp_size, zero_stage, precision)
     if world_size is not None:
-        validate_layout(name, world_size, layout, model_config)
+        validate_layout(name, dims, model_config)
     if not spec.distributed:
         if tp_size != 1 or pp_size != 1 or zero_stage != 0:
             raise ValueError(f"plugin {name!r} has no tp/pp/zero (got tp={tp_size}, pp={pp_size}, zero={zero_stage})")
-        return resolve(spec.build)(layout)
-    return resolve(spec.build)(*([spec.variant] if spec.variant else []), layout, mesh=mesh)
+        return resolve(spec.build)(dims)
+    return resolve(spec.build)(*([spec.variant] if spec.variant else []), dims, mesh=mesh)
 
 
-__all__ = ["LossFn", "MeshShape", "MicroBatch", "PLUGINS", "TrainerMesh", "ParallelLayout", "SingleProcessPlugin", "TrainerPlugin", "make_plugin",
-           "validate_layout"]
+__all__ = ["PLUGINS", "TrainerMesh", "make_plugin", "validate_layout"]

@@ -29,7 +29,7 @@ from typing import Callable, Iterator
 import torch
 
 from coati.plugins.mesh import TrainerMesh
-from coati.plugins.validation import ParallelLayout
+from coati.parallel.dims import ParallelDims
 
 MicroBatch = dict[str, torch.Tensor]
 # (logits of the micro-batch, the micro-batch) -> (loss to backpropagate, detached statistics)
@@ -159,7 +159,7 @@ class TrainerPlugin(ABC):
     # when several plugins share one group (the roles of a trainer group); else built from the default group.
     _mesh: TrainerMesh | None = None
     _owns_mesh: bool = True
-    layout: ParallelLayout = ParallelLayout()
+    layout: ParallelDims = ParallelDims()
 
     def _use_mesh(self, mesh: TrainerMesh | None) -> None:
         self._mesh, self._owns_mesh = mesh, mesh is None
@@ -168,7 +168,7 @@ class TrainerPlugin(ABC):
         """In ``setup``: this plugin's own mesh of the group as it is now, or the one handed in, which must
         have this plugin's tp/pp sizes."""
         if self._owns_mesh:
-            self._mesh = TrainerMesh.build(self.layout.tp_size, self.layout.pp_size)
+            self._mesh = TrainerMesh.build(self.layout)
         elif (self._mesh.tp_size, self._mesh.pp_size) != (self.layout.tp_size, self.layout.pp_size):
             raise ValueError(f"the trainer mesh is tp={self._mesh.tp_size} pp={self._mesh.pp_size} but this plugin's "
                              f"layout is tp={self.layout.tp_size} pp={self.layout.pp_size}; build both from one layout")
@@ -177,7 +177,7 @@ class TrainerPlugin(ABC):
     @property
     def mesh(self) -> TrainerMesh:
         if self._mesh is None:
-            self._mesh = TrainerMesh.build(self.layout.tp_size, self.layout.pp_size)
+            self._mesh = TrainerMesh.build(self.layout)
         return self._mesh
 
     @property

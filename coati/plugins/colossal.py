@@ -41,7 +41,8 @@ from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin, causal_lm_logi
 from coati.plugins.dist import trainer_device, world
 from coati.plugins.mesh import TrainerMesh
 from coati.plugins.precision import autocast
-from coati.plugins.validation import ParallelLayout, validate_layout
+from coati.parallel.dims import ParallelDims
+from coati.plugins.validation import validate_layout
 
 
 def launch_colossalai() -> list[str]:
@@ -62,12 +63,12 @@ def launch_colossalai() -> list[str]:
 class ColossalPlugin(TrainerPlugin):
     KINDS = ("ddp", "zero", "hybrid")
 
-    def __init__(self, kind: str, layout: ParallelLayout | None = None, max_grad_norm: float = 1.0,
+    def __init__(self, kind: str, layout: ParallelDims | None = None, max_grad_norm: float = 1.0,
                  mesh: TrainerMesh | None = None):
         if kind not in self.KINDS:
             raise ValueError(f"unknown ColossalAI plugin {kind!r}; choose one of {self.KINDS}")
         self.kind = kind
-        self.layout = layout or ParallelLayout()
+        self.layout = layout or ParallelDims()
         self.max_grad_norm = max_grad_norm
         self._use_mesh(mesh)
         self.booster = self.plugin = self.model = self.optimizer = self.module = None
@@ -126,7 +127,7 @@ class ColossalPlugin(TrainerPlugin):
         from coati.plugins.optim import enable_gradient_checkpointing, make_adamw
 
         config = getattr(model, "config", None)
-        validate_layout(f"colossalai-{self.kind}", world()[1], self.layout, config)
+        validate_layout(f"colossalai-{self.kind}", self.layout.on_world(world()[1]), config)
         self._resolve_mesh()
         cpu = bool(launch_colossalai())
         # no move here: the Booster moves the model to the accelerator's device (after sharding, under TP)

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from coati.plugins.mesh import MeshShape
+from coati.parallel.dims import ParallelDims
 from coati.registry.plugins import COLOSSAL as COLOSSAL_FORMAT
 from coati.registry.plugins import DCP as DCP_FORMAT
 
@@ -42,7 +42,7 @@ def layout_manifest(plugin: str, world_size: int, tp_size: int = 1, pp_size: int
                     precision: str = "fp32") -> dict:
     """A layout as the manifest names it (the writer adds ``format``)."""
     return {"plugin": plugin, "world_size": world_size, "tp_size": tp_size, "pp_size": pp_size,
-            "dp_size": MeshShape(world_size, tp_size, pp_size).dp_size, "zero_stage": zero_stage, "precision": precision}
+            "dp_size": ParallelDims(world_size, tp_size, pp_size).dp_size, "zero_stage": zero_stage, "precision": precision}
 
 
 def describe(manifest: dict) -> str:

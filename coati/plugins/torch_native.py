@@ -28,7 +28,8 @@ from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin, causal_lm_logi
 from coati.plugins.dist import clip_grads_, full_tensor, grad_norm_sq, trainer_device, world
 from coati.plugins.mesh import TrainerMesh
 from coati.plugins.precision import autocast, fsdp_policy
-from coati.plugins.validation import ParallelLayout, validate_layout
+from coati.parallel.dims import ParallelDims
+from coati.plugins.validation import validate_layout
 
 # Module paths inside one Llama-family decoder block (Qwen2, Llama, Mistral share them).
 TP_COLWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
@@ -68,11 +69,11 @@ def apply_fsdp2(model: torch.nn.Module, dp_mesh, zero_stage: int, precision: str
 class TorchNativePlugin(TrainerPlugin):
     KINDS = ("ddp", "fsdp2", "tp")
 
-    def __init__(self, kind: str, layout: ParallelLayout | None = None, mesh: TrainerMesh | None = None):
+    def __init__(self, kind: str, layout: ParallelDims | None = None, mesh: TrainerMesh | None = None):
         if kind not in self.KINDS:
             raise ValueError(f"unknown torch-native layout {kind!r}; choose one of {self.KINDS}")
         self.kind = kind
-        self.layout = layout or ParallelLayout()
+        self.layout = layout or ParallelDims()
         self.module: torch.nn.Module | None = None  # the HF model (parameters possibly DTensors)
         self.wrapped: torch.nn.Module | None = None  # what forward runs through (DDP wrapper or the module)
         self.optimizer: torch.optim.Optimizer | None = None
@@ -90,7 +91,7 @@ class TorchNativePlugin(TrainerPlugin):
     def setup(self, model, learning_rate, betas=(0.9, 0.99), weight_decay=0.0, gradient_checkpointing=False) -> None:
         from coati.plugins.optim import enable_gradient_checkpointing, make_adamw
 
-        validate_layout(f"torch-{self.kind}", world()[1], self.layout, getattr(model, "config", None))
+        validate_layout(f"torch-{self.kind}", self.layout.on_world(world()[1]), getattr(model, "config", None))
         self._resolve_mesh()
         self.device = trainer_device()
         # the full model on every rank's device first: DDP, fully_shard and parallelize_module all expect the

@@ -30,7 +30,8 @@ from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin
 from coati.plugins.dist import clip_grads_, trainer_device, world
 from coati.plugins.mesh import TrainerMesh
 from coati.plugins.precision import autocast
-from coati.plugins.validation import ParallelLayout, validate_layout
+from coati.parallel.dims import ParallelDims
+from coati.plugins.validation import validate_layout
 
 
 def stage_bounds(num_layers: int, num_stages: int, stage: int) -> tuple[int, int]:
@@ -84,8 +85,8 @@ class DecoderStage(torch.nn.Module):
 class TorchPipelinePlugin(TrainerPlugin):
     ragged_micro_batches = False  # the schedule splits one batch into equal micro-batches
 
-    def __init__(self, layout: ParallelLayout | None = None, mesh: TrainerMesh | None = None):
-        self.layout = layout or ParallelLayout(pp_size=2)
+    def __init__(self, layout: ParallelDims | None = None, mesh: TrainerMesh | None = None):
+        self.layout = layout or ParallelDims(pp_size=2)
         self._use_mesh(mesh)
         self.stage_module: DecoderStage | None = None
         self.optimizer = None
@@ -110,7 +111,7 @@ class TorchPipelinePlugin(TrainerPlugin):
     def setup(self, model, learning_rate, betas=(0.9, 0.99), weight_decay=0.0, gradient_checkpointing=False) -> None:
         from coati.plugins.optim import enable_gradient_checkpointing, make_adamw
 
-        validate_layout("torch-pp", world()[1], self.layout, model.config)
+        validate_layout("torch-pp", self.layout.on_world(world()[1]), model.config)
         if gradient_checkpointing:  # on the decoder layers, which the stages call directly
             enable_gradient_checkpointing(model)
         mesh = self._resolve_mesh()

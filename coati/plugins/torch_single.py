@@ -9,12 +9,12 @@ import torch
 from coati.models.lora import version_parameters
 from coati.plugins.base import LossFn, MicroBatch, TrainerPlugin, causal_lm_logits
 from coati.plugins.precision import autocast
-from coati.plugins.validation import ParallelLayout
+from coati.parallel.dims import ParallelDims
 
 
 class SingleProcessPlugin(TrainerPlugin):
-    def __init__(self, layout: ParallelLayout | None = None):
-        self.layout = layout or ParallelLayout()
+    def __init__(self, layout: ParallelDims | None = None):
+        self.layout = layout or ParallelDims()
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
 
@@ -23,7 +23,7 @@ class SingleProcessPlugin(TrainerPlugin):
         from coati.plugins.optim import enable_gradient_checkpointing, make_adamw
         from coati.plugins.validation import validate_layout
 
-        validate_layout("single", 1, self.layout)
+        validate_layout("single", self.layout.on_world(1))
         self.device = trainer_device()
         self.model = model.to(self.device).train()
         if gradient_checkpointing:

@@ -6,45 +6,18 @@ with the HF config of the model to train).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from coati.plugins.mesh import MeshShape
-from coati.registry.plugins import ALL_PRECISIONS as PRECISIONS
+from coati.parallel.dims import ParallelDims
 from coati.registry.plugins import PLUGINS, PluginSpec, plugin_spec
 
 TORCH_PLUGINS = tuple(name for name, spec in PLUGINS.items() if spec.family == "torch")
 
 
-@dataclass(frozen=True)
-class ParallelLayout:
-    """How one trainer group of ``world_size`` ranks lays the model out (the rest is data parallel)."""
-
-    tp_size: int = 1
-    pp_size: int = 1
-    zero_stage: int = 0
-    precision: str = "fp32"
-
-    def shape(self, world_size: int) -> MeshShape:
-        return MeshShape(world_size, self.tp_size, self.pp_size)
-
-    def dp_size(self, world_size: int) -> int:
-        return self.shape(world_size).dp_size
-
-
-def validate_layout(plugin: str, world_size: int, layout: ParallelLayout, model_config=None) -> None:
-    """All checks for ``plugin`` on ``world_size`` ranks; ``model_config`` is the HF config (None: skip model checks)."""
-    tp, pp = layout.tp_size, layout.pp_size
-    shape = layout.shape(world_size)
-    if tp < 1 or pp < 1:
-        shape.validate()
-    if layout.zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero stage must be 0, 1, 2 or 3 (got {layout.zero_stage})")
-    if layout.precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)} (got {layout.precision!r})")
-    shape.validate()
-    _validate_capabilities(plugin_spec(plugin), world_size, layout)
+def validate_layout(plugin: str, dims: ParallelDims, model_config=None) -> None:
+    """All checks for ``plugin`` on ``dims``; ``model_config`` is the HF config (None: skip model checks)."""
+    dims.validate()
+    _validate_capabilities(plugin_spec(plugin), dims)
     if model_config is not None:
-        validate_model(plugin, layout, model_config)
+        validate_model(plugin, dims, model_config)
 
 
 def _either(choices) -> str:
@@ -53,9 +26,9 @@ def _either(choices) -> str:
     return " or ".join([", ".join(words[:-1]), words[-1]] if len(words) > 1 else words)
 
 
-def _validate_capabilities(spec: PluginSpec, world_size: int, layout: ParallelLayout) -> None:
+def _validate_capabilities(spec: PluginSpec, layout: ParallelDims) -> None:
     """The layout against what the plugin can do (its row in coati.registry.plugins)."""
-    plugin, tp, pp, zero = spec.name, layout.tp_size, layout.pp_size, layout.zero_stage
+    plugin, tp, pp, zero, world_size = spec.name, layout.tp_size, layout.pp_size, layout.zero_stage, layout.world_size
     if not spec.distributed and world_size != 1:
         raise ValueError(f"plugin {plugin!r} trains in one process, not {world_size}; pick torch-ddp or a colossalai plugin")
     if not (spec.tensor_parallel or spec.pipeline_parallel) and (tp > 1 or pp > 1):
@@ -78,7 +51,7 @@ def _validate_capabilities(spec: PluginSpec, world_size: int, layout: ParallelLa
                          "have); use --precision bf16, or colossalai-zero/colossalai-hybrid for fp16")
 
 
-def validate_model(plugin: str, layout: ParallelLayout, config) -> None:
+def validate_model(plugin: str, layout: ParallelDims, config) -> None:
     tp, pp = layout.tp_size, layout.pp_size
     family = getattr(config, "model_type", "?")
     heads = getattr(config, "num_attention_heads", None)

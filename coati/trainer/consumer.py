@@ -128,7 +128,7 @@ class Consumer:
             from coati.plugins.dist import init_trainer_group
 
             init_trainer_group(self.rank, p.num_trainers, master_address or "127.0.0.1", master_port or 29506)
-        self.mesh = TrainerMesh.build(p.tensor_parallel_size, p.pipeline_parallel_size)
+        self.mesh = TrainerMesh.build(p.parallel_dims)
         model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=p.model_placement("policy").dtype)
         # the policy's loss function is the algorithm's objective, built below once this plugin exists (a LoRA
         # policy's plugin also serves the objective's reference)

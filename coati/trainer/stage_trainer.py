@@ -102,7 +102,7 @@ class StageTrainer:
             init_trainer_group(self.rank, config.num_trainers, master_address, master_port)
             if spec.launch is not None:
                 resolve(spec.launch)()
-        self.mesh = TrainerMesh.build(config.tensor_parallel_size, config.pipeline_parallel_size)
+        self.mesh = TrainerMesh.build(config.parallel_dims)
         model_config = AutoConfig.from_pretrained(self.model_path)
         self.trained = TrainedModel.build(ACTOR, config, self.task.load_model(self.model_path), config.lr,
                                           self.task.loss_fn, model_config, mesh=self.mesh, lora=config.lora,

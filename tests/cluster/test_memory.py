@@ -12,6 +12,7 @@ from coati.cluster.memory import (
     publish_bytes,
     trainer_states,
 )
+from coati.parallel.dims import ParallelDims
 
 QWEN05 = {"model_type": "qwen2", "vocab_size": 151936, "hidden_size": 896, "num_hidden_layers": 24,
           "num_attention_heads": 14, "num_key_value_heads": 2, "intermediate_size": 4864, "tie_word_embeddings": True}
@@ -31,19 +32,19 @@ def test_trainer_states_by_layout():
     P = shape.params
     assert trainer_states(shape, MemoryLayout()) == {"weights": 4 * P, "gradients": 4 * P, "optimizer": 8 * P}
     # FSDP2 over 2 ranks: shards, plus the full parameters held from forward to backward (-zero 2)
-    assert trainer_states(shape, MemoryLayout(dp=2, zero=2)) == {"weights": 2 * P + 4 * P, "gradients": 2 * P,
-                                                                  "optimizer": 4 * P}
+    assert trainer_states(shape, MemoryLayout(ParallelDims(2, zero_stage=2))) == {
+        "weights": 2 * P + 4 * P, "gradients": 2 * P, "optimizer": 4 * P}
     # -zero 3 reshards after forward: one layer (and the prefetched one) at a time
-    z3 = trainer_states(shape, MemoryLayout(dp=2, zero=3))
+    z3 = trainer_states(shape, MemoryLayout(ParallelDims(2, zero_stage=3)))
     assert z3["weights"] == 2 * P + 8 * shape.layer_params
     # ColossalAI HybridParallel TP 4 x PP 2 x DP 2, ZeRO-1, bf16: bf16 weights + fp32 masters / dp, fp32 grads,
     # Adam / dp, all over mp = 8
     seven = ModelShape.from_config(QWEN7)
     local = seven.params / 8
-    hybrid = trainer_states(seven, MemoryLayout("colossalai", tp=4, pp=2, dp=2, zero=1, precision="bf16"))
+    hybrid = trainer_states(seven, MemoryLayout(ParallelDims(16, 4, 2, 1, "bf16"), "colossalai"))
     assert hybrid == {"weights": 2 * local + 2 * local, "gradients": 4 * local, "optimizer": 4 * local}
     assert hybrid["weights"] / GiB == pytest.approx(3.546, abs=1e-3)
-    zero2 = trainer_states(seven, MemoryLayout("colossalai", tp=4, pp=2, dp=2, zero=2, precision="bf16"))
+    zero2 = trainer_states(seven, MemoryLayout(ParallelDims(16, 4, 2, 2, "bf16"), "colossalai"))
     assert zero2["gradients"] == 2 * local
 
 
@@ -81,9 +82,9 @@ def test_torch_mixed_precision_keeps_fp32_parameters():
     precision keeps fp32 shards and fp32 gradients, gathering bf16 full parameters."""
     shape = ModelShape.from_config(QWEN05)
     P = shape.params
-    assert trainer_states(shape, MemoryLayout(precision="bf16")) == {"weights": 6 * P, "gradients": 4 * P,
+    assert trainer_states(shape, MemoryLayout(ParallelDims(precision="bf16"))) == {"weights": 6 * P, "gradients": 4 * P,
                                                                       "optimizer": 8 * P}
-    assert trainer_states(shape, MemoryLayout(dp=2, zero=2, precision="bf16")) == {
+    assert trainer_states(shape, MemoryLayout(ParallelDims(2, zero_stage=2, precision="bf16"))) == {
         "weights": 2 * P + 2 * P, "gradients": 2 * P, "optimizer": 4 * P}
 
 
@@ -99,13 +100,14 @@ def test_lora_adapters_and_their_states():
     assert trainer_states(shape, MemoryLayout(adapter_params=A)) == {"weights": 4 * P + 4 * A, "gradients": 4 * A,
                                                                       "optimizer": 8 * A}
     # FSDP2 x2 -zero 2: the base sharded, gathered from forward to backward
-    fsdp = trainer_states(shape, MemoryLayout(dp=2, zero=2, adapter_params=A))
+    fsdp = trainer_states(shape, MemoryLayout(ParallelDims(2, zero_stage=2), adapter_params=A))
     assert fsdp["weights"] == 2 * P + 4 * P + 4 * A
     # ColossalAI ZeRO-2 x2 in bf16: base and adapters as bf16 working weights, the adapters' fp32 masters,
     # gradients and Adam states halved over the 2 ranks
-    zero = trainer_states(shape, MemoryLayout("colossalai", dp=2, zero=2, precision="bf16", adapter_params=A))
+    zero = trainer_states(shape, MemoryLayout(ParallelDims(2, zero_stage=2, precision="bf16"), "colossalai",
+                                              adapter_params=A))
     assert zero == {"weights": 2 * P + 2 * A + 2 * A, "gradients": 2 * A, "optimizer": 4 * A}
-    assert trainer_states(shape, MemoryLayout("colossalai", dp=2, zero=1, adapter_params=A)) == \
+    assert trainer_states(shape, MemoryLayout(ParallelDims(2, zero_stage=1), "colossalai", adapter_params=A)) == \
         {"weights": 4 * P + 4 * A, "gradients": 4 * A, "optimizer": 4 * A}
 
 

@@ -26,6 +26,7 @@ def test_every_reference_resolves():
 
 @pytest.mark.parametrize("modules", [
     "coati.registry.backends, coati.registry.plugins, coati.registry.weight_sync, coati.algorithm.registry",
+    "coati.parallel.dims, coati.plugins.validation, coati.cluster.memory",
     "coati.config.cli, coati.config.colocation, coati.config.validate, coati.config.grpo_config",
 ])
 def test_config_and_the_registries_import_no_torch(modules):

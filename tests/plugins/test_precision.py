@@ -15,7 +15,8 @@ from plugin_group import run_group
 from test_equivalence import TOL, check
 
 from coati.plugins import make_plugin
-from coati.plugins.validation import TORCH_PLUGINS, ParallelLayout, validate_layout
+from coati.parallel.dims import ParallelDims
+from coati.plugins.validation import TORCH_PLUGINS, validate_layout
 
 BF16, FP32 = ["torch.bfloat16"], ["torch.float32"]
 TORCH_BF16 = ["torch-ddp:precision=bf16", "torch-fsdp2:precision=bf16", "torch-fsdp2:zero=3:precision=bf16",
@@ -57,11 +58,11 @@ def test_torch_plugins_compute_in_bf16_with_fp32_masters_and_checkpoint_exactly(
 
 @pytest.mark.parametrize("plugin", TORCH_PLUGINS + ("colossalai-ddp",))
 def test_plugins_without_a_loss_scaler_refuse_fp16_in_one_line(plugin):
-    layout = ParallelLayout(tp_size=2 if plugin == "torch-tp" else 1, pp_size=2 if plugin == "torch-pp" else 1,
-                            precision="fp16")
     world = 1 if plugin == "single" else 2
+    layout = ParallelDims(world, tp_size=2 if plugin == "torch-tp" else 1, pp_size=2 if plugin == "torch-pp" else 1,
+                          precision="fp16")
     with pytest.raises(ValueError, match="fp16 needs a loss scaler") as err:
-        validate_layout(plugin, world, layout)
+        validate_layout(plugin, layout)
     assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match="fp16 needs a loss scaler"):
         make_plugin("single", precision="fp16").setup(None, 1e-4)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 from transformers import LlamaConfig, Qwen2Config
 
-from coati.plugins import PLUGINS, SingleProcessPlugin, make_plugin
-from coati.plugins.validation import ParallelLayout, validate_layout
+from coati.plugins import PLUGINS, make_plugin
+from coati.plugins.torch_single import SingleProcessPlugin
+from coati.parallel.dims import ParallelDims
+from coati.plugins.validation import validate_layout
 
 QWEN = Qwen2Config(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, hidden_size=128,
                    intermediate_size=512, vocab_size=101)
@@ -15,28 +17,28 @@ LLAMA = LlamaConfig(num_attention_heads=4, num_key_value_heads=2, num_hidden_lay
 
 
 @pytest.mark.parametrize("plugin, world, layout, config, message", [
-    ("torch-tp", 4, ParallelLayout(tp_size=4), QWEN, "does not divide the model's 2 key/value heads"),
-    ("torch-tp", 3, ParallelLayout(tp_size=3), QWEN, "does not divide the model's 4 attention heads"),
-    ("torch-pp", 3, ParallelLayout(pp_size=3), QWEN, "does not divide the model's 2 decoder layers"),
-    ("torch-tp", 3, ParallelLayout(tp_size=2), QWEN, "does not divide the 3 trainers"),
-    ("colossalai-hybrid", 4, ParallelLayout(tp_size=2, pp_size=2), None, None),
-    ("colossalai-hybrid", 2, ParallelLayout(tp_size=2, zero_stage=1), QWEN, "refuses ZeRO in fp32"),
-    ("colossalai-hybrid", 2, ParallelLayout(pp_size=2), LLAMA, "no stage policy for 'llama'"),
-    ("colossalai-hybrid", 2, ParallelLayout(tp_size=2), LLAMA, "no working policy for 'llama'"),
-    ("colossalai-zero", 2, ParallelLayout(zero_stage=0), QWEN, "needs zero stage 1 or 2"),
-    ("colossalai-zero", 2, ParallelLayout(zero_stage=2, tp_size=2), QWEN, "data parallel only"),
-    ("torch-ddp", 2, ParallelLayout(precision="fp16"), QWEN, "fp16 needs a loss scaler"),
-    ("torch-pp", 2, ParallelLayout(pp_size=2, precision="bf16"), QWEN, None),
-    ("single", 2, ParallelLayout(), None, "trains in one process"),
-    ("torch-pp", 2, ParallelLayout(pp_size=2), LLAMA, None),  # torch-pp builds Llama stages too
-    ("colossalai-zero", 2, ParallelLayout(zero_stage=2), QWEN, None),  # LowLevelZero trains fp32
+    ("torch-tp", 4, ParallelDims(tp_size=4), QWEN, "does not divide the model's 2 key/value heads"),
+    ("torch-tp", 3, ParallelDims(tp_size=3), QWEN, "does not divide the model's 4 attention heads"),
+    ("torch-pp", 3, ParallelDims(pp_size=3), QWEN, "does not divide the model's 2 decoder layers"),
+    ("torch-tp", 3, ParallelDims(tp_size=2), QWEN, "does not divide the 3 trainers"),
+    ("colossalai-hybrid", 4, ParallelDims(tp_size=2, pp_size=2), None, None),
+    ("colossalai-hybrid", 2, ParallelDims(tp_size=2, zero_stage=1), QWEN, "refuses ZeRO in fp32"),
+    ("colossalai-hybrid", 2, ParallelDims(pp_size=2), LLAMA, "no stage policy for 'llama'"),
+    ("colossalai-hybrid", 2, ParallelDims(tp_size=2), LLAMA, "no working policy for 'llama'"),
+    ("colossalai-zero", 2, ParallelDims(zero_stage=0), QWEN, "needs zero stage 1 or 2"),
+    ("colossalai-zero", 2, ParallelDims(zero_stage=2, tp_size=2), QWEN, "data parallel only"),
+    ("torch-ddp", 2, ParallelDims(precision="fp16"), QWEN, "fp16 needs a loss scaler"),
+    ("torch-pp", 2, ParallelDims(pp_size=2, precision="bf16"), QWEN, None),
+    ("single", 2, ParallelDims(), None, "trains in one process"),
+    ("torch-pp", 2, ParallelDims(pp_size=2), LLAMA, None),  # torch-pp builds Llama stages too
+    ("colossalai-zero", 2, ParallelDims(zero_stage=2), QWEN, None),  # LowLevelZero trains fp32
 ])
 def test_validate_layout(plugin, world, layout, config, message):
     if message is None:
-        validate_layout(plugin, world, layout, config)
+        validate_layout(plugin, layout.on_world(world), config)
         return
     with pytest.raises(ValueError) as info:
-        validate_layout(plugin, world, layout, config)
+        validate_layout(plugin, layout.on_world(world), config)
     text = str(info.value)
     assert message in text and "\n" not in text
 
