@@ -453,8 +453,11 @@ class Consumer:
         """Collective, after ``setup``: continue from a run checkpoint of any layout the plugin reads."""
         from coati.trainer.checkpointing import load_consumer
 
-        self._trained_since_version = True  # unknown: the check resumes at the next publish
-        return load_consumer(self, path)
+        counters = load_consumer(self, path)  # which publishes the loaded weights again under their version
+        # Rows sampled before the checkpoint (a round's rest) came from the version's first weights, not these:
+        # the check resumes at the next publish.
+        self._trained_since_version = True
+        return counters
 
     def full_state(self, role: str = ACTOR) -> dict[str, torch.Tensor]:
         """Full weights of a trained model as a plain dict on the sender (tests compare them across runs and
