@@ -73,12 +73,12 @@ class RunConfig:
               "trainer state, counters, pending rollouts and data position; the layout (-t/-tp/-pp/-zero) may "
               "differ", metavar="PATH|latest")
 
-    def delivery_limit(self, precisions: list[str]) -> float:
-        """--delivery-check's bound for engines and a trainer computing in ``precisions`` (the least precise
-        counts): --delivery-bound when given."""
+    def delivery_limit(self, precision: str) -> float:
+        """--delivery-check's bound when the least precise of the engines and the trainer computes in
+        ``precision`` (fp32, bf16, fp16): --delivery-bound when given."""
         if self.delivery_bound > 0:
             return self.delivery_bound
-        return max(DELIVERY_BOUNDS["fp32" if p in ("fp32", "float32") else "bf16"] for p in precisions)
+        return DELIVERY_BOUNDS["fp32" if precision == "fp32" else "bf16"]
 
     @property
     def health_settings(self) -> HealthSettings | None:

@@ -30,10 +30,9 @@ class DeliveryCheck:
 
     @classmethod
     def of(cls, config: RLConfig, engine_precisions: list[str]) -> DeliveryCheck:
-        precisions = [config.parallel.precision, *engine_precisions]
-        least = next((p for p in precisions if p not in ("fp32", "float32")), "fp32")
-        return cls(config.run.delivery_check, config.run.delivery_limit(precisions), least,
-                   config.parallel.weight_sync, config.parallel.backend)
+        least = next((p for p in (config.parallel.precision, *engine_precisions) if p != "fp32"), "fp32")
+        return cls(config.run.delivery_check, config.run.delivery_limit(least), least, config.parallel.weight_sync,
+                   config.parallel.backend)
 
     @property
     def stops(self) -> bool:

@@ -34,9 +34,11 @@ def test_the_gap_is_the_largest_on_valid_tokens_of_fresh_rows():
 
 def test_the_bound_follows_the_least_precise_model():
     run = config().run
-    assert run.delivery_limit(["fp32", "fp32"]) == 1e-3
-    assert run.delivery_limit(["fp32", "bf16"]) == 5.0 and run.delivery_limit(["fp16"]) == 5.0
-    assert config("--delivery-bound", "0.02").run.delivery_limit(["bf16"]) == 0.02
+    assert run.delivery_limit("fp32") == 1e-3
+    assert run.delivery_limit("bf16") == 5.0 and run.delivery_limit("fp16") == 5.0
+    assert config("--delivery-bound", "0.02").run.delivery_limit("bf16") == 0.02
+    assert DeliveryCheck.of(config(), ["fp32", "bf16"]).bound == 5.0  # the least precise engine counts
+    assert DeliveryCheck.of(config(), ["fp16"]).precision == "fp16"
     with pytest.raises(ConfigError, match="--delivery-bound -1: a gap in nats is >= 0"):
         validate(config("--delivery-bound", "-1"))
 
