@@ -21,7 +21,7 @@ from coati.cluster.connect import reserve as reserve_placement
 from coati.cluster.schedule import node_cores, node_thread_budgets, thread_budgets
 from coati.cluster.supervision import PRODUCER_OPTIONS, Supervisor
 from coati.cluster.trainer_group import TrainerGroup, join_trainer_group, start_trainer_group
-from coati.cluster.weight_sync import WeightStore
+from coati.cluster.weight_store import WeightStore
 from coati.config.colocation import choose_colocation
 from coati.config.tree import RLConfig
 from coati.launcher.eval_schedule import EvalSchedule

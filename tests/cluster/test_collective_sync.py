@@ -20,7 +20,8 @@ from coati.cluster.collective_sync import (
     plan_buckets,
     tensor_views,
 )
-from coati.cluster.weight_sync import WeightStore, collective_receiver, load_named_tensors
+from coati.cluster.weight_store import WeightStore
+from coati.cluster.weight_sync import collective_receiver, load_named_tensors
 
 
 def test_plan_buckets_aligns_and_never_splits_a_tensor():

@@ -3,7 +3,8 @@ import asyncio
 import pytest
 import torch
 
-from coati.cluster.weight_sync import WeightStore, load_named_tensors, pack_named_tensors, unpack_named_tensors
+from coati.cluster.weight_store import WeightStore
+from coati.cluster.weight_sync import load_named_tensors, pack_named_tensors, unpack_named_tensors
 
 
 def test_pack_round_trips_float32_and_bfloat16():

@@ -7,6 +7,7 @@ Measured (docs/results.md): this command, sampled 0.250 -> 0.417 (+16.7) and gre
 evaluation of 96 specs moves by about 5 points with its samples, so this margin is thin: a change to the
 sampling streams can fail it without any loss of learning."""
 
+import json
 import os
 import re
 import subprocess
@@ -31,3 +32,10 @@ def test_code_demo_cli_learns(code_demo_assets, tmp_path):
     before, after = map(float, sampled.groups())
     assert after - before >= 0.15, f"sampled pass rate {before} -> {after}"
     assert float(greedy.group(2)) >= float(greedy.group(1)) - 0.1, greedy.group(0)
+    # sandboxed scoring in the producers, a weight version published per round, and the verdicts' reasons logged
+    run_dir = tmp_path / "runs" / "demo"
+    rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    versions = [r["weight_version"] for r in rows if r["kind"] == "train"]
+    assert len(versions) == 24 and versions == sorted(versions) and versions[-1] >= 12, versions
+    records = [json.loads(line) for line in open(run_dir / "eval" / "code_greedy_step24.jsonl")]
+    assert len(records) == 96 and all(r["reason"] for r in records)

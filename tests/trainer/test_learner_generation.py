@@ -1,5 +1,6 @@
 """Learner-side generation (--learner-chunk-size N): prompt shards, start-up checks, on-policy groups, and the
-data accounting of real runs over Ray (GRPO with one trainer; DAPO with two, where only the sender generates)."""
+data accounting of a real DAPO run over Ray with two trainers, where only the sender generates (GRPO with one
+trainer: tests/trainer/test_resume.py, on its learner-side reference run)."""
 
 import json
 
@@ -95,21 +96,6 @@ def demo_run(demo_assets, tmp_path, flags):
             "--learner-chunk-size", "8", *flags]
     result, rows = run_cli(argv, demo_assets)
     return result, [r for r in rows if r["kind"] in ("train", "skipped")]
-
-
-@pytest.mark.e2e
-@pytest.mark.timeout(300)
-def test_grpo_run_trains_exactly_the_rounds_of_producer_and_learner_groups(demo_assets, tmp_path):
-    """64 prompts: 32 for the producer, 32 for the learner (ibs 8, N 8): 4 rounds of 16 groups, 2 steps each."""
-    result, rows = demo_run(demo_assets, tmp_path, ["-tbs", "8"])
-    assert result.steps == 8 and [r["kind"] for r in rows] == ["train"] * 8
-    assert [r["groups_drawn"] for r in rows] == [8] * 8
-    assert [r["weight_version"] for r in rows] == [0, 1, 1, 2, 2, 3, 3, 4]  # publish after every round
-    assert all(r["policy_lag"] == 0 for r in rows)  # learner groups carry the current version too
-    per_round = [rows[i]["learner_groups"] + rows[i + 1]["learner_groups"] for i in range(0, 8, 2)]
-    assert per_round == [8, 8, 8, 8]
-    # The learner generates once per round, at the first draw of its first step.
-    assert [r["learner_gen_s"] > 0 for r in rows] == [True, False] * 4
 
 
 @pytest.mark.e2e

@@ -17,7 +17,7 @@ import ray
 import torch
 
 from coati.cluster.buffer import RolloutBuffer
-from coati.cluster.weight_sync import WeightStore
+from coati.cluster.weight_store import WeightStore
 from coati.config.cli import build_parser, config_from_args
 from coati.config.grpo_config import build_algo_config
 from coati.config.ppo import PPOConfig
@@ -91,7 +91,8 @@ class Group:
             ray.kill(handle)
 
 
-def train(config, steps=None):
+def train(config, steps=None, after=None):
+    """(rows, policy weights, critic weights); ``after(group)`` looks into the ranks before they shut down."""
     group = Group(config, rollouts())
     try:
         rows = []
@@ -100,6 +101,8 @@ def train(config, steps=None):
             if row is None:
                 break
             rows.append(row)
+        if after is not None:
+            after(group)
         return rows, *group.states()
     finally:
         group.close()
@@ -159,16 +162,34 @@ def test_critic_starts_from_the_reward_model_head(reward_model_dir):
     assert float(values[0, -1, 0]) == pytest.approx(float(score), abs=1e-5)
 
 
-LAYOUTS = [("torch FSDP2 x2 (zero 2)", ["-t", "2", "-zero", "2"]),
-           ("colossalai LowLevelZero-1 x2", ["-t", "2", "--plugin", "colossalai", "-zero", "1"])]
+@pytest.mark.e2e
+def test_ppo_over_fsdp2_matches_single_process_on_one_trainer_mesh(single, tiny_model_dir, reward_model_dir):
+    """FSDP2 x2 (zero 2) trains policy and critic as one process does; and PPO builds the trainer mesh once per
+    group: both roles' plugins get it, and FSDP2 shards both models over the same data-parallel process group (not
+    one set of sub-groups per role)."""
+    critic_name, found = CRITIC, []
+
+    def role_meshes(consumer) -> dict:  # runs inside each rank (a local function: Ray pickles it by value)
+        actor, critic = (consumer.roles[name].plugin for name in ("actor", critic_name))
+        actor_param, critic_param = next(actor.module.parameters()), next(critic.module.parameters())
+        return {"one_mesh": actor.mesh is consumer.mesh and critic.mesh is consumer.mesh,
+                "one_group": actor_param.device_mesh.get_group() is critic_param.device_mesh.get_group(),
+                "coords": (consumer.mesh.rank, consumer.mesh.dp_rank, consumer.mesh.dp_size)}
+
+    def inspect(group) -> None:
+        found.extend(ray.get([rank.__ray_call__.remote(role_meshes) for rank in group.ranks], timeout=120))
+
+    config = ppo_config(tiny_model_dir, reward_model_dir, ["-t", "2", "-zero", "2"], tbs=2)
+    assert_same(single, train(config, after=inspect), "torch FSDP2 x2 (zero 2)")
+    assert [f["coords"] for f in found] == [(0, 0, 2), (1, 1, 2)]
+    assert all(f["one_mesh"] and f["one_group"] for f in found), found
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("label, flags", LAYOUTS, ids=[layout[0] for layout in LAYOUTS])
-def test_ppo_layout_matches_single_process(single, tiny_model_dir, reward_model_dir, label, flags):
-    if "colossalai" in flags:
-        pytest.importorskip("colossalai", reason="ColossalAI not installed (bash scripts/install_colossalai.sh .venv)")
-    assert_same(single, train(ppo_config(tiny_model_dir, reward_model_dir, flags, tbs=2)), label)
+def test_ppo_over_colossalai_lowlevelzero_matches_single_process(single, tiny_model_dir, reward_model_dir):
+    pytest.importorskip("colossalai", reason="ColossalAI not installed (bash scripts/install_colossalai.sh .venv)")
+    flags = ["-t", "2", "--plugin", "colossalai", "-zero", "1"]
+    assert_same(single, train(ppo_config(tiny_model_dir, reward_model_dir, flags, tbs=2)), "colossalai LowLevelZero-1 x2")
 
 
 @pytest.mark.e2e
@@ -198,25 +219,3 @@ def test_ppo_resume_is_exact(local_ray, tiny_model_dir, reward_model_dir, tmp_pa
     for name in ("loss", "value_loss", "kl_coef", "explained_variance"):
         assert row[name] == pytest.approx(ref_row[name], abs=1e-7), name
     assert max_diff(policy, reference[1]) == 0.0 and max_diff(critic, reference[2]) == 0.0
-
-
-@pytest.mark.e2e
-def test_policy_and_critic_share_one_trainer_mesh(local_ray, tiny_model_dir, reward_model_dir):
-    """PPO builds the trainer mesh once per group: both roles' plugins get it, and FSDP2 shards both models over
-    the same data-parallel process group (not one set of sub-groups per role)."""
-    critic_name = CRITIC
-
-    def role_meshes(consumer) -> dict:  # runs inside each rank (a local function: Ray pickles it by value)
-        actor, critic = (consumer.roles[name].plugin for name in ("actor", critic_name))
-        actor_param, critic_param = next(actor.module.parameters()), next(critic.module.parameters())
-        return {"one_mesh": actor.mesh is consumer.mesh and critic.mesh is consumer.mesh,
-                "one_group": actor_param.device_mesh.get_group() is critic_param.device_mesh.get_group(),
-                "coords": (consumer.mesh.rank, consumer.mesh.dp_rank, consumer.mesh.dp_size)}
-
-    group = Group(ppo_config(tiny_model_dir, reward_model_dir, ["-t", "2", "-zero", "2"], tbs=2), rollouts())
-    try:
-        found = ray.get([rank.__ray_call__.remote(role_meshes) for rank in group.ranks], timeout=120)
-    finally:
-        group.close()
-    assert [f["coords"] for f in found] == [(0, 0, 2), (1, 1, 2)]
-    assert all(f["one_mesh"] and f["one_group"] for f in found), found

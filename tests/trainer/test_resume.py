@@ -152,6 +152,17 @@ def learner_reference(demo_assets, data, tmp_path_factory):
     return os.path.join(save_dir, "ref")
 
 
+def test_learner_side_generation_trains_exactly_its_rounds(learner_reference):
+    """Each round is 8 producer + 4 learner groups, trained in 3 steps of 4 groups, one publish after it; the
+    learner generates once a round, at the first draw of its first step, with the current weights."""
+    rows = [train_rows(learner_reference)[step] for step in range(1, 7)]
+    assert [r["groups_drawn"] for r in rows] == [4] * 6
+    assert [r["weight_version"] for r in rows] == [0, 0, 1, 1, 1, 2]  # a publish after every round
+    assert all(r["policy_lag"] == 0 for r in rows)  # learner groups carry the current version too
+    assert [sum(r["learner_groups"] for r in rows[i : i + 3]) for i in (0, 3)] == [4, 4]
+    assert [r["learner_gen_s"] > 0 for r in rows] == [True, False, False] * 2
+
+
 @pytest.mark.parametrize("step", [2, 3], ids=["mid-round", "round-boundary"])
 def test_resume_with_learner_side_generation_is_exact(demo_assets, data, learner_reference, tmp_path, step):
     """The learner fills a round at the round's first draw: a checkpoint mid-round holds its groups in the

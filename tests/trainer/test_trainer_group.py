@@ -15,7 +15,8 @@ import ray
 import torch
 
 from coati.cluster.buffer import RolloutBuffer
-from coati.cluster.weight_sync import WeightStore, unpack_named_tensors
+from coati.cluster.weight_store import WeightStore
+from coati.cluster.weight_sync import unpack_named_tensors
 from coati.config.cli import build_parser, config_from_args
 from coati.trainer.consumer import Consumer
 from tests.plugins.equivalence import grpo_groups
