@@ -1,6 +1,7 @@
-"""Datasets as users have them, end to end: GSM8K- and MATH-shaped rows in jsonl, json, parquet and a
-save_to_disk directory train the demo model for a few steps through --input-key/--label-key, and the gold
-answers the reward scores against are the final answers the labels hold."""
+"""Datasets as users have them, end to end: MATH-shaped rows in parquet and a save_to_disk directory train the
+demo model for a few steps through --input-key/--label-key, and the gold answers the reward scores against are
+the final answers the labels hold. GSM8K's shape ("#### answer") and every file format load the same examples in
+tests/dataset/test_rows.py and test_loader.py; one run through the keys proves what a run adds to them."""
 
 import json
 import os
@@ -22,11 +23,6 @@ def addition_rows(path: str, n: int) -> list[tuple[str, str]]:
     return rows
 
 
-def gsm8k(prompt: str, answer: str) -> dict:
-    a, b = prompt.rstrip("=").split("+")
-    return {"question": prompt, "answer": f"{a}+{b}=<<{a}+{b}={answer}>>{answer}\n#### {answer}"}
-
-
 def math(prompt: str, answer: str) -> dict:
     return {"problem": prompt, "solution": f"Adding the two numbers, ${prompt}\\boxed{{{answer}}}$.",
             "level": "Level 1", "type": "Prealgebra"}
@@ -36,13 +32,7 @@ def save(rows: list[dict], path) -> str:
     import datasets
 
     path = str(path)
-    if path.endswith(".jsonl"):
-        with open(path, "w") as handle:
-            handle.writelines(json.dumps(row) + "\n" for row in rows)
-    elif path.endswith(".json"):
-        with open(path, "w") as handle:
-            json.dump(rows, handle)
-    elif path.endswith(".parquet"):
+    if path.endswith(".parquet"):
         datasets.Dataset.from_list(rows).to_parquet(path)
     else:
         datasets.Dataset.from_list(rows).save_to_disk(path)
@@ -50,7 +40,6 @@ def save(rows: list[dict], path) -> str:
 
 
 SHAPES = [  # (name, row maker, train file, eval file, flags, weight versions published)
-    ("gsm8k", gsm8k, "train.jsonl", "test.json", ["--input-key", "question", "--label-key", "answer"], 2),
     # two inferencers (one round of 32 prompts) and the evaluator actor: every actor loads a model
     ("math", math, "train.parquet", "test_dir", ["--input-key", "problem", "--label-key", "solution",
                                                  "-i", "2", "-ei", "2"], 1),
@@ -62,7 +51,7 @@ NOISE = ("Loading weights", "Writing model shards", "Ray deduplicates logs")
 @pytest.mark.e2e
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("name, make, train_name, eval_name, flags, versions", SHAPES, ids=[s[0] for s in SHAPES])
-def test_gsm8k_and_math_shaped_data_train(demo_assets, tmp_path, capfd, name, make, train_name, eval_name, flags,
+def test_math_shaped_data_trains_through_its_keys(demo_assets, tmp_path, capfd, name, make, train_name, eval_name, flags,
                                           versions):
     train_rows = addition_rows(demo_assets.train_path, 32)
     eval_rows = addition_rows(demo_assets.eval_path, 16)

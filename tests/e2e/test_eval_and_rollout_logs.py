@@ -66,6 +66,10 @@ def test_eval_every_n_steps_and_rollout_logs(demo_assets, tmp_path, monkeypatch)
     checked = {r["step"]: (r["delivery_version"], r["delivery_gap"]) for r in train_rows if "delivery_gap" in r}
     assert sorted(checked) == [1, 3, 5, 7] and [v for v, _ in checked.values()] == [0, 1, 2, 3], checked
     assert max(gap for _, gap in checked.values()) < 1e-4, checked
+    # there, too, the behaviour-vs-trainer mismatch is the numeric difference of generate() and the training forward
+    firsts = [r for r in train_rows if r["step"] in checked]
+    assert all(r["mismatch_k3"] < 1e-6 and r["mismatch_max_abs"] < 1e-3 and r["is_truncated"] == 0 for r in firsts)
+    assert all(r["staleness_max"] == 0 for r in train_rows)
     assert [r["message"] for r in rows if r["kind"] == "health"] == []  # a healthy run: no run-health warning
     before = AutoModelForCausalLM.from_pretrained(demo_assets.model_dir).state_dict()
     after = AutoModelForCausalLM.from_pretrained(result.final_model_dir).state_dict()

@@ -379,36 +379,36 @@ def test_grpo_with_vllm_producers_over_ray(demo_assets, tmp_path):
     from coati.launcher.preflight import check_inputs
     from coati.launcher.rl import run
 
-    train = head(demo_assets.train_path, tmp_path / "train.jsonl", 64)
-    evals = head(demo_assets.eval_path, tmp_path / "eval.jsonl", 32)
+    train = head(demo_assets.train_path, tmp_path / "train.jsonl", 32)
+    evals = head(demo_assets.eval_path, tmp_path / "eval.jsonl", 16)
     argv = ["-b", "vllm", "--vllm-kv-cache-gb", "0.25", "-d", train, "-ed", json.dumps({"add": evals}),
             "-ibs", "16", "-imbs", "16", "-g", "4", "-tbs", "8", "-tMbs", "4", "-tmbs", "8", "-e", "1",
-            "-sd", str(tmp_path / "runs"), "-p", "v", "--no-progress", "-ei", "4"]
+            "-sd", str(tmp_path / "runs"), "-p", "v", "--no-progress", "-ei", "2"]
     config = config_from_args(build_parser().parse_args(argv), demo_assets)
     check_inputs(config)
     try:
         result = run(config, log=lambda message: None)
     finally:
         ray.shutdown()
-    assert result.steps == 8  # 64 prompts / 16 per round = 4 rounds of 2 steps
+    assert result.steps == 4  # 32 prompts / 16 per round = 2 rounds of 2 steps
 
     rows = [json.loads(line) for line in open(result.metrics_path)]
     train_rows = [r for r in rows if r["kind"] == "train"]
-    assert [r["step"] for r in train_rows] == list(range(1, 9))
-    assert train_rows[-1]["weight_version"] == 4 and all(r["policy_lag"] == 0 for r in train_rows)
+    assert [r["step"] for r in train_rows] == list(range(1, 5))
+    assert train_rows[-1]["weight_version"] == 2 and all(r["policy_lag"] == 0 for r in train_rows)
     # step 1 trains on samples of the very weights it starts from: vLLM's logprobs are the trainer's
     assert train_rows[0]["kl_behaviour"] < 1e-6 and train_rows[0]["clip_fraction"] == 0
     assert all(r["response_length"] > 0 for r in train_rows)
     eval_rows = [r for r in rows if r["kind"] == "eval"]
-    # -ei 4: a vLLM evaluator actor of its own, loading the weights snapshotted at steps 4 (v2) and 8 (v4)
+    # -ei 2: a vLLM evaluator actor of its own, loading the weights snapshotted at steps 2 (v1) and 4 (v2)
     assert [(r["step"], r["mode"], r["version"]) for r in eval_rows] == [
-        (0, "sampled", 0), (0, "greedy", 0), (4, "sampled", 2), (4, "greedy", 2), (8, "sampled", 4), (8, "greedy", 4)]
-    greedy_after = [json.loads(line) for line in open(tmp_path / "runs" / "v" / "eval" / "add_greedy_step8.jsonl")]
-    assert len(greedy_after) == 32 and all(r["response"] for r in greedy_after)
+        (0, "sampled", 0), (0, "greedy", 0), (2, "sampled", 1), (2, "greedy", 1), (4, "sampled", 2), (4, "greedy", 2)]
+    greedy_after = [json.loads(line) for line in open(tmp_path / "runs" / "v" / "eval" / "add_greedy_step4.jsonl")]
+    assert len(greedy_after) == 16 and all(r["response"] for r in greedy_after)
 
     before = AutoModelForCausalLM.from_pretrained(demo_assets.model_dir).state_dict()
     after = AutoModelForCausalLM.from_pretrained(result.final_model_dir).state_dict()
-    assert all(not torch.equal(before[name], after[name]) for name in before), "every tensor moves in 8 steps"
+    assert all(not torch.equal(before[name], after[name]) for name in before), "every tensor moves in 4 steps"
 
 
 # -- CUDA vLLM (skipped without a GPU) -------------------------------------------------------------------

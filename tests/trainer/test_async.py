@@ -61,19 +61,6 @@ def test_crash_and_resume_train_every_prompt_once(demo_assets, tmp_path, monkeyp
     assert all(r["staleness_max"] <= 2 for r in train)
 
 
-def test_sync_rounds_show_only_numeric_mismatch(demo_assets, tmp_path):
-    """S=0 with one step per round: the trainer's weights are exactly those that sampled the groups, so the
-    behaviour-vs-trainer mismatch is the numeric difference of generate() and the training forward."""
-    data = head(demo_assets.train_path, tmp_path / "train.jsonl", 16)
-    _, rows = run_cli(["-d", data, "-ibs", "8", "-imbs", "8", "-g", "4", "-tbs", "8", "-tMbs", "8", "-tmbs", "32",
-                       "-e", "1", "-sd", str(tmp_path), "-p", "sync", "--no-progress"], demo_assets)
-    train = [r for r in rows if r["kind"] == "train"]
-    assert len(train) == 2 and all(r["staleness_max"] == 0 for r in train)
-    print("S=0 mismatch:", [(r["mismatch_k3"], r["mismatch_max_abs"]) for r in train])
-    assert all(r["mismatch_k3"] < 1e-6 and r["mismatch_max_abs"] < 1e-3 for r in train)
-    assert all(r["is_truncated"] == 0 for r in train)
-
-
 def test_dapo_and_evaluation_under_staleness(demo_assets, tmp_path):
     """DAPO's dynamic batching (mid-step publishes) and -ei evaluation work with -nb 1; the run ends cleanly."""
     data = head(demo_assets.train_path, tmp_path / "train.jsonl", 32)

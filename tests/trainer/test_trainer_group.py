@@ -105,9 +105,11 @@ def assert_same_run(reference, candidate, label, weight_tol=1e-5):
     assert diff <= weight_tol, f"{label}: weights differ by {diff:.2e}"
 
 
-LAYOUTS = [  # torch DDP x2 against one process: test_dapo_filtering_over_two_data_parallel_ranks, twice
+# torch DDP x2 against one process: test_dapo_filtering_over_two_data_parallel_ranks, twice. Torch TP x2's step
+# equals one process's in tests/plugins/test_equivalence.py; through the consumer, two ranks that share one batch
+# (dp 1) run here as torch PP and ColossalAI Hybrid TP.
+LAYOUTS = [
     ("torch FSDP2 x2 (zero 2)", ["-t", "2", "-zero", "2"], 2),
-    ("torch TP x2", ["-t", "2", "-tp", "2"], 4),
     ("torch PP x2", ["-t", "2", "-pp", "2"], 4),
     # One ColossalAI layout through the consumer (its shardformer model under token-budget micro-batches); each
     # ColossalAI layout's step equals one process's in tests/plugins/test_equivalence.py, and Hybrid PP runs whole
