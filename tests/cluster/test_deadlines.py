@@ -39,3 +39,18 @@ def test_no_bound_falls_below_an_inner_waits_own_give_up_time():
     assert deadlines.bound("step") == 18.0  # 1800 x 0.01 is above 5 s
     deadlines.record("step", 1.0)
     assert deadlines.bound("step") == 5.0  # max(300, 10) x 0.01 = 3 s would be under it
+
+
+def test_wait_scale_flag_default_and_its_one_line_refusal(demo_assets):
+    import pytest
+
+    from coati.config.cli import build_parser, config_from_args
+    from coati.config.errors import ConfigError
+
+    def config(*argv):
+        return config_from_args(build_parser().parse_args(list(argv)), demo_assets)
+
+    assert config().run.wait_scale == 1.0 and config("--wait-scale", "0").run.wait_scale == 0.0
+    with pytest.raises(ConfigError, match=r"^--wait-scale must be a number >= 0 \(0: wait forever, 1: the default "
+                                          r"bounds\), got -1$"):
+        config("--wait-scale", "-1")
