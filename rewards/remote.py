@@ -45,6 +45,14 @@ def check_reward_url(url: str) -> str | None:
     return None
 
 
+BACKOFF_S = 0.5  # the wait before the first retry; each later one doubles it
+
+
+def give_up_s(timeout_s: float, retries: int, backoff_s: float = BACKOFF_S) -> float:
+    """The longest a batch's tries take before ``RemoteRewardError``: every try timing out, and the waits between."""
+    return (retries + 1) * timeout_s + sum(backoff_s * 2 ** k for k in range(retries))
+
+
 class _Retry(Exception):
     """A failure worth another try."""
 
@@ -53,7 +61,7 @@ class RemoteReward:
     name = "remote"
 
     def __init__(self, url: str, timeout_s: float = 30.0, retries: int = 3, batch_size: int = 256,
-                 backoff_s: float = 0.5):
+                 backoff_s: float = BACKOFF_S):
         problem = check_reward_url(url)
         if problem:
             raise RemoteRewardError(problem)

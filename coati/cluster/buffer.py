@@ -15,6 +15,11 @@ draw and every source's count of rounds put, taken at one instant: a resumed run
 producer regenerates from its first round not put, so no group is lost or trained on twice.
 
 Without ``slots`` the buffer is a plain FIFO.
+
+The buffer stays responsive while every other actor may be busy, so it also answers the driver's question when a
+step takes past its bound (``stall``): whether trainers are waiting for a round, and whose share of it is missing;
+and each trainer rank ``note``s here the steps it has begun, so that a rank stuck before its step's collectives
+stands out from its peers waiting in them.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ class RolloutBuffer:
         self.total_put = 0
         self.total_got = 0
         self.rounds_put: dict = {}  # source -> rounds it has put (its next round index)
+        self.waiting = 0  # get calls waiting for groups now
+        self.notes: dict = {}  # who -> the last value it noted (a trainer rank: the steps it has begun)
 
     def _size(self) -> int:
         return len(self._fifo) + self._stored
@@ -61,8 +68,11 @@ class RolloutBuffer:
             if slots is None or slots[slot] is _EMPTY:
                 break
             positions.append((round_index, slot))
-            round_index, slot = (round_index + 1, 0) if slot + 1 == self.round_size else (round_index, slot + 1)
+            round_index, slot = self._following(round_index, slot)
         return positions
+
+    def _following(self, round_index: int, slot: int) -> tuple[int, int]:
+        return (round_index + 1, 0) if slot + 1 == self.round_size else (round_index, slot + 1)
 
     def _drawable(self, count: int) -> bool:
         if self.slots is None:
@@ -113,8 +123,12 @@ class RolloutBuffer:
         async with self._changed:
             # Readers of one request may all be waiting before the groups exist: whichever wakes first pops,
             # the others must then find the shared entry, not pop the next groups as well.
-            await self._changed.wait_for(lambda: (request_id is not None and request_id in self._shared)
-                                         or self._drawable(count))
+            self.waiting += 1
+            try:
+                await self._changed.wait_for(lambda: (request_id is not None and request_id in self._shared)
+                                             or self._drawable(count))
+            finally:
+                self.waiting -= 1
             if request_id is not None and request_id in self._shared:
                 entry = self._shared[request_id]
                 entry[1] -= 1
@@ -155,6 +169,20 @@ class RolloutBuffer:
     async def next_round(self, source) -> int:
         """The first round ``source`` has not put (where a restarted producer continues)."""
         return self.rounds_put.get(source, 0)
+
+    async def note(self, who, value) -> None:
+        self.notes[who] = value
+
+    async def stall(self) -> dict:
+        """What a draw waits for now: ``waiting`` get calls, and (with slots) the first slot not put, as its
+        ``round`` and the ``source`` owning it; ``notes`` as noted."""
+        missing = None
+        if self.slots is not None and self.waiting:
+            drawable = self._walk(self.capacity + 1)  # the buffer never holds more: the walk stops at a gap
+            round_index, slot = self._following(*drawable[-1]) if drawable else self._next
+            missing = {"round": round_index,
+                       "source": next(s for s, (first, n) in self.slots.items() if first <= slot < first + n)}
+        return {"waiting": self.waiting, "missing": missing, "notes": dict(self.notes)}
 
     async def size(self) -> int:
         return self._size()

@@ -15,6 +15,13 @@ waits for the trainers' calls and for the producers' ``run`` calls together, so 
 that failed for good, stops the run at once instead of leaving the others waiting on a collective or on the
 buffer; ``stopped`` turns the failure into a ``RunStopped`` line naming the rank, its node and the newest
 complete checkpoint to pass to ``--resume``.
+
+An actor can also hang alive (a wedged engine, a rank that never reaches its collective): every wait of
+``gather`` has a bound from ``deadlines.Deadlines``. Past it the driver asks the buffer, which always answers,
+what the step waits for: a round whose share is missing names the inferencer generating it; otherwise the trainer
+ranks that have begun fewer steps than their peers (the peers wait for them in a collective), or all unanswered
+ranks when none is behind. ``ActorStuck`` is that one line. The stuck call is inside a step, whose state a
+checkpoint cannot take, so the line names the newest complete checkpoint instead.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from __future__ import annotations
 import time
 
 import ray
+
+from coati.cluster.deadlines import Deadlines
 
 PRODUCER_RESTARTS = 3  # restarts per inferencer; one that keeps dying (e.g. out of memory at load) stops the run
 DEATH_TIMEOUT_S = 10.0  # how long a failure may take to show which actor died
@@ -31,41 +40,91 @@ class RunStopped(RuntimeError):
     """An actor the run cannot do without died; the message is the one line to show."""
 
 
+class ActorStuck(RunStopped):
+    """An actor did not answer within its wait's bound; the message is the one line to show."""
+
+
 PRODUCER_OPTIONS = {"max_restarts": PRODUCER_RESTARTS, "max_task_retries": -1}
 
 
 class Supervisor:
-    def __init__(self, run_dir: str, consumers: list, producers: list, places: dict):
+    def __init__(self, run_dir: str, consumers: list, producers: list, places: dict, buffer=None,
+                 deadlines: Deadlines | None = None):
         self.run_dir, self.consumers, self.producers = run_dir, consumers, producers
         self.places = places  # "trainers"/"inferencers" -> [where() of each rank]
         self.generation: list = []  # the producers' run() refs still in flight
         self.in_flight: list = []  # the refs of the gather under way
+        self.buffer, self.deadlines = buffer, deadlines or Deadlines(scale=0)
+        self.last_step = 0  # the run's last completed step, for the stuck line
+        self.producer_of: dict = {}  # a run() ref -> its producer's rank
 
     def watch(self, generation: list) -> None:
+        """The producers' ``run`` refs, in rank order."""
         self.generation = list(generation)
+        self.producer_of = {ref: rank for rank, ref in enumerate(generation)}
 
-    def gather(self, refs: list) -> list:
-        """``ray.get(refs)``, but raising as soon as any of them fails or a producer's ``run`` fails. Every call
-        of a run to its trainer ranks (steps, saves, weight snapshots, resume, shutdown) comes through here, so that
-        ``drain`` can collect the calls a dead rank's peers had in flight."""
+    def gather(self, refs: list, kind: str = "call", phase: str = "answering the driver") -> list:
+        """``ray.get(refs)``, but raising as soon as any of them fails or a producer's ``run`` fails, and
+        ``ActorStuck`` once the wait passes the bound of its ``kind`` (``phase``: what the trainer ranks are doing,
+        for the line). Every call of a run to its trainer ranks (steps, saves, weight snapshots, resume, shutdown)
+        comes through here, so that ``drain`` can collect the calls a dead rank's peers had in flight."""
         pending = self.in_flight = list(refs)
-        while pending:
-            ready, _ = ray.wait(pending + self.generation, num_returns=1)
+        self._wait(pending, kind, phase, refs)
+        return ray.get(refs)
+
+    def wait_generation(self) -> None:
+        """Wait for every producer's ``run`` (raising if one failed, or ``ActorStuck`` past a step's bound)."""
+        self._wait(None, "step", "finishing its rounds")
+
+    def _wait(self, pending: list | None, kind: str, phase: str, refs: list = ()) -> None:
+        """Until ``pending`` is emptied (None: until the producers' runs are done), within the bound of ``kind``."""
+        bound, start = self.deadlines.bound(kind), time.monotonic()
+        while pending if pending is not None else self.generation:
+            left = None if bound is None else max(0.0, bound - (time.monotonic() - start))
+            ready, _ = ray.wait((pending or []) + self.generation, num_returns=1, timeout=left)
+            if not ready:
+                raise self._stuck(list(refs) if pending is not None else None, pending or [], phase, bound)
             for ref in ready:
                 ray.get(ref)  # a failure raises here
                 if ref in self.generation:
                     self.generation.remove(ref)  # that producer is done
                 else:
                     pending.remove(ref)
-        return ray.get(refs)
+        self.deadlines.record(kind, time.monotonic() - start)
 
-    def wait_generation(self) -> None:
-        """Wait for every producer's ``run`` (raising if one failed)."""
-        while self.generation:
-            ready, _ = ray.wait(self.generation, num_returns=1)
-            for ref in ready:
-                ray.get(ref)
-                self.generation.remove(ref)
+    def _stuck(self, refs: list | None, pending: list, phase: str, bound: float) -> ActorStuck:
+        """The line for a wait past its bound (``refs`` None: the wait for the producers' runs): who is stuck doing
+        what (see the module's docstring)."""
+        try:
+            stall = ray.get(self.buffer.stall.remote(), timeout=DEATH_TIMEOUT_S) if self.buffer is not None else {}
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError):
+            stall = {}
+        missing = stall.get("missing")
+        if refs is None:
+            who, what = [("inferencer", self.producer_of.get(ref, "?")) for ref in self.generation], phase
+        elif missing is not None and isinstance(missing["source"], int):
+            role = "inferencer" if self.producers else "trainer rank"  # --colocate: the ranks generate
+            who, what = [(role, missing["source"])], f"generating round {missing['round']}"
+        else:
+            silent = [rank for rank, ref in enumerate(refs) if ref in pending] if len(refs) == len(self.consumers) \
+                else list(range(len(self.consumers)))
+            begun = {rank: stall.get("notes", {}).get(("trainer rank", rank), 0) for rank in silent}
+            behind = [rank for rank in silent if begun[rank] < max(begun.values(), default=0)]
+            who, what = [("trainer rank", rank) for rank in behind or silent], phase
+            if behind:
+                what = f"before step {self.last_step + 1} (its peers wait for it in the step's collectives)"
+        names = ", ".join(self._name(role, rank) for role, rank in who)
+        return ActorStuck(f"{names} {'is' if len(who) == 1 else 'are'} stuck {what}: no answer within {bound:.1f} s "
+                          f"(--wait-scale "
+                          f"{self.deadlines.scale:g}); last completed step {self.last_step}; the run stopped. "
+                          f"{resume_hint(self.run_dir)}")
+
+    def _name(self, role: str, rank: int) -> str:
+        from coati.cluster.connect import node_label
+
+        places = self.places.get("trainers" if role == "trainer rank" else "inferencers", [])
+        place = places[rank] if isinstance(rank, int) and rank < len(places) else {}
+        return f"{role} {rank} (pid {place.get('pid', '?')} on {node_label(place)})"
 
     def stopped(self, error: Exception) -> Exception:
         """The RunStopped to raise for ``error`` when an actor died (else ``error`` itself).
@@ -82,10 +141,7 @@ class Supervisor:
         if dead is None:
             return error  # an exception inside a live actor: its traceback says more than a summary would
         role, rank = dead
-        place = self.places.get("trainers" if role == "trainer rank" else "inferencers", [{}] * (rank + 1))[rank]
-        from coati.cluster.connect import node_label
-
-        what = f"{role} {rank} (pid {place.get('pid', '?')} on {node_label(place)}) died"
+        what = f"{self._name(role, rank)} died"
         if role == "inferencer":
             what += f" after {PRODUCER_RESTARTS} restarts"
         return RunStopped(f"{what}; the run stopped. {resume_hint(self.run_dir)}")

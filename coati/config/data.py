@@ -99,6 +99,13 @@ class DataConfig:
     def rows(self) -> RowFormat:
         return RowFormat(reward_type=self.reward_type, input_key=self.input_key, label_key=self.label_key)
 
+    @property
+    def reward_url_give_up_s(self) -> float:
+        """The longest the reward server's tries take before the scorer gives up (0: no server)."""
+        from rewards.remote import give_up_s
+
+        return give_up_s(self.reward_url_timeout, self.reward_url_retries) if self.reward_url else 0.0
+
     def scorer_options(self) -> dict:
         """RewardScorer's keyword arguments for this run (built-in reward, user functions, server)."""
         return {"reward_type": self.reward_type,

@@ -56,6 +56,10 @@ class RunConfig:
                 "not arrive as trained; stop: end the run after a checkpoint with one line; warn: a warning line; off",
         choices=("stop", "warn", "off"))
     delivery_bound: float = option(0.0, "--delivery-check's bound on the gap in nats (0: by precision)")
+    wait_scale: float = option(
+        1.0, "scales how long the driver waits for an actor (a step, a save, a round) before it calls it stuck and "
+             "stops the run with one line naming it: a first wait of a kind may take 30 min, a later one 10x the "
+             "slowest of its kind and at least 5 min (docs/checkpoints.md#a-stuck-actor). 0: wait forever")
     ray_dir: str | None = option(
         None, "Ray's temp directory: the local cluster's, or, when joining, the --temp-dir that this machine's node "
               "of the cluster was started with (`ray start --temp-dir`)", flag="--ray_dir")

@@ -133,7 +133,7 @@ def _validate_batches(config: RLConfig) -> None:
 
 
 def _validate_cluster(r: RunConfig) -> None:
-    """--master_address (the Ray head to join) and --master_port (the trainers' rendezvous)."""
+    """--master_address (the Ray head to join), --master_port (the trainers' rendezvous) and --wait-scale."""
     from coati.cluster.connect import parse_address
 
     if r.master_address is not None:
@@ -143,6 +143,8 @@ def _validate_cluster(r: RunConfig) -> None:
             raise ConfigError(str(err)) from None
     require(r.master_port is None or 1 <= r.master_port <= 65535,
             f"--master_port must lie in 1..65535 (the trainers' rendezvous port), got {r.master_port}")
+    require(math.isfinite(r.wait_scale) and r.wait_scale >= 0,
+            f"--wait-scale must be a number >= 0 (0: wait forever, 1: the default bounds), got {r.wait_scale:g}")
 
 
 def _validate_weight_sync(p: ParallelConfig) -> None:

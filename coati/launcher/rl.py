@@ -19,7 +19,8 @@ from coati.cluster.buffer import RolloutBuffer
 from coati.cluster.connect import PLACEMENT_TIMEOUT_S, Reservation, init_ray_for, node_label, where
 from coati.cluster.connect import reserve as reserve_placement
 from coati.cluster.schedule import node_cores, node_thread_budgets, thread_budgets
-from coati.cluster.supervision import PRODUCER_OPTIONS, Supervisor
+from coati.cluster.deadlines import Deadlines
+from coati.cluster.supervision import PRODUCER_OPTIONS, ActorStuck, Supervisor
 from coati.cluster.trainer_group import TrainerGroup, join_trainer_group, start_trainer_group
 from coati.cluster.weight_store import WeightStore
 from coati.config.colocation import choose_colocation
@@ -136,7 +137,9 @@ def _run(config: RLConfig, log, reservation, start: float, stop: StopRequest) ->
         for place, count in zip(places[role], threads):
             place["threads"] = count
     _record_placement(config, reservation, places, log)
-    supervisor = Supervisor(config.run.run_dir, consumers, producers, places)
+    # a reward server's tries must be able to end (and say so) before the driver blames the producer around them
+    deadlines = Deadlines(config.run.wait_scale, least_s=2 * config.data.reward_url_give_up_s)
+    supervisor = Supervisor(config.run.run_dir, consumers, producers, places, buffer, deadlines)
     try:
         return _train(config, log, start, consumers, producers, buffer, supervisor, evaluator_threads, reservation,
                       stop)
@@ -147,6 +150,11 @@ def _run(config: RLConfig, log, reservation, start: float, stop: StopRequest) ->
         supervisor.kill_all()
         supervisor.drain()
         raise stopped from None
+    except ActorStuck:  # the stuck actor would never end a cancelled call: kill at once
+        supervisor.cancel_generation(timeout=0)
+        supervisor.kill_all()
+        supervisor.drain()
+        raise
     except (KeyboardInterrupt, RunInterrupted, WeightsNotDelivered):
         # Ended for good before their placement groups go: a producer removed with its group would be restarted
         # (and say so), and a failure nobody fetched would print a traceback after the stop's line.
@@ -174,10 +182,12 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, evaluat
     if resume and trim_metrics(config.run.run_dir, state["step"]):
         log(f"metrics.jsonl: dropped the rows after step {state['step']}, which this resumed run redoes")
     logger, evals, rollouts = _open_outputs(config, log, producers, consumers, resume, state, evaluator_threads,
-                                            reservation, supervisor.gather)
+                                            reservation, lambda refs: supervisor.gather(refs, "evaluation",
+                                                                                        "evaluating"))
     start_rounds = state["producer_rounds"] if resume else [0] * len(producers)
     supervisor.watch([producer.run.remote(rounds, begin) for producer, begin in zip(producers, start_rounds)])
     step, skipped = (state["step"], state["skipped"]) if resume else (0, 0)
+    supervisor.last_step = step
     # (path, skipped steps) of the newest checkpoint of this state: the final save does not repeat it
     last_saved = (os.path.join(config.run.run_dir, f"step_{step}"), skipped) if resume else None
     bar = tqdm(total=max_steps, initial=step, desc=config.algo.name, unit="step", disable=not config.run.progress_bar)
@@ -196,14 +206,15 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, evaluat
             save_checkpoint(path, consumers, buffer, config,
                             {"step": at_step, "skipped": skipped, "eval_before": evals.before_accuracy(),
                              "eval_reward_before": evals.before_mean_reward()},
-                            supervisor.gather)
+                            lambda refs: supervisor.gather(refs, "save", f"saving step {at_step}"))
             if config.run.keep_checkpoints:
                 prune_checkpoints(config.run.run_dir, config.run.keep_checkpoints, path)
         return path
 
     stop.deferred = True  # from here a signal stops the run at the next step boundary, with a checkpoint
     while not stop.requested:
-        metrics = supervisor.gather([consumer.step.remote() for consumer in consumers])[0]
+        metrics = supervisor.gather([consumer.step.remote() for consumer in consumers], "step",
+                                    f"in step {step + 1}")[0]
         if metrics is None:
             break
         records = metrics.pop("rollouts", None)  # -rsd: trainer rank 0's records of this step's samples
@@ -215,6 +226,7 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, evaluat
                 f"(groups drawn {metrics['groups_drawn']}, weights v{metrics['weight_version']})")
             continue
         step += 1
+        supervisor.last_step = step
         logger.log(step, metrics)
         check_health(step, metrics)
         problem = delivery.problem(step, metrics)

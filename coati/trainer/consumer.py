@@ -83,6 +83,7 @@ class Consumer:
     def __init__(self, config: RLConfig, rank: int, buffer, weight_store, num_threads: int | None = None):
         start_actor_process()
         self.config, self.rank, self.buffer, self.weight_store = config, rank, buffer, weight_store
+        self.steps_begun = 0  # noted in the buffer: the driver's way to tell a stuck rank from its waiting peers
         self.num_threads = num_threads or usable_cores()
         torch.set_num_threads(self.num_threads)
         self.plugin = None
@@ -286,6 +287,8 @@ class Consumer:
         Collective: every rank of the trainer group calls it the same number of times.
         """
         start = time.perf_counter()
+        self.steps_begun += 1
+        self.buffer.note.remote(("trainer rank", self.rank), self.steps_begun)  # not awaited: the buffer answers
         work = self._round_part() if self.round_steps > 1 else self._whole_groups()
         if work is None:
             return None

@@ -66,3 +66,59 @@ def test_an_undrained_peer_failure_is_what_ray_would_print_after_the_line(local_
     stop_a_save(tmp_path, drain=False)
     settle()
     assert any("Connection reset by peer" in str(error) for error in seen), seen
+
+
+@ray.remote(num_cpus=0)
+class Trainer:
+    """A trainer rank's step as the buffer sees it: note the step begun, then draw (``begins``), or hang before
+    either, as a rank stuck outside its step's collectives does."""
+
+    def __init__(self, buffer, rank: int):
+        self.buffer, self.rank = buffer, rank
+
+    def step(self, begins: bool, hang_s: float = 0.0) -> int:
+        if begins:
+            self.buffer.note.remote(("trainer rank", self.rank), 1)
+        time.sleep(hang_s)  # rank 1 hangs; rank 0 then "waits in the collective" for it
+        return len(ray.get(self.buffer.get.remote(2, "draw0", 2))) if begins else 0
+
+
+def stuck_line(tmp_path, buffer, trainers, steps) -> tuple[str, float]:
+    """The gather of ``steps(trainers)`` past its bound: (its line, seconds until it raised)."""
+    from coati.cluster.deadlines import Deadlines
+    from coati.cluster.supervision import ActorStuck
+
+    places = {"trainers": ray.get([t.__ray_call__.remote(where) for t in trainers]), "inferencers": [{}, {}]}
+    supervisor = Supervisor(str(tmp_path), trainers, ["p0", "p1"], places, buffer, Deadlines(scale=0.001))
+    supervisor.last_step = 4
+    start = time.monotonic()
+    with pytest.raises(ActorStuck) as stuck:
+        supervisor.gather(steps(trainers), "step", "in step 5")
+    seconds = time.monotonic() - start
+    for trainer in trainers:
+        ray.kill(trainer)
+    return str(stuck.value), seconds
+
+
+def test_a_step_waiting_for_a_missing_round_names_the_inferencer_generating_it(local_ray, tmp_path):
+    from coati.cluster.buffer import RolloutBuffer
+
+    buffer = ray.remote(RolloutBuffer).options(num_cpus=0).remote(2, {0: (0, 1), 1: (1, 1)})
+    ray.get(buffer.put.remote(["g"], 0, 0))  # inferencer 1 never delivers round 0
+    trainers = [Trainer.remote(buffer, rank) for rank in range(2)]
+    line, seconds = stuck_line(tmp_path, buffer, trainers, lambda ts: [t.step.remote(True) for t in ts])
+    assert line.startswith("inferencer 1 (pid ? on ? (node ?)) is stuck generating round 0: no answer within 1.8 s "
+                           "(--wait-scale 0.001); last completed step 4; the run stopped. No complete checkpoint"), line
+    assert "\n" not in line and 1.8 <= seconds < 1.8 + 10.0
+
+
+def test_a_rank_that_never_begins_its_step_is_named_not_its_waiting_peer(local_ray, tmp_path):
+    from coati.cluster.buffer import RolloutBuffer
+
+    buffer = ray.remote(RolloutBuffer).options(num_cpus=0).remote(2, {0: (0, 2)})
+    ray.get(buffer.put.remote(["g", "g"], 0, 0))  # the round is there: nothing waits for an inferencer
+    trainers = [Trainer.remote(buffer, rank) for rank in range(2)]
+    line, _ = stuck_line(tmp_path, buffer, trainers,
+                         lambda ts: [ts[0].step.remote(True, 3600.0), ts[1].step.remote(False, 3600.0)])
+    assert line.startswith("trainer rank 1 (pid "), line
+    assert " is stuck before step 5 (its peers wait for it in the step's collectives): no answer within 1.8 s" in line
