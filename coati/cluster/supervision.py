@@ -115,9 +115,8 @@ class Supervisor:
                 what = f"before step {self.last_step + 1} (its peers wait for it in the step's collectives)"
         names = ", ".join(self._name(role, rank) for role, rank in who)
         return ActorStuck(f"{names} {'is' if len(who) == 1 else 'are'} stuck {what}: no answer within {bound:.1f} s "
-                          f"(--wait-scale "
-                          f"{self.deadlines.scale:g}); last completed step {self.last_step}; the run stopped. "
-                          f"{resume_hint(self.run_dir)}")
+                          f"(--wait-scale {self.deadlines.scale:g}); last completed step {self.last_step}; the run "
+                          f"stopped. {resume_hint(self.run_dir)}")
 
     def _name(self, role: str, rank: int) -> str:
         from coati.cluster.connect import node_label
