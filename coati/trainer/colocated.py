@@ -4,7 +4,8 @@ Each rank is generator ``rank`` of the schedule (``ParallelConfig.rollout_source
 (after weights version v are in its engine) it samples and scores its ``-ibs`` prompts of the round with a
 ``RoundGenerator`` and puts the groups into the shared buffer under its slot (own_rounds.py, as the learner
 does), exactly as producer ``rank`` would; every rank then draws the whole round through the normal shared
-reads, so DAPO's filter, dynamic batching and every algorithm work unchanged. No inferencer actor, no object store, no network for weights.
+reads, so DAPO's filter, dynamic batching and every algorithm work unchanged. No inferencer actor, no object
+store, no network for weights.
 
 The engine:
 - an unsharded plugin (one process, DDP) with the transformers engine generates with the trained module itself
