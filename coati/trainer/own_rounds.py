@@ -70,9 +70,9 @@ class OwnRounds:
 class LearnerRounds(OwnRounds):
     """The weight sender's learner-side generation: stream P's rounds on an engine of its own."""
 
-    def __init__(self, config: RLConfig, backend=None):
+    def __init__(self, config: RLConfig):
         stream = config.parallel.rollout_sources  # the stream after every producer's
-        super().__init__(RoundGenerator(config, stream, backend or learner_engine(config, stream)))
+        super().__init__(RoundGenerator(config, stream, learner_engine(config, stream)))
         self.precision = precision_name(config.parallel.model_placement("learner_generation").dtype)
 
     def info(self) -> dict:
