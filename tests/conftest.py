@@ -136,6 +136,22 @@ def tiny_model_dir(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="session")
+def reward_model_dir(tiny_model_dir, tmp_path_factory):
+    """A reward model of the tiny model's shape (its body, a seeded random score head): scores are arbitrary but
+    fixed, which is all the layouts must agree on."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    with torch.random.fork_rng(devices=[]):  # session scope: leave the global RNG as the module found it
+        torch.manual_seed(5)
+        model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1)
+    path = str(tmp_path_factory.mktemp("reward_model"))
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(path)
+    return path
+
+
 @pytest.fixture(scope="module", autouse=True)
 def ray_down_after_module():
     """Whatever Ray cluster a module left up (run_helpers.run_in_module_ray keeps one for the module's runs) is

@@ -20,6 +20,11 @@ Draw order: a round's groups are drawn in a fixed order of *slots*, whatever the
 learner's groups first (it makes them in the trainer's own process right before the round's first draw), then
 each producer's in rank order (``sources``, ``slots``). Which groups a step trains on then never depends on
 which actor finished first, so a sync run is reproducible and resumes exactly.
+
+Generator streams: every generator is one stream index (its prompt shard and seeds): producers (or, with
+``--colocate``, trainer ranks) 0 .. P-1 are their ranks, and the learner is stream P, after all of them
+(``source``). Generators inside the trainer group (the learner, colocated ranks) make round v right after
+publishing version v (``own_round``), which is why they need the synchronous protocol.
 """
 
 from __future__ import annotations
@@ -62,6 +67,33 @@ class RolloutSchedule:
             layout[source] = (offset, count)
             offset += count
         return layout
+
+    def source(self, stream: int):
+        """The buffer source of generator ``stream``: a producer's (or colocated rank's) rank, or ``LEARNER`` for
+        the stream after them all."""
+        producers = [source for source, _ in self.sources if source != LEARNER]
+        if 0 <= stream < len(producers):
+            return producers[stream]
+        if stream == len(producers) and LEARNER in self.slots():
+            return LEARNER
+        raise ValueError(f"no generator stream {stream} in a round of {[s for s, _ in self.sources]}")
+
+    def round_size(self, source) -> int:
+        """Groups ``source`` puts into each round (``-ibs`` for a producer, ``--learner-chunk-size`` the learner)."""
+        return self.slots()[source][1]
+
+    def own_round(self, version: int) -> int:
+        """The round a generator inside the trainer group makes right after publishing weights ``version`` (and
+        once at version 0, before the first draw): round v, since in the synchronous protocol round r is generated
+        with exactly version r."""
+        if self.is_async:
+            raise ValueError("generators inside the trainer group need the synchronous protocol (max staleness 0)")
+        return version
+
+    def own_rounds_filled(self, version: int, drawn_since_publish: int) -> int:
+        """The newest round a trainer-side generator has made at a step boundary: it fills ``own_round(version)``
+        right before the first draw at that version, so only once something was drawn since the publish."""
+        return self.own_round(version) - (drawn_since_publish == 0)
 
     @property
     def is_async(self) -> bool:

@@ -131,8 +131,6 @@ def _validate_ppo(config: RLConfig) -> None:
             "critic's value head; use data parallelism and ZeRO/FSDP2 (-t, -zero)")
     require(a.groups.filter_range is None and not a.groups.dynamic_batching,
             f"{name} trains on every group: drop filter_range / dynamic_batching from --grpo-config")
-    require(a.learner_chunk_size == 0, f"{name}: --learner-chunk-size is not available with a critic (the "
-                                        "learner's groups would not be scored by the reward model)")
     require(ppo.gamma >= 0 and 0 <= ppo.lam <= 1, f"--gamma must be >= 0 and --lam in [0, 1], got {ppo.gamma}, {ppo.lam}")
     require(ppo.value_clip > 0, f"--value-clip must be > 0, got {ppo.value_clip}")
     require(ppo.kl_reward_coef >= 0, f"--kl-reward-coef must be >= 0, got {ppo.kl_reward_coef}")

@@ -71,9 +71,10 @@ def load_consumer(consumer, path: str) -> dict:
     if state.get("round"):  # saved inside a round: its remaining steps come first, on the same permutation
         consumer.round = RoundPool.from_state(state["round"])
         consumer.round.tensors = consumer.algorithm.round_tensors(consumer.round.kept)
+    schedule = consumer.config.schedule
     for generator in (consumer.learner, consumer.colocated):  # each fills a round at the round's first draw
         if generator is not None:
-            generator.last_round = consumer.version if consumer.drawn_since_sync > 0 else consumer.version - 1
+            generator.last_round = schedule.own_rounds_filled(consumer.version, consumer.drawn_since_sync)
     if os.path.isfile(own) and state["world_size"] == consumer.plugin.world_size:
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])

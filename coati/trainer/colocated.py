@@ -2,9 +2,10 @@
 
 Each rank is generator ``rank`` of the schedule (``ParallelConfig.rollout_sources``): at the start of round v
 (after weights version v are in its engine) it samples and scores its ``-ibs`` prompts of the round with a
-``RoundGenerator`` and puts the groups into the shared buffer under its slot, exactly as producer ``rank``
-would; every rank then draws the whole round through the normal shared reads, so DAPO's filter, dynamic
-batching and every algorithm work unchanged. No inferencer actor, no object store, no network for weights.
+``RoundGenerator`` and puts the groups into the shared buffer under its slot (own_rounds.py, as the learner
+does), exactly as producer ``rank`` would; every rank then draws the whole round through the normal shared
+reads, so DAPO's filter, dynamic batching and every algorithm work unchanged. No inferencer actor, no object
+store, no network for weights.
 
 The engine:
 - an unsharded plugin (one process, DDP) with the transformers engine generates with the trained module itself
@@ -22,15 +23,13 @@ the moves and the sleep are no-ops but the order is the same code, recorded in `
 
 from __future__ import annotations
 
-import time
-
-import ray
 import torch
 
 from coati.config.tree import RLConfig
 from coati.models.lora import merged_tensors
 from coati.registry import resolve
 from coati.rollout.round_generator import RoundGenerator
+from coati.trainer.own_rounds import OwnRounds
 
 
 def move_optimizer_states(optimizer, device: torch.device) -> int:
@@ -98,7 +97,7 @@ def _call(engine, method: str) -> None:
         hook()
 
 
-class ColocatedGenerator:
+class ColocatedGenerator(OwnRounds):
     def __init__(self, config: RLConfig, rank: int, plugin, tokenizer, extra_plugins=()):
         from coati.rollout.producer import make_backend
 
@@ -109,39 +108,22 @@ class ColocatedGenerator:
             self.backend = wrap(plugin.full_module(), tokenizer, config.batch.inference_microbatch_size)
         else:
             self.backend = make_backend(config, rank)
-        self.rounds = RoundGenerator(config, rank, self.backend)
+        super().__init__(RoundGenerator(config, rank, self.backend))
         self.phases = ColocatedPhases([plugin, *extra_plugins], self.backend, config.parallel.offload_optimizer)
-        self.last_round = -1  # the newest round this rank generated
-        self.time_s = 0.0  # seconds spent generating and scoring since the last ``take_time``
-
-    def info(self) -> dict:
-        return self.rounds.info()
-
-    def fill(self, buffer, round_index: int, version: int) -> None:
-        """Generate this rank's share of ``round_index`` (once) with the weights in the engine, into the buffer."""
-        if round_index <= self.last_round:
-            return
-        start = time.perf_counter()
-        groups = self._generate(lambda: self.rounds.rollout(self.rounds.batch(round_index),
-                                                            self.rounds.round_params(round_index), version))
-        self.last_round = round_index
-        self.time_s += time.perf_counter() - start
-        ray.get(buffer.put.remote(groups, self.rank, round_index))
 
     def evaluate(self, path: str, params, version: int) -> dict:
-        return self._generate(lambda: self.rounds.evaluate(path, params, version))
+        return self.generating(lambda: self.rounds.evaluate(path, params, version))
 
-    def _generate(self, work):
+    def generating(self, work):
         """Run ``work`` in the generation phase: the trained module in eval mode (when shared) and the trainer's
-        RNG untouched (the backend seeds the global generator per round)."""
+        RNG untouched."""
         module = self.plugin.full_module() if self.shares_module else None
         training = module.training if module is not None else False
         self.phases.before_generate()
         try:
             if module is not None:
                 module.eval()
-            with torch.random.fork_rng(devices=_cuda_devices()):
-                return work()
+            return super().generating(work)
         finally:
             if module is not None:
                 module.train(training)
@@ -157,11 +139,3 @@ class ColocatedGenerator:
             self.backend.load_weights(merged_tensors(tensors, self.config.model.lora))
         else:
             self.backend.load_weights(self.plugin.named_full_tensors_everywhere())
-
-    def take_time(self) -> float:
-        spent, self.time_s = self.time_s, 0.0
-        return spent
-
-
-def _cuda_devices() -> list[int]:
-    return [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []

@@ -30,9 +30,9 @@ not published, so filtering cannot deadlock the two sides. Without filtering thi
 steps_per_sync steps". Publishing is collective (sharded weights are gathered); only the sender sends them, through
 its publisher (``--weight-sync``: the object store, or a broadcast group with the producers; weight_sync.py).
 
-Learner-side generation (``--learner-chunk-size N``, see learner_generation.py): the sender also generates N
+Learner-side generation (``--learner-chunk-size N``, see own_rounds.py): the sender also generates N
 groups of every round with the weights it has just published, puts them into the buffer before its first draw
-of the round, and refreshes its inference model from the tensors it gathers when publishing.
+of the round, and refreshes its inference engine from the tensors it gathers when publishing.
 
 Colocated generation (``--colocate``, see colocated.py): there are no producers; every rank generates its share
 of each round at the same point (before its first draw of the round), and a publish loads the new weights into
@@ -71,7 +71,7 @@ from coati.trainer.roles import ACTOR, TrainedModel, grad_norm_name
 from coati.trainer.step_algorithm import StepAlgorithm
 from coati.trainer.round_batches import RoundPool, parts_of_round, round_part
 from coati.trainer.step_data import StepWork, rollout_metrics, share_bounds
-from coati.utils.device import device_memory_metrics, precision_name
+from coati.utils.device import device_memory_metrics
 from coati.utils.actor_process import start_actor_process
 from coati.utils.machine import usable_cores
 
@@ -101,7 +101,7 @@ class Consumer:
         # Whether an optimizer step moved the weights since they were version ``self.version`` (a resumed run
         # cannot tell: it waits for its next publish). Only rows sampled by exactly these weights are checked.
         self._trained_since_version = False
-        self.learner = None  # LearnerGenerator on the weight sender when --learner-chunk-size > 0
+        self.learner = None  # LearnerRounds on the weight sender when --learner-chunk-size > 0
         self.colocated = None  # ColocatedGenerator on every rank with --colocate
         self.algorithm: StepAlgorithm | None = None
         self.publish_s = 0.0  # seconds spent publishing weights since the last step's metrics
@@ -140,9 +140,9 @@ class Consumer:
             self.publisher = make_publisher(p.weight_sync, self.weight_store, p.num_inferencers,
                                             p.weight_sync_bucket_mb, p.weight_sync_timeout_s)
         if config.algo.learner_chunk_size > 0 and self.plugin.is_weight_sender:
-            from coati.trainer.learner_generation import LearnerGenerator
+            from coati.trainer.own_rounds import LearnerRounds
 
-            self.learner = LearnerGenerator(config)
+            self.learner = LearnerRounds(config)
         torch.manual_seed(config.run.seed + self.rank)
         self.algorithm = STEP_ALGORITHMS[estimator_family(config.algo.groups.advantage)](self)
         self.roles[ACTOR].loss_fn = self.algorithm.objective.loss
@@ -156,8 +156,7 @@ class Consumer:
         """This rank's own generator's shard (prompts, rounds per episode): the learner-side generator on the rank
         that owns it, or this rank's colocated generator; else None."""
         if self.learner is not None:  # its own engine, in the dtype the device rule gives it
-            dtype = self.config.parallel.model_placement("learner_generation").dtype
-            return {**self.learner.info(), "engine_precision": precision_name(dtype)}
+            return self.learner.info()
         return self.colocated.info() if self.colocated is not None else None  # the trained module itself
 
     def add_role(self, name: str, model: torch.nn.Module, learning_rate: float, loss_fn,
@@ -205,9 +204,9 @@ class Consumer:
             want = (target - len(kept)) if dynamic else (target - len(drawn))
             count = min(want, max_draw - len(drawn), schedule.draw_limit(self.drawn_since_sync),
                         remaining if remaining is not None else want)
-            for generator in (self.learner, self.colocated):  # round `version` starts: add this rank's groups (once)
+            for generator in (self.learner, self.colocated):  # the version's round starts: add this rank's groups
                 if generator is not None:
-                    generator.fill(self.buffer, self.version, self.version)
+                    generator.fill(self.buffer, schedule.own_round(self.version), self.version)
             groups = self._draw(count)
             drawn.extend(groups)
             survivors, stats = self.algorithm.select_groups(groups)

@@ -147,3 +147,16 @@ def test_round_layout_puts_the_learner_first_then_producers_by_rank():
     assert RolloutSchedule.for_run(1, 8).slots() == {0: (0, 8)}
     with pytest.raises(ValueError, match="do not add up"):
         RolloutSchedule(9, 0, ((0, 8),))
+
+
+def test_generator_streams_and_own_rounds():
+    schedule = RolloutSchedule.for_run(num_producers=2, groups_per_producer=8, learner_groups=4)
+    assert [schedule.source(k) for k in range(3)] == [0, 1, "learner"]  # the learner is the stream after them all
+    assert [schedule.round_size(schedule.source(k)) for k in range(3)] == [8, 8, 4]
+    with pytest.raises(ValueError, match="no generator stream 2"):
+        RolloutSchedule.for_run(2, 8).source(2)  # no learner without --learner-chunk-size
+    assert [schedule.own_round(v) for v in range(3)] == [0, 1, 2]
+    # at a step boundary right after publishing version 3, round 3 is not made yet; after a draw it is
+    assert schedule.own_rounds_filled(3, 0) == 2 and schedule.own_rounds_filled(3, 5) == 3
+    with pytest.raises(ValueError, match="synchronous"):
+        RolloutSchedule.for_run(2, 8, 4, max_staleness=1).own_round(1)

@@ -96,8 +96,7 @@ def test_env_flag_combinations_refused():
     from coati.config.errors import ConfigError
 
     base = ["-m", "/nonexistent", "-d", "x.jsonl", "--env", "python_tool"]
-    for extra, words in ((["--learner-chunk-size", "32"], "drop --learner-chunk-size"),
-                         (["-a", "PPO", "--reward-model", "/rm"], "drop --reward-model"),
+    for extra, words in ((["-a", "PPO", "--reward-model", "/rm"], "drop --reward-model"),
                          (["--max-episode-tokens", "0"], "--max-episode-tokens must be at least 1"),
                          (["--max-tool-calls", "-1"], "--max-tool-calls must be >= 0")):
         with pytest.raises(ConfigError, match=words):

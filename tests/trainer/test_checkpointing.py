@@ -33,7 +33,7 @@ def test_resumed_producer_rebuilds_the_episode_order():
     """A producer restarted in episode e shuffles as the uninterrupted one did: cumulatively, once per episode."""
     producer = RoundGenerator.__new__(RoundGenerator)
     producer.config = SimpleNamespace(run=SimpleNamespace(seed=5))
-    producer.rank, producer.examples = 1, list(range(20))
+    producer.stream, producer.examples = 1, list(range(20))
     order = list(range(20))
     for episode in range(3):
         random.Random(5 * 7919 + episode * 31 + 1).shuffle(order)  # what run() did before resumable rounds

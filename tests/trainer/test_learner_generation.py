@@ -1,8 +1,10 @@
-"""Learner-side generation (--learner-chunk-size N): prompt shards, start-up checks, on-policy groups, and the
-data accounting of a real DAPO run over Ray with two trainers, where only the sender generates (GRPO with one
-trainer: tests/trainer/test_resume.py, on its learner-side reference run)."""
+"""Learner-side generation (--learner-chunk-size N): prompt shards, start-up checks, on-policy groups, the run's
+environment and reward model on the learner, and the data accounting of a real DAPO run over Ray with two
+trainers, where only the sender generates (GRPO with one trainer: tests/trainer/test_resume.py, on its
+learner-side reference run)."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -13,7 +15,10 @@ import rl_example
 from coati.config.cli import build_parser, config_from_args
 from coati.rollout.generation import prompt_shard
 from coati.algorithm.batch import collate, token_logprobs
-from coati.trainer.learner_generation import LearnerGenerator
+from coati.trainer.own_rounds import LearnerRounds
+
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                       "examples", "calculator_env.py")
 
 
 def write_rows(path, n):
@@ -56,9 +61,11 @@ def test_learner_groups_are_on_policy_with_the_loaded_weights(tiny_model_dir, tm
     data = write_rows(tmp_path / "d.jsonl", 48)
     config = cli_config(["-m", tiny_model_dir, "-d", data, "-ibs", "16", "-imbs", "16", "-g", "4", "-tbs", "8",
                          "-tMbs", "8", "-tmbs", "8", "-mnt", "6", "--learner-chunk-size", "8"], tmp_path)
-    learner = LearnerGenerator(config)
-    assert learner.info() == {"prompts": 16, "skipped_too_long": 0, "rounds_per_episode": 2}  # rows 32..47
-    batches = [learner.batch(r) for r in range(2)]
+    learner = LearnerRounds(config)
+    assert learner.info() == {"prompts": 16, "skipped_too_long": 0, "rounds_per_episode": 2,  # rows 32..47
+                              "engine_precision": "fp32"}
+    assert (learner.rounds.stream, learner.rounds.source, learner.rounds.round_size) == (1, "learner", 8)
+    batches = [learner.rounds.batch(r) for r in range(2)]
     sources = sorted(int(e.source.rsplit(":", 1)[1]) for b in batches for e, _, _ in b)
     assert sources == list(range(33, 49))  # one episode = the whole learner shard (1-based lines 33-48) once
 
@@ -68,13 +75,16 @@ def test_learner_groups_are_on_policy_with_the_loaded_weights(tiny_model_dir, tm
         for param in policy.parameters():
             param.add_(0.05 * torch.randn_like(param))
     learner.load_weights(policy.named_parameters())
-    groups = learner.generate(1, version=3)
+    trainer_rng = torch.get_rng_state()
+    groups = learner.make(1, version=3)
+    assert torch.equal(torch.get_rng_state(), trainer_rng)  # the trainer's own RNG is left as it was
     assert len(groups) == 8 and all(g.learner and g.policy_version == 3 for g in groups)
     assert [g.prompt_ids for g in groups] == [ids for _, _, ids in batches[1]]
-    again = learner.generate(1, version=3)  # per-round seed: the same round samples the same completions
+    again = learner.make(1, version=3)  # per-round seed: the same round samples the same completions
     assert [g.responses for g in again] == [g.responses for g in groups]
+    assert [g.responses for g in learner.make(0, version=3)] != [g.responses for g in groups]
 
-    batch = collate(groups, learner.backend.pad_id)
+    batch = collate(groups, learner.rounds.backend.pad_id)
     mask = batch["action_mask"].bool()
 
     def max_gap(model) -> float:
@@ -86,6 +96,33 @@ def test_learner_groups_are_on_policy_with_the_loaded_weights(tiny_model_dir, tm
     assert max_gap(policy) <= 1e-5  # on-policy: the behaviour logprobs are the trained weights' own
     disk = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     assert max_gap(disk) > 1e-2  # and they are not the weights the generator started from
+
+
+def test_a_learner_round_runs_the_runs_environment(tiny_model_dir, tmp_path):
+    """--env with --learner-chunk-size: the learner's groups are the environment's episodes (a loss mask per
+    response, turns recorded, the environment's reward), as a producer's are."""
+    data = write_rows(tmp_path / "d.jsonl", 24)
+    config = cli_config(["-m", tiny_model_dir, "-d", data, "-ibs", "8", "-imbs", "8", "-g", "2", "-tbs", "4",
+                         "-tMbs", "4", "-tmbs", "8", "-mnt", "6", "-mpt", "512", "--learner-chunk-size", "4",
+                         "--env", f"{EXAMPLE}:CalculatorEnv", "--max-turns", "2", "--max-episode-tokens", "24"],
+                        tmp_path)
+    learner = LearnerRounds(config)
+    assert "multiply" in learner.rounds.batch(0)[0][1]  # the environment's tool prompt is in the learner's prompts
+    groups = learner.make(0, version=0)
+    assert len(groups) == 4 and all(g.learner and len(g.loss_masks) == 2 and g.turns for g in groups)
+    assert all(len(m) == len(r) for g in groups for m, r in zip(g.loss_masks, g.responses))
+
+
+def test_a_learner_round_is_scored_by_the_reward_model(tiny_model_dir, reward_model_dir, tmp_path):
+    """-a PPO --reward-model with --learner-chunk-size (refused before: the learner had no reward model): the
+    learner's groups carry the model's score of every response, as a producer's do."""
+    data = write_rows(tmp_path / "d.jsonl", 24)
+    config = cli_config(["-m", tiny_model_dir, "-d", data, "-a", "PPO", "--reward-model", reward_model_dir,
+                         "-ibs", "8", "-imbs", "8", "-g", "2", "-tbs", "4", "-tMbs", "4", "-tmbs", "8", "-mnt", "6",
+                         "--learner-chunk-size", "4"], tmp_path)
+    groups = LearnerRounds(config).make(0, version=0)
+    assert len(groups) == 4 and all(g.learner and len(g.scores) == 2 for g in groups)
+    assert len({score for g in groups for score in g.scores}) > 1  # the model's scores, not a constant
 
 
 def demo_run(demo_assets, tmp_path, flags):

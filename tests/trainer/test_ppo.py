@@ -30,20 +30,6 @@ G = 2
 NUM_GROUPS = 8
 
 
-@pytest.fixture(scope="module")
-def reward_model_dir(tiny_model_dir, tmp_path_factory):
-    """A reward model of the tiny model's shape (its body, a seeded random score head): scores are arbitrary but
-    fixed, which is all the layouts must agree on."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    torch.manual_seed(5)
-    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1)
-    path = str(tmp_path_factory.mktemp("reward_model"))
-    model.save_pretrained(path)
-    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(path)
-    return path
-
-
 def rollouts() -> list:
     groups = grpo_groups(vocab_size=90, pad_id=0, num_groups=NUM_GROUPS, group_size=G, seed=7)
     gen = torch.Generator().manual_seed(11)
