@@ -5,7 +5,7 @@ runs with different faults (Ray may hand an actor a worker process started for a
 
 - ``stale``: the engines take each new version's number without loading its weights: they go on generating with
   the weights they started with and label the rows with the new version.
-- ``drop_tensor``: the transport loses one tensor of every version (the first MLP projection of layer 0) and the
+- ``drop_tensor``: the transport loses one tensor of every version (layer 0's MLP down-projection) and the
   engine loads the rest without complaint, as an engine that does not count what it received would.
 - ``drop_adapters``: with ``--lora-rank``, the transport delivers a version without its adapters: the engine keeps
   the adapters it had (those of the start), as in verl #7495's async LoRA runs.
