@@ -48,9 +48,14 @@ def check_reward_url(url: str) -> str | None:
 BACKOFF_S = 0.5  # the wait before the first retry; each later one doubles it
 
 
+def retry_wait_s(retry: int, backoff_s: float = BACKOFF_S) -> float:
+    """The wait before retry number ``retry`` (1, 2, ...)."""
+    return backoff_s * 2 ** (retry - 1)
+
+
 def give_up_s(timeout_s: float, retries: int, backoff_s: float = BACKOFF_S) -> float:
     """The longest a batch's tries take before ``RemoteRewardError``: every try timing out, and the waits between."""
-    return (retries + 1) * timeout_s + sum(backoff_s * 2 ** k for k in range(retries))
+    return (retries + 1) * timeout_s + sum(retry_wait_s(retry, backoff_s) for retry in range(1, retries + 1))
 
 
 class _Retry(Exception):
@@ -80,7 +85,7 @@ class RemoteReward:
         last = ""
         for attempt in range(self.retries + 1):
             if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+                time.sleep(retry_wait_s(attempt, self.backoff_s))
             try:
                 return self._parse(self._send(body), len(batch))
             except _Retry as err:
