@@ -40,12 +40,7 @@ import threading
 from fractions import Fraction
 from typing import Callable, NamedTuple
 
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
-
-from rewards.latex_parsing import enable_two_stage_parsing
 from rewards.types import RewardResult, combine
-
-enable_two_stage_parsing()  # same parses, several times faster (see rewards/latex_parsing.py)
 
 _BOXED = "\\boxed{"
 # What may stand between the boxes of one listed answer: math delimiters, spacing, punctuation, and/or.
@@ -60,9 +55,6 @@ _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 _MATH_DELIMITER = re.compile(r"(?<!\\)\$|\\\(|\\\[")
 # A full stop ending the answer ends a sentence ("\boxed{5.}"); LaTeX that ends in one fails to parse.
 _SENTENCE_END = re.compile(r"\.\s*$")
-# The box is matched first, as math-verify's own MATH tasks read their gold answers.
-_LATEX = (LatexExtractionConfig(boxed_match_priority=0),)
-_LATEX_OR_EXPRESSION = (LatexExtractionConfig(), ExprExtractionConfig())
 # An integer (optionally with thousands commas, as GSM8K writes them) or a decimal, optionally negative.
 _PLAIN_NUMBER = re.compile(r"-?(?:[1-9]\d{0,2}(?:,\d{3})+|\d+)(?:\.\d+)?")
 # math-verify rounds to 6 decimals when a decimal is involved (``verify(float_rounding=6)``): two numbers
@@ -223,6 +215,32 @@ def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+class _MathVerify(NamedTuple):
+    parse: Callable
+    verify: Callable
+    latex: tuple  # the box is matched first, as math-verify's own MATH tasks read their gold answers
+    latex_or_expression: tuple
+
+
+_math_verify_lock = threading.Lock()
+_math_verify_loaded: list[_MathVerify] = []
+
+
+def _math_verify() -> _MathVerify:
+    """math-verify with its LaTeX parser (sympy, ANTLR), imported at the first answer that needs it: about a
+    second of CPU that the driver, the trainer ranks and plain-number tasks (the addition demo) never spend."""
+    with _math_verify_lock:
+        if not _math_verify_loaded:
+            from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+            from rewards.latex_parsing import enable_two_stage_parsing
+
+            enable_two_stage_parsing()  # same parses, several times faster (see rewards/latex_parsing.py)
+            _math_verify_loaded.append(_MathVerify(parse, verify, (LatexExtractionConfig(boxed_match_priority=0),),
+                                                   (LatexExtractionConfig(), ExprExtractionConfig())))
+        return _math_verify_loaded[0]
+
+
 def parse_math(text: str) -> list:
     """math-verify's parse of an answer (gold or model's), read as LaTeX first; see the module docstring."""
     timeouts = {} if _in_main_thread() else {"parsing_timeout": None}
@@ -231,9 +249,10 @@ def parse_math(text: str) -> list:
         source = text
     else:
         source = f"\\boxed{{{_SENTENCE_END.sub('', text if boxed is None else boxed)}}}"
-    parsed = parse(source, extraction_config=_LATEX, **timeouts)
+    math_verify = _math_verify()
+    parsed = math_verify.parse(source, extraction_config=math_verify.latex, **timeouts)
     if not parsed:  # e.g. unbalanced braces
-        parsed = parse(text, extraction_config=_LATEX_OR_EXPRESSION, **timeouts)
+        parsed = math_verify.parse(text, extraction_config=math_verify.latex_or_expression, **timeouts)
     return parsed
 
 
@@ -276,7 +295,8 @@ class GoldAnswer:
 
     def _verify(self, answer_parsed: list) -> bool:
         verify_kwargs = {} if _in_main_thread() else {"timeout_seconds": None}
-        return bool(verify(self.parsed, answer_parsed, **verify_kwargs))  # gold first: verify is asymmetric
+        # gold first: verify is asymmetric
+        return bool(_math_verify().verify(self.parsed, answer_parsed, **verify_kwargs))
 
     def matches(self, answer: str) -> bool:
         if not answer.strip():

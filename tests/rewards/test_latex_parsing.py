@@ -39,6 +39,7 @@ def _parses(texts: list[str]) -> list[str]:
 
 
 def test_two_stage_parsing_is_on_and_changes_no_parse():
+    parse_math("\\boxed{1}")  # math-verify is loaded, and two-stage parsing turned on, at the first parse
     assert two_stage_parsing_enabled()
     texts = _corpus()
     assert len(texts) > 200
