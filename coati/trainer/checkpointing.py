@@ -4,9 +4,9 @@ directory the driver stages (coati/launcher/checkpoints.py owns the directory, i
 - ``trainer_state/<role>/``: each trained model's plugin ``save_state`` (``actor``, and ``critic`` for PPO;
   parameters and optimizer state, one shard per rank for sharded plugins; ``coati.plugins.state``); an SFT/RM
   stage writes its one model the same way;
-- ``consumer_state/rank_R.pt`` (RL runs): each trainer rank's ``TrainState`` (train_state.py): counters (steps, groups drawn, draw serial, weight
-  version, rounds drawn, and the algorithm's own state, e.g. PPO's KL coefficient), RNG states, and a save
-  inside a round's steps (round-level minibatches, round_batches.py) the round's groups and its steps still to
+- ``consumer_state/rank_R.pt`` (RL runs): each trainer rank's ``TrainState`` (train_state.py): counters (steps,
+  groups drawn, draw serial, weight version, rounds drawn, and the algorithm's own state, e.g. PPO's KL
+  coefficient), RNG states, and a save inside a round's steps (round-level minibatches, round_batches.py) the round's groups and its steps still to
   train;
 - the policy as an HF directory (``model.safetensors``, ``config.json``, tokenizer files), written by the
   sending rank: ``from_pretrained`` loads the checkpoint, the other entries are ignored by transformers.

@@ -1,8 +1,8 @@
 """The policy's loss in every algorithm: the registered policy loss the config names (coati/algorithm/policy_losses.py)
 on the advantages an algorithm put in the batch, with the reference model's logprobs when the loss has a KL term,
-and the policy's token entropy. The algorithm's
-``PolicyObjective.loss`` is the loss function the policy's plugin calls per micro-batch (consumer.py hands it over);
-``begin_epoch`` is called at the start of every ppo epoch.
+and the policy's token entropy. The algorithm's ``PolicyObjective.loss`` is the loss function the policy's plugin
+calls per micro-batch (the learner hands it over, learner.py); ``begin_epoch`` is called at the start of every ppo
+epoch. The registered loss is looked up once, when the objective is built.
 
 Proximal logprobs (the trainer's policy at the start of the step, for the decoupled off-policy correction and the
 mismatch metrics) cost no extra forward pass: within the first ppo epoch no optimizer step has happened yet, so
@@ -16,7 +16,8 @@ import torch
 
 from coati.algorithm.batch import left_pad_positions, split_micro_batches, window_token_logprobs, with_logits_window
 from coati.algorithm.loss import aggregate, masked_max, token_entropy
-from coati.algorithm.policy_losses import LossInputs, policy_loss
+from coati.algorithm.policy_losses import LossInputs
+from coati.algorithm.registry import get_policy_loss
 from coati.plugins.base import causal_lm_logits
 from coati.plugins.dist import to_device
 
@@ -81,6 +82,7 @@ def delivery_gap(inputs: LossInputs, fresh_rows: torch.Tensor) -> torch.Tensor:
 class PolicyObjective:
     def __init__(self, config, reference: FrozenReference | AdaptersOffReference | None = None):
         self.loss_config = config.algo.loss
+        self.policy_loss = get_policy_loss(self.loss_config.objective)  # the whole registered loss (policy_losses.py)
         self.temperature = config.sampling.temperature
         self.keep_proximal = config.algo.ppo_epochs > 1
         self.reference = reference
@@ -112,7 +114,7 @@ class PolicyObjective:
         inputs = LossInputs(logprobs, micro_batch["old_logprobs"], micro_batch["advantages"],
                             micro_batch["action_mask"], normaliser, ref_logprobs=micro_batch.get("ref_logprobs"),
                             prox_logprobs=self._proximal(logprobs))
-        loss, stats = policy_loss(inputs, self.loss_config)
+        loss, stats = self.policy_loss(inputs, self.loss_config)
         if self.epoch == 0 and self.delivery_version is not None:
             stats["delivery_gap"] = delivery_gap(inputs, micro_batch["policy_version"] == self.delivery_version)
         entropy = left_pad_positions(token_entropy(logits, self.temperature), logprobs.shape[1])
