@@ -64,7 +64,7 @@ def load_consumer(consumer, path: str) -> dict:
     train_state = consumer.state
     if counters["version"] > 0:  # evaluation and late producers read the newest weights from the store
         train_state.version = counters["version"] - 1
-        consumer.publish_weights()
+        consumer.weights.publish()
     # RNG states only from this rank's own file in the same layout: in another, ranks do not correspond and the
     # seeding of setup() stays (the policy has no dropout).
     train_state.load_state_dict(state, restore_rng=os.path.isfile(own) and state["world_size"] == consumer.plugin.world_size)

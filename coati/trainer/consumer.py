@@ -185,10 +185,6 @@ class Consumer:
         self.algorithm.finish_step(metrics)
         return metrics
 
-    def publish_weights(self) -> None:
-        """Collective: every rank takes part in gathering the full weights; the sender puts them in the store."""
-        self.weights.publish()
-
     def snapshot_weights(self) -> tuple[int, list | None, bool]:
         """Collective: the current weights for an evaluation (WeightPublisher.snapshot)."""
         return self.weights.snapshot()
