@@ -2,7 +2,7 @@
 
 Per step, on the groups drawn from the buffer:
 1. ``select_groups``: with ``filter_range``, groups whose accuracy (mean of ``correct``) lies outside it are
-   dropped (DAPO's dynamic sampling; the consumer keeps drawing when dynamic batching is on).
+   dropped (DAPO's dynamic sampling; the rollout feed keeps drawing when dynamic batching is on).
 2. ``build_batches``: the stages of coati.algorithm.pipeline shape the rewards (soft overlong punishment),
    compute advantages per group with the named estimator and mask samples (truncated responses, top-k per
    group). Producers ship raw rewards only; raw rewards and accuracy stay in the groups, so rollout metrics
@@ -85,7 +85,7 @@ class GroupAlgorithm(StepAlgorithm):
         size, dp = self.minibatch_units(rows), self.context.dp_size
         per_unit = len(share[0].responses)
         if rows is None:  # whole groups: shaped here over every group of the step (an estimator may normalise over
-            # the batch, REINFORCE++), of which this rank takes its share's rows (the consumer's share rule)
+            # the batch, REINFORCE++), of which this rank takes its share's rows (rollout_feed.dp_share)
             every = self.round_tensors(kept)
             start, end = share_bounds(len(kept), dp, self.context.dp_rank)
             own_rows = torch.cat([torch.arange(start * per_unit, end * per_unit),
