@@ -40,7 +40,7 @@ from coati.trainer.step_algorithm import StepAlgorithm
 CRITIC = "critic"
 VALUE_HEAD = ("score",)  # the token-classification head of the Llama-family critics load_critic builds: with
                          # LoRA it trains in full beside the adapters (a fresh head has no base to adapt)
-# Sums over the step's response tokens / responses, all-reduced once over the ranks (see _step_sums).
+# Sums over the step's response tokens / responses, all-reduced once over the ranks (in build_batches).
 _SUMS = ("tokens", "adv", "adv_sq", "ret", "ret_sq", "err", "err_sq", "kl", "responses", "rm_score",
          "score", "values")
 
@@ -138,7 +138,8 @@ class CriticAlgorithm(StepAlgorithm):
                                 ("rm_score", (model_scores * real).sum()),
                                 ("score", (scores * real).sum()), ("values", values.sum())):
                 sums[name] += float(value)
-        sums = self._step_sums(sums)
+        # over every data-parallel rank's share; float64 keeps the whitening exact enough to match one process
+        sums = self.context.reduce(sums, summed=_SUMS)
         if ppo.whiten_advantages:
             mean = sums["adv"] / max(sums["tokens"], 1.0)
             var = (sums["adv_sq"] - sums["tokens"] * mean ** 2) / max(sums["tokens"] - 1.0, 1.0)
@@ -147,11 +148,6 @@ class CriticAlgorithm(StepAlgorithm):
                     * batch["action_mask"]
         self.step_stats = self._batch_metrics(sums, beta)
         return batches
-
-    def _step_sums(self, sums: dict[str, float]) -> dict[str, float]:
-        """The sums over every data-parallel rank's share. float64 keeps the whitening exact enough to match
-        one process."""
-        return self.context.reduce(sums, summed=_SUMS)
 
     @staticmethod
     def _batch_metrics(sums: dict[str, float], beta: float) -> dict[str, float]:
