@@ -32,7 +32,6 @@ from coati.algorithm.advantage import get_adv_estimator, kl_penalised_rewards
 from coati.algorithm.batch import collate, split_micro_batches
 from coati.algorithm.kl_control import KLController
 from coati.algorithm.loss import MAX_STATS, kl_k1, normaliser_from_counts, value_loss
-from coati.plugins.dist import all_reduce_stats
 from coati.rollout.group import RolloutGroup
 from coati.trainer.group_algorithm import filter_groups
 from coati.trainer.objective import PolicyObjective, load_reference
@@ -41,7 +40,7 @@ from coati.trainer.step_algorithm import StepAlgorithm
 CRITIC = "critic"
 VALUE_HEAD = ("score",)  # the token-classification head of the Llama-family critics load_critic builds: with
                          # LoRA it trains in full beside the adapters (a fresh head has no base to adapt)
-# Sums over the step's response tokens / responses, all-reduced once over the ranks (see _step_sums).
+# Sums over the step's response tokens / responses, all-reduced once over the ranks (in build_batches).
 _SUMS = ("tokens", "adv", "adv_sq", "ret", "ret_sq", "err", "err_sq", "kl", "responses", "rm_score",
          "score", "values")
 
@@ -86,17 +85,17 @@ class CriticAlgorithm(StepAlgorithm):
     summed_stats = ("skipped_samples",)
     max_stats = MAX_STATS
 
-    def __init__(self, trainer):
-        config, ppo = trainer.config, trainer.config.algo.ppo
-        super().__init__(trainer, PolicyObjective(config, load_reference(config, trainer.plugin)))  # the KL is in the reward
+    def __init__(self, context):
+        config, ppo = context.config, context.config.algo.ppo
+        super().__init__(context, PolicyObjective(config, load_reference(config, context.policy_plugin)))  # the KL is in the reward
         self.ppo = ppo
         self.estimator = get_adv_estimator(config.algo.groups.advantage).fn
         self.kl_ctl = KLController(ppo.kl_reward_coef, ppo.kl_target, ppo.kl_horizon)
         torch.manual_seed(config.run.seed)  # a fresh value head starts identical on every rank
         critic = load_critic(ppo.critic_model or ppo.reward_model or config.model.path,
                              config.parallel.model_placement("critic").dtype)
-        torch.manual_seed(config.run.seed + trainer.rank)
-        self.critic = trainer.add_role(CRITIC, critic, ppo.critic_learning_rate or config.algo.learning_rate,
+        torch.manual_seed(config.run.seed + context.rank)
+        self.critic = context.add_role(CRITIC, critic, ppo.critic_learning_rate or config.algo.learning_rate,
                                        self.critic_loss, trained_modules=VALUE_HEAD)
 
     def select_groups(self, groups):
@@ -112,16 +111,16 @@ class CriticAlgorithm(StepAlgorithm):
         size = self.minibatch_units(rows)  # values and GAE are per response: sample views need nothing of the round
         ppo, beta = self.ppo, self.kl_ctl.value
         lengths = torch.tensor([n for g in kept for n in g.model_token_counts()], dtype=torch.float32)
-        normaliser = normaliser_from_counts(lengths, "token_level") / self.trainer.plugin.dp_size
+        normaliser = normaliser_from_counts(lengths, "token_level") / self.context.dp_size
         first_padded = len(share) - padding
         batches, sums = [], dict.fromkeys(_SUMS, 0.0)
         for start in range(0, len(share), size):
             groups = share[start : start + size]
-            batch = collate(groups, self.trainer.pad_id)
+            batch = collate(groups, self.context.pad_id)
             real = torch.tensor([start + i < first_padded for i, g in enumerate(groups) for _ in g.responses])
             mask = batch["action_mask"] * real.unsqueeze(1)  # placeholders only keep the collectives in step
             batch["action_mask"] = mask
-            batch["ref_logprobs"] = self.objective.reference_logprobs(batch)
+            batch["ref_logprobs"] = self.objective.reference.logprobs(batch)
             values = self._values(batch) * mask
             raw = group_scores(groups, ppo.verifiable_reward_weight)
             scores = raw if ppo.score_clip is None else raw.clamp(-ppo.score_clip, ppo.score_clip)
@@ -139,7 +138,8 @@ class CriticAlgorithm(StepAlgorithm):
                                 ("rm_score", (model_scores * real).sum()),
                                 ("score", (scores * real).sum()), ("values", values.sum())):
                 sums[name] += float(value)
-        sums = self._step_sums(sums)
+        # over every data-parallel rank's share; float64 keeps the whitening exact enough to match one process
+        sums = self.context.reduce(sums, summed=_SUMS)
         if ppo.whiten_advantages:
             mean = sums["adv"] / max(sums["tokens"], 1.0)
             var = (sums["adv_sq"] - sums["tokens"] * mean ** 2) / max(sums["tokens"] - 1.0, 1.0)
@@ -148,11 +148,6 @@ class CriticAlgorithm(StepAlgorithm):
                     * batch["action_mask"]
         self.step_stats = self._batch_metrics(sums, beta)
         return batches
-
-    def _step_sums(self, sums: dict[str, float]) -> dict[str, float]:
-        """The sums over every data-parallel rank's share. float64 keeps the whitening exact enough to match
-        one process."""
-        return all_reduce_stats(sums, self.trainer.mesh, summed=_SUMS)
 
     @staticmethod
     def _batch_metrics(sums: dict[str, float], beta: float) -> dict[str, float]:

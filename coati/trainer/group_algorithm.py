@@ -2,7 +2,7 @@
 
 Per step, on the groups drawn from the buffer:
 1. ``select_groups``: with ``filter_range``, groups whose accuracy (mean of ``correct``) lies outside it are
-   dropped (DAPO's dynamic sampling; the consumer keeps drawing when dynamic batching is on).
+   dropped (DAPO's dynamic sampling; the rollout feed keeps drawing when dynamic batching is on).
 2. ``build_batches``: the stages of coati.algorithm.pipeline shape the rewards (soft overlong punishment),
    compute advantages per group with the named estimator and mask samples (truncated responses, top-k per
    group). Producers ship raw rewards only; raw rewards and accuracy stay in the groups, so rollout metrics
@@ -66,10 +66,10 @@ class GroupAlgorithm(StepAlgorithm):
     summed_stats = ("skipped_samples",)
     max_stats = MAX_STATS
 
-    def __init__(self, trainer):
-        config = trainer.config
-        reference = load_reference(config, trainer.plugin) if config.algo.loss.kl_loss_coef > 0 else None
-        super().__init__(trainer, PolicyObjective(config, reference))
+    def __init__(self, context):
+        config = context.config
+        reference = load_reference(config, context.policy_plugin) if config.algo.loss.kl_loss_coef > 0 else None
+        super().__init__(context, PolicyObjective(config, reference))
         self.groups_config = config.algo.groups
 
     def select_groups(self, groups):
@@ -82,12 +82,12 @@ class GroupAlgorithm(StepAlgorithm):
                 "sample_mask": sample_mask.reshape(-1), "lengths": lengths.reshape(-1)}
 
     def build_batches(self, share, kept, padding, rows=None):
-        size, dp = self.minibatch_units(rows), self.trainer.plugin.dp_size
+        size, dp = self.minibatch_units(rows), self.context.dp_size
         per_unit = len(share[0].responses)
         if rows is None:  # whole groups: shaped here over every group of the step (an estimator may normalise over
-            # the batch, REINFORCE++), of which this rank takes its share's rows (the consumer's share rule)
+            # the batch, REINFORCE++), of which this rank takes its share's rows (rollout_feed.dp_share)
             every = self.round_tensors(kept)
-            start, end = share_bounds(len(kept), dp, self.trainer.plugin.dp_rank)
+            start, end = share_bounds(len(kept), dp, self.context.dp_rank)
             own_rows = torch.cat([torch.arange(start * per_unit, end * per_unit),
                                   torch.arange(per_unit).repeat(padding)])  # placeholders: copies of kept[0]
             own = {name: values[own_rows] for name, values in every.items()}
@@ -106,13 +106,13 @@ class GroupAlgorithm(StepAlgorithm):
         batches = []
         for start in range(0, len(share), size):
             rows_slice = slice(start * per_unit, (start + size) * per_unit)
-            batch = collate(share[start : start + size], self.trainer.pad_id)
+            batch = collate(share[start : start + size], self.context.pad_id)
             batch["advantages"] = advantages[rows_slice]
             batch["sample_mask"] = sample_mask[rows_slice]
             batch["action_mask"] = batch["action_mask"] * batch["sample_mask"].unsqueeze(1)
             batch["normaliser"] = torch.full((batch["input_ids"].shape[0],), normaliser)
             if self.objective.reference is not None:
-                batch["ref_logprobs"] = self.objective.reference_logprobs(batch)
+                batch["ref_logprobs"] = self.objective.reference.logprobs(batch)
             batches.append(batch)
         self.step_stats = {
             "shaped_reward": float(every["rewards"].mean()),

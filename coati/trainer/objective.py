@@ -1,8 +1,8 @@
 """The policy's loss in every algorithm: the registered policy loss the config names (coati/algorithm/policy_losses.py)
 on the advantages an algorithm put in the batch, with the reference model's logprobs when the loss has a KL term,
-and the policy's token entropy. The algorithm's
-``PolicyObjective.loss`` is the loss function the policy's plugin calls per micro-batch (consumer.py hands it over);
-``begin_epoch`` is called at the start of every ppo epoch.
+and the policy's token entropy. The algorithm's ``PolicyObjective.loss`` is the loss function the policy's plugin
+calls per micro-batch (the learner hands it over, learner.py); ``begin_epoch`` is called at the start of every ppo
+epoch. The registered loss is looked up once, when the objective is built.
 
 Proximal logprobs (the trainer's policy at the start of the step, for the decoupled off-policy correction and the
 mismatch metrics) cost no extra forward pass: within the first ppo epoch no optimizer step has happened yet, so
@@ -16,7 +16,8 @@ import torch
 
 from coati.algorithm.batch import left_pad_positions, split_micro_batches, window_token_logprobs, with_logits_window
 from coati.algorithm.loss import aggregate, masked_max, token_entropy
-from coati.algorithm.policy_losses import LossInputs, policy_loss
+from coati.algorithm.policy_losses import LossInputs
+from coati.algorithm.registry import get_policy_loss
 from coati.plugins.base import causal_lm_logits
 from coati.plugins.dist import to_device
 
@@ -25,27 +26,29 @@ def load_reference(config, policy_plugin):
     """The frozen initial policy of the KL term: with LoRA the policy itself with its adapters switched off
     (``AdaptersOffReference``: no second model), else a copy of the initial weights on the device and in the
     dtype the device rule gives it (``FrozenReference``)."""
+    scoring = config.batch.train_microbatch_size, config.sampling.temperature
     if config.model.lora.enabled:
-        return AdaptersOffReference(policy_plugin)
+        return AdaptersOffReference(policy_plugin, *scoring)
     from transformers import AutoModelForCausalLM
 
     placement = config.parallel.model_placement("reference")
     model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=placement.dtype).to(placement.device)
-    return FrozenReference(model.eval().requires_grad_(False))
+    return FrozenReference(model.eval().requires_grad_(False), *scoring)
 
 
 class FrozenReference:
-    def __init__(self, model: torch.nn.Module):
-        self.model = model
+    def __init__(self, model: torch.nn.Module, micro_batch_size: int, temperature: float):
+        self.model, self.micro_batch_size, self.temperature = model, micro_batch_size, temperature
 
     @torch.no_grad()
-    def logprobs(self, batch: dict, micro_batch_size: int, temperature: float) -> torch.Tensor:
+    def logprobs(self, batch: dict) -> torch.Tensor:
+        """[B, L-1] token logprobs of ``batch`` under the frozen initial weights."""
         chunks = []
         device = next(self.model.parameters()).device
-        for micro in split_micro_batches(batch, micro_batch_size):
+        for micro in split_micro_batches(batch, self.micro_batch_size):
             micro = to_device(with_logits_window(micro), device)
             logits = causal_lm_logits(self.model, micro)
-            chunks.append(window_token_logprobs(logits, micro["input_ids"], temperature).cpu())
+            chunks.append(window_token_logprobs(logits, micro["input_ids"], self.temperature).cpu())
         return torch.cat(chunks)
 
 
@@ -53,15 +56,16 @@ class AdaptersOffReference:
     """The base model under the policy's LoRA adapters, through the policy's plugin (a collective forward, as
     training's: every rank computes its own share's)."""
 
-    def __init__(self, plugin):
-        self.plugin = plugin
+    def __init__(self, plugin, micro_batch_size: int, temperature: float):
+        self.plugin, self.micro_batch_size, self.temperature = plugin, micro_batch_size, temperature
 
-    def logprobs(self, batch: dict, micro_batch_size: int, temperature: float) -> torch.Tensor:
+    def logprobs(self, batch: dict) -> torch.Tensor:
         def on_cpu(logits, micro):
-            return window_token_logprobs(logits, micro["input_ids"], temperature).cpu()
+            return window_token_logprobs(logits, micro["input_ids"], self.temperature).cpu()
 
         with self.plugin.adapters_off():
-            micro_batches = [with_logits_window(micro) for micro in split_micro_batches(batch, micro_batch_size)]
+            micro_batches = [with_logits_window(micro)
+                             for micro in split_micro_batches(batch, self.micro_batch_size)]
             return torch.cat(self.plugin.forward_only(micro_batches, on_cpu))
 
 
@@ -78,8 +82,8 @@ def delivery_gap(inputs: LossInputs, fresh_rows: torch.Tensor) -> torch.Tensor:
 class PolicyObjective:
     def __init__(self, config, reference: FrozenReference | AdaptersOffReference | None = None):
         self.loss_config = config.algo.loss
+        self.policy_loss = get_policy_loss(self.loss_config.objective)  # the whole registered loss (policy_losses.py)
         self.temperature = config.sampling.temperature
-        self.micro_batch_size = config.batch.train_microbatch_size
         self.keep_proximal = config.algo.ppo_epochs > 1
         self.reference = reference
         # The weights version the trainer's weights are exactly (set by the trainer each step; None when they
@@ -92,9 +96,6 @@ class PolicyObjective:
         if epoch == 0:
             self._prox: list[torch.Tensor] = []  # first-epoch logprobs per micro-batch, for later ppo epochs
         self.epoch, self._prox_at = epoch, 0
-
-    def reference_logprobs(self, batch: dict) -> torch.Tensor:
-        return self.reference.logprobs(batch, self.micro_batch_size, self.temperature)
 
     def _proximal(self, logprobs: torch.Tensor) -> torch.Tensor:
         """The policy's logprobs at the start of the step for this micro-batch (see the module docstring)."""
@@ -113,7 +114,7 @@ class PolicyObjective:
         inputs = LossInputs(logprobs, micro_batch["old_logprobs"], micro_batch["advantages"],
                             micro_batch["action_mask"], normaliser, ref_logprobs=micro_batch.get("ref_logprobs"),
                             prox_logprobs=self._proximal(logprobs))
-        loss, stats = policy_loss(inputs, self.loss_config)
+        loss, stats = self.policy_loss(inputs, self.loss_config)
         if self.epoch == 0 and self.delivery_version is not None:
             stats["delivery_gap"] = delivery_gap(inputs, micro_batch["policy_version"] == self.delivery_version)
         entropy = left_pad_positions(token_entropy(logits, self.temperature), logprobs.shape[1])

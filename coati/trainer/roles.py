@@ -1,7 +1,8 @@
 """The models a trainer group trains, each on every rank through a plugin of its own: the policy (``actor``)
 and, for PPO, the ``critic``.
 
-The trainer group (consumer.py) owns what is shared: drawing groups, data-parallel shares, publishing weights,
+The trainer group (consumer.py, with its rollout feed, learner and weight publisher) owns what is shared: drawing
+groups, data-parallel shares, publishing weights,
 checkpoints. A ``TrainedModel`` owns one model's plugin, the loss function that plugin is handed, its learning-rate
 schedule and its state, so adding a model to the group (a critic beside the policy, as verl's workers separate them) is one more role, not another
 trainer. Every role uses the group's layout (-t/-zero/--plugin) on the group's one TrainerMesh (one set of

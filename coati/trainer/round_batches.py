@@ -9,13 +9,13 @@ permutation). A step over a random part of the round sees about twice as many pr
 groups, with fewer completions each: a less noisy gradient for the same number of samples (TRL's GRPOTrainer
 shuffles a generation round the same way).
 
-The round index is the consumer's ``round_serial``: the number of rounds drawn before this one. Without a group
+The round index is the ``TrainState.round_serial``: the number of rounds drawn before this one. Without a group
 filter it equals the weight version the round is trained at. With ``--ppo-epochs > 1`` every epoch of a step
 trains on the step's part: an epoch is one optimizer step over the whole part (minibatches accumulate), so a
 new order within the part would change nothing, and a part drawn afresh per epoch would lose the proximal
 logprobs (objective.py) that anchor the step.
 
-``--no-round-minibatches``, or a round of one step, trains whole groups in draw order, as ``Consumer._pull``
+``--no-round-minibatches``, or a round of one step, trains whole groups in draw order, as ``RolloutFeed._pull``
 delivers them.
 """
 
@@ -30,7 +30,7 @@ import torch
 from coati.rollout.group import RolloutGroup
 from coati.trainer.step_data import StepWork, rollout_metrics, share_bounds
 
-# Draw statistics that describe the whole round (coati.trainer.consumer._pull), reported at each of its steps.
+# Draw statistics that describe the whole round (coati.trainer.rollout_feed.RolloutFeed._pull), reported at each of its steps.
 ROUND_FLAGS = ("draw_limit_hit", "data_exhausted")
 
 

@@ -1,7 +1,8 @@
-"""What one training step asks of an algorithm. ``Consumer.step`` is the same for every algorithm: it draws
-groups, splits them into data-parallel shares, trains every role for ``ppo_epochs`` and publishes weights. At
-these points it hands over to the algorithm object its family names (consumer.STEP_ALGORITHMS, keyed by the
-advantage estimator's family, config.algo.estimator_family):
+"""What one training step asks of an algorithm. The step is the same for every algorithm: the rollout feed
+(rollout_feed.py) draws groups and splits them into data-parallel shares, the learner (learner.py) trains every
+role for ``ppo_epochs``, the weight publisher publishes. At these points they hand over to the algorithm object
+its family names (consumer.STEP_ALGORITHMS, keyed by the advantage estimator's family,
+config.algo.estimator_family):
 
 - ``select_groups`` at every draw: the groups worth training on (DAPO's accuracy filter), and counters;
 - ``round_tensors`` once per round with round-level minibatches: what needs whole groups (advantages);
@@ -12,16 +13,34 @@ advantage estimator's family, config.algo.estimator_family):
 - ``rollout_tensors`` when the rollout log is due: the shaped rewards, advantages and masks the loss used;
 - ``finish_step``: the step's own metrics (and e.g. the KL controller's update).
 
-A family adds the models it trains beside the policy as roles (``trainer.add_role``: PPO's critic); the pure math
-it runs (reward shaping, advantages, masks, losses) is chosen by name from coati.algorithm's registries.
+An algorithm sees the trainer group only through a ``StepContext`` (this rank, the data-parallel layout, the pad
+id, the sum over ranks, adding a role), never the trainer itself. A family adds the models it trains beside the
+policy as roles (``context.add_role``: PPO's critic); the pure math it runs (reward shaping, advantages, masks,
+losses) is chosen by name from coati.algorithm's registries.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from coati.rollout.group import RolloutGroup
 from coati.trainer.objective import PolicyObjective
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What an algorithm may ask of the trainer group."""
+    config: object  # the run's RLConfig
+    rank: int
+    dp_size: int
+    dp_rank: int
+    pad_id: int
+    policy_plugin: object  # the policy's TrainerPlugin: a LoRA policy's also serves the KL reference
+    reduce: Callable  # (totals, summed=(), maxima=()) -> the totals over every rank (plugins.dist.all_reduce_stats)
+    add_role: Callable  # (name, model, learning_rate, loss_fn, trained_modules=()) -> TrainedModel (roles.py)
 
 
 class StepAlgorithm:
@@ -30,9 +49,9 @@ class StepAlgorithm:
     summed_stats: tuple[str, ...] = ()
     max_stats: tuple[str, ...] = ()
 
-    def __init__(self, trainer, objective: PolicyObjective):
-        """Called in ``trainer.setup`` once the policy role exists (collective: it may add roles)."""
-        self.trainer, self.config, self.objective = trainer, trainer.config, objective
+    def __init__(self, context: StepContext, objective: PolicyObjective):
+        """Called in the trainer's setup once the policy role exists (collective: it may add roles)."""
+        self.context, self.config, self.objective = context, context.config, objective
         self.step_stats: dict[str, float] = {}
 
     def select_groups(self, groups: list[RolloutGroup]) -> tuple[list[RolloutGroup], dict]:

@@ -252,7 +252,7 @@ def test_a_consumers_weight_version_is_adapters_or_merged_weights(demo_assets, b
     with torch.no_grad():  # adapters that changed the model
         for _, param in version_parameters(consumer.plugin.model):
             param.normal_(std=0.05)
-    version = dict(consumer._version_tensors())
+    version = dict(consumer.weights.version_tensors())
     if backend == "transformers":
         assert version.keys() == {name for name, _ in version_parameters(consumer.plugin.model)}
         return

@@ -40,7 +40,7 @@ def test_reinforce_plus_plus_normalises_over_every_rank_of_the_step(tiny_dir, mo
     consumer, _, _ = build(tiny_dir, monkeypatch, [1, 2, 3], 1, "--grpo-config",
                            json.dumps({"advantage": "reinforce_plus_plus"}))
     algorithm = GroupAlgorithm.__new__(GroupAlgorithm)
-    algorithm.trainer = SimpleNamespace(plugin=SimpleNamespace(dp_size=2, dp_rank=rank), pad_id=consumer.pad_id)
+    algorithm.context = SimpleNamespace(dp_size=2, dp_rank=rank, pad_id=consumer.pad_id)
     algorithm.config, algorithm.groups_config = consumer.config, consumer.config.algo.groups
     algorithm.objective = SimpleNamespace(reference=None)
     kept = [make_group(correct, 0) for correct in (1, 2, 3, 4, 0)]

@@ -12,7 +12,8 @@ import json
 
 import pytest
 
-import coati.trainer.consumer as consumer_module
+import ray
+
 from coati.config.cli import build_parser, config_from_args
 from coati.rollout.group import RolloutGroup
 from coati.trainer.consumer import Consumer
@@ -88,8 +89,8 @@ def build(tiny_dir, monkeypatch, pattern, num_rounds, *flags, ibs=8, tbs=4, tmbs
     """A consumer over ``num_rounds`` rounds of ``ibs`` groups; ``pattern[i % len]`` = correct answers of group i.
     Whole groups per step unless ``round_minibatches`` (the draw mechanics these tests pin are those of a step;
     round-level minibatches draw a round at its first step: tests/trainer/test_round_batches.py)."""
-    monkeypatch.setattr(consumer_module.ray, "get", lambda value: value)
-    monkeypatch.setattr(consumer_module.ray, "put", lambda value: value)
+    monkeypatch.setattr(ray, "get", lambda value: value)
+    monkeypatch.setattr(ray, "put", lambda value: value)
     argv = ["-m", tiny_dir, "-d", "unused.jsonl", "-g", str(G), "-ibs", str(ibs), "-imbs", str(ibs), "-tbs", str(tbs),
             "-tMbs", str(tmbs), "-tmbs", str(tmbs * G), *flags]
     argv += [] if round_minibatches else ["--no-round-minibatches"]
@@ -132,7 +133,7 @@ def test_dynamic_batching_fills_every_step_and_syncs_per_round(tiny_dir, monkeyp
         assert row["groups_filtered_high"] == 4 and row["groups_filtered_low"] == 0
         assert row["samples_in_loss"] == 16 and "skipped" not in row
     assert [r["weight_version"] for r in rows] == [1, 2, 3] and store.version == 3
-    assert consumer.drawn_total == 24
+    assert consumer.state.drawn_total == 24
 
 
 def test_dynamic_batching_crosses_rounds_without_deadlock(tiny_dir, monkeypatch):
@@ -191,9 +192,9 @@ def test_ppo_epochs_reuse_reference_logprobs(tiny_dir, monkeypatch):
     consumer, buffer, store = build(tiny_dir, monkeypatch, [1, 2, 3], 1, "-a", "GRPO", "-kl", "0.1", "-lr", "1e-2",
                                     "--ppo-epochs", "3")
     calls = []
-    objective = consumer.algorithm.objective
-    original = objective.reference_logprobs
-    monkeypatch.setattr(objective, "reference_logprobs", lambda batch: calls.append(1) or original(batch))
+    reference = consumer.algorithm.objective.reference
+    original = reference.logprobs
+    monkeypatch.setattr(reference, "logprobs", lambda batch: calls.append(1) or original(batch))
     rows = run_all(consumer)
     assert len(rows) == 2 and all(r["optimizer_steps"] == 3 for r in rows)
     assert len(calls) == 2 * 2  # once per minibatch (tbs 4 / tMbs 2) per step, not per epoch
@@ -329,6 +330,6 @@ def test_async_rounds_train_with_bounded_staleness(tiny_dir, monkeypatch, flags)
     assert consumer.config.algo.loss.correction == "decoupled"
     rows = run_all(consumer)
     trained = [r for r in rows if "loss" in r]
-    assert consumer.drawn_total == 5 * consumer.config.groups_per_sync and store.version == 5
+    assert consumer.state.drawn_total == 5 * consumer.config.groups_per_sync and store.version == 5
     assert max(r["staleness_max"] for r in trained) == 2 and all(r["staleness_max"] <= 2 for r in trained)
     assert all(0 < r["is_weight"] and r["is_weight_max"] <= 2.0 for r in trained)  # capped at --tis-cap

@@ -68,7 +68,7 @@ def record_rows(consumer, monkeypatch):
     def build_batches(share, kept, padding, rows=None):
         batches = original(share, kept, padding, rows)
         advantages = [float(a) for batch in batches for a in batch["advantages"]]
-        seen.append((list(rows.share), advantages, consumer.round_serial))
+        seen.append((list(rows.share), advantages, consumer.state.round_serial))
         return batches
 
     monkeypatch.setattr(consumer.algorithm, "build_batches", build_batches)
@@ -79,7 +79,7 @@ def test_grpo_rounds_split_into_random_parts_and_publish_after_the_last(tiny_dir
     consumer, buffer, store = build(tiny_dir, monkeypatch, [1, 2, 3, 0, 4, 2, 1, 3], 3, round_minibatches=True)
     seen = record_rows(consumer, monkeypatch)
     rows = run_all(consumer)
-    assert consumer.round_steps == 2 and len(rows) == 6
+    assert consumer.feed.round_steps == 2 and len(rows) == 6
     assert [r["weight_version"] for r in rows] == [0, 1, 1, 2, 2, 3]  # published after each round's 2nd step
     assert [r["draws"] for r in rows] == [1, 0] * 3 and buffer.requests == [8, 8, 8]
     assert all(r["samples"] == 16 and r["groups_drawn"] == r["groups_kept"] == 4 for r in rows)
@@ -96,11 +96,11 @@ def test_grpo_rounds_split_into_random_parts_and_publish_after_the_last(tiny_dir
 
 def test_whole_groups_flag_and_one_step_rounds_keep_draw_order(tiny_dir, monkeypatch):
     consumer, _, _ = build(tiny_dir, monkeypatch, [2], 1, round_minibatches=True, ibs=4)
-    assert consumer.round_steps == 1  # a round of one step: whole groups (the order is all a permutation changes)
+    assert consumer.feed.round_steps == 1  # a round of one step: whole groups (the order is all a permutation changes)
     rows = run_all(consumer)
     assert [(r["prompts"], r["samples"]) for r in rows] == [(4, 16)]
     consumer, _, _ = build(tiny_dir, monkeypatch, [2], 1)
-    assert consumer.round_steps == 1 and not consumer.config.batch.round_minibatches
+    assert consumer.feed.round_steps == 1 and not consumer.config.batch.round_minibatches
 
 
 def test_dapo_pools_the_kept_groups_of_rounds_it_assembled(tiny_dir, monkeypatch):
@@ -124,7 +124,7 @@ def test_resume_inside_a_round_equals_the_uninterrupted_run(tiny_dir, monkeypatc
     first, _, _ = build(tiny_dir, monkeypatch, pattern, 3, *flags, round_minibatches=True)
     first.step()  # step 1 of round 0: its second part is still to train
     save_consumer(first, str(tmp_path))
-    assert first.round is not None and first.round.next_part == 1
+    assert first.state.round is not None and first.state.round.next_part == 1
     resumed, buffer, _ = build(tiny_dir, monkeypatch, pattern, 3, *flags, round_minibatches=True)
     buffer.rounds = buffer.rounds[1:]  # round 0 was drawn before the save
     load_consumer(resumed, str(tmp_path))
@@ -152,7 +152,7 @@ def test_async_rounds_split_the_same_way(tiny_dir, monkeypatch, flags):
                                "--off-policy-correction", "decoupled", round_minibatches=True)
     seen = record_rows(consumer, monkeypatch)
     rows = [r for r in run_all(consumer) if "loss" in r]
-    assert consumer.drawn_total == 5 * consumer.config.groups_per_sync and store.version == 5
+    assert consumer.state.drawn_total == 5 * consumer.config.groups_per_sync and store.version == 5
     assert max(r["staleness_max"] for r in rows) == 2
     for serial in {s for _, _, s in seen}:
         indices = [i for step_indices, _, s in seen if s == serial for i in step_indices]

@@ -1,0 +1,102 @@
+"""The learner: one training step, read top to bottom in ``Learner.train_step``.
+
+    this rank's share of the step (StepWork, from rollout_feed.py)
+      -> the algorithm's minibatches (tensors: advantages, masks, normaliser, reference logprobs)
+      -> every role's learning rate for this step (a pure function of ``TrainState.step``)
+      -> ppo_epochs x (minibatch x micro-batches -> plugin.forward_backward(role's loss) ; plugin.optimizer_step)
+      -> statistics reduced over the trainer group -> metrics
+
+Every epoch trains on the same minibatches in the same order (``ppo_epochs`` optimizer steps, gradients
+accumulating over each epoch's minibatches). Nothing here draws, publishes or talks to Ray: the consumer wires
+the feed, this and the weight publisher together (consumer.py), and a test can drive it with plain tensors.
+"""
+
+from __future__ import annotations
+
+import time
+
+from coati.algorithm.batch import (micro_batch_count, split_micro_batches, token_budget_micro_batches,
+                                   with_logits_window)
+from coati.config.batch_defaults import micro_batch_tokens
+from coati.plugins.dist import agree_max
+from coati.trainer.roles import ACTOR, TrainedModel, grad_norm_name
+from coati.trainer.step_algorithm import StepAlgorithm, StepContext
+from coati.trainer.step_data import StepWork
+from coati.trainer.train_state import TrainState
+
+
+class Learner:
+    def __init__(self, config, state: TrainState, roles: dict[str, TrainedModel], algorithm: StepAlgorithm,
+                 context: StepContext):
+        self.config, self.state, self.roles, self.algorithm, self.context = config, state, roles, algorithm, context
+        self.planned_steps: int | None = None  # the run's steps (the LR schedule's horizon); None: unknown
+
+    def plan(self, total_groups: int | None) -> None:
+        """The steps the run will take, from the groups it draws in all (None: the schedule stays put)."""
+        per_step = self.context.dp_size * self.config.batch.train_batch_size
+        self.planned_steps = None if total_groups is None else total_groups // per_step
+
+    def train_step(self, work: StepWork) -> dict:
+        """Train every role for ``ppo_epochs`` optimizer steps on this rank's ``work``; the step's metrics,
+        reduced over the trainer group. Collective: every rank calls it with its own share of the same step."""
+        algorithm, epochs = self.algorithm, self.config.algo.ppo_epochs
+        batches = algorithm.build_batches(work.share, work.kept, work.padding, work.rows)
+        metrics = self.set_learning_rates()
+        start = time.perf_counter()
+        algorithm.objective.delivery_version = None if self.state.trained_since_version else self.state.version
+        totals, grad_norms = self.train_epochs(batches, epochs)
+        self.state.trained_since_version = True
+        totals = self.context.reduce(totals, algorithm.summed_stats, algorithm.max_stats)
+        # Per-epoch means (maxima as they are); grad norms are the first epoch's (later epochs see the same data).
+        metrics.update({name: value if name in algorithm.max_stats else value / epochs for name, value in totals.items()})
+        if metrics.get("delivery_gap", 0.0) < 0:  # no row of this step was sampled by the current weights
+            del metrics["delivery_gap"]
+        elif "delivery_gap" in metrics:
+            metrics["delivery_version"] = algorithm.objective.delivery_version
+        metrics.update({grad_norm_name(name): norms[0] for name, norms in grad_norms.items()})
+        metrics.update(optimizer_steps=epochs, train_s=time.perf_counter() - start)
+        self.state.step += 1
+        return metrics
+
+    def set_learning_rates(self) -> dict[str, float]:
+        """Every role's learning rate for this step over the planned steps; nothing changes while they are
+        unknown."""
+        if self.planned_steps is None:
+            return {}
+        total = self.config.algo.optim.schedule_horizon(self.planned_steps)
+        rates = {name: role.schedule_learning_rate(self.state.step, total) for name, role in self.roles.items()}
+        return {("lr" if name == ACTOR else f"{name}_lr"): rate for name, rate in rates.items()}
+
+    def train_epochs(self, batches: list[dict], epochs: int) -> tuple[dict[str, float], dict[str, list[float]]]:
+        """Train every role for ``epochs`` optimizer steps on ``batches``; (this rank's summed statistics, each
+        role's gradient norm per epoch)."""
+        totals: dict[str, float] = {}
+        grad_norms: dict[str, list[float]] = {name: [] for name in self.roles}
+        split = [self.micro_batches(batch) for batch in batches]  # every epoch the same, in the same order
+        for epoch in range(epochs):
+            self.algorithm.objective.begin_epoch(epoch)
+            stats: list[dict] = []
+            for micro_batches in split:
+                for role in self.roles.values():  # each role's statistics have names of their own
+                    stats += role.plugin.forward_backward(micro_batches, role.loss_fn)
+            for name, role in self.roles.items():
+                grad_norms[name].append(role.plugin.optimizer_step(self.config.algo.max_grad_norm))
+            for name in dict.fromkeys(key for s in stats for key in s):
+                values = [float(s[name]) for s in stats if name in s]
+                if name in self.algorithm.max_stats:
+                    totals[name] = max([totals.get(name, float("-inf"))] + values)
+                else:
+                    totals[name] = totals.get(name, 0.0) + sum(values)
+        return totals, grad_norms
+
+    def micro_batches(self, batch: dict) -> list[dict]:
+        """This rank's micro-batches of a minibatch. Where every role's plugin takes micro-batches of any shape: by
+        token budget (``micro_batch_tokens``), longest rows first, each cut to its own longest row and naming the
+        logits its loss reads; as many on every rank (collective: the largest count). Else ``tmbs`` rows each
+        (``tmbs // pp`` under pipeline stages, as ColossalChat's microbatch_size)."""
+        if not all(role.plugin.ragged_micro_batches for role in self.roles.values()):
+            return split_micro_batches(batch, max(1, self.config.batch.train_microbatch_size
+                                                  // self.config.parallel.pipeline_parallel_size))
+        budget = micro_batch_tokens(self.config)
+        count = agree_max(micro_batch_count(batch, budget))
+        return [with_logits_window(micro) for micro in token_budget_micro_batches(batch, budget, count)]

@@ -1,0 +1,67 @@
+"""The learner without Ray or a consumer: ``Learner.train_step`` on a rank's share trains exactly the step the
+consumer trains; ``TrainState`` keeps what checkpoints kept before it, under the same names."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from coati.plugins.mesh import TrainerMesh
+from coati.trainer.group_algorithm import GroupAlgorithm
+from coati.trainer.learner import Learner
+from coati.trainer.roles import ACTOR, TrainedModel
+from coati.trainer.step_algorithm import StepContext
+from coati.trainer.step_data import StepWork
+from coati.trainer.train_state import TrainState
+from tests.trainer.test_dapo_e2e import build, make_group, tiny_dir  # noqa: F401 (a fixture)
+
+
+def one_rank_sum(totals, summed=(), maxima=()):
+    return totals  # one rank: the group's totals are its own
+
+
+def test_the_learner_alone_trains_the_consumers_first_step(tiny_dir, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    consumer, _, _ = build(tiny_dir, monkeypatch, [1, 2, 3, 0], 1, "-lr", "1e-2", "--lr-scheduler", "cosine")
+    want = consumer.step()  # whole groups: the first 4 groups of the round, in draw order
+    config = consumer.config
+    policy = TrainedModel.build(ACTOR, config.parallel, AutoModelForCausalLM.from_pretrained(tiny_dir),
+                                config.algo.learning_rate, None, mesh=TrainerMesh.build(config.parallel.parallel_dims),
+                                optim=config.algo.optim)
+    context = StepContext(config, 0, 1, 0, consumer.pad_id, policy.plugin, one_rank_sum, add_role=None)
+    algorithm = GroupAlgorithm(context)
+    policy.loss_fn = algorithm.objective.loss
+    state = TrainState()
+    learner = Learner(config, state, {ACTOR: policy}, algorithm, context)
+    learner.plan(config.groups_per_sync)
+    groups = [make_group(correct, 0) for correct in (1, 2, 3, 0)]
+    got = learner.train_step(StepWork(share=groups, kept=groups, padding=0, info={}, staleness=[0] * 4, prompts=4,
+                                      samples=16))
+    assert state.step == 1 and state.trained_since_version
+    for name in ("loss", "grad_norm", "lr", "entropy", "optimizer_steps"):
+        assert got[name] == want[name], name
+    trained = consumer.full_state()
+    assert all(torch.equal(tensor, trained[name]) for name, tensor in policy.plugin.named_full_tensors())
+    second = learner.set_learning_rates()["lr"]  # the cosine schedule moved on with the step
+    assert second < got["lr"]
+
+
+def test_train_state_reads_a_checkpoint_written_before_it():
+    torch.manual_seed(5)
+    random.seed(5)
+    # consumer_state/rank_R.pt as checkpoints held it before TrainState (the consumer's attribute names)
+    old = {"counters": {"step_count": 7, "version": 3, "drawn_total": 24, "drawn_since_sync": 2, "_draw_serial": 9,
+                        "round_serial": 3},
+           "world_size": 1, "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(), "round": None}
+    want = (torch.rand(3), random.random())
+    state = TrainState()
+    state.load_state_dict(old)
+    assert (state.step, state.version, state.drawn_total, state.drawn_since_sync, state.draw_serial,
+            state.round_serial) == (7, 3, 24, 2, 9, 3)
+    assert torch.equal(torch.rand(3), want[0]) and random.random() == want[1]  # the RNG continues where it was
+    saved = state.state_dict()
+    assert saved["counters"] == old["counters"] and saved["round"] is None
+    state.load_state_dict(saved, restore_rng=False)  # another layout: the counters, not the RNG
+    assert not torch.equal(torch.rand(3), want[0])
