@@ -62,7 +62,7 @@ class StageRank(TrainerRank):
         mesh = self.join_group(config, master_address, master_port)
         model_config = AutoConfig.from_pretrained(self.model_path)
         self.roles[ACTOR] = TrainedModel.build(ACTOR, config, self.task.load_model(self.model_path), config.lr, None,
-                                               model_config, mesh=mesh, lora=config.lora,
+                                               model_config, mesh=mesh, optim=config.optim, lora=config.lora,
                                                trained_modules=self.task.trained_modules)
         self.plugin = self.roles[ACTOR].plugin
         context = StepContext(config, self.rank, mesh.dp_size, mesh.dp_rank, self.task.pad_id, self.plugin,
@@ -71,10 +71,12 @@ class StageRank(TrainerRank):
         algorithm = TaskAlgorithm(context, self.task)
         self.roles[ACTOR].loss_fn = algorithm.objective.loss
         self.feed = SupervisedFeed(self.train, config.batch_size, config.seed, mesh.dp_size, mesh.dp_rank)
-        self.learner = Learner(LearnerSettings(max_grad_norm=config.max_grad_norm), self.state, self.roles,
-                               algorithm, context, partial(row_micro_batches, size=config.rows_per_micro_batch))
+        self.learner = Learner(LearnerSettings(max_grad_norm=config.max_grad_norm, optim=config.optim), self.state,
+                               self.roles, algorithm, context, partial(row_micro_batches, size=config.rows_per_micro_batch))
+        steps = config.optim.schedule_horizon(self.feed.steps_per_epoch * config.epochs)
+        self.learner.planned_steps = steps  # the learning-rate schedule's horizon
         return {"train_rows": len(self.train), "eval_rows": len(self.held_out), "skipped_too_long": skipped,
-                "skipped_too_long_eval": skipped_eval, "steps": self.feed.steps_per_epoch * config.epochs}
+                "skipped_too_long_eval": skipped_eval, "steps": steps}
 
     def step(self, step: int) -> dict:
         """One optimizer step on this rank's share of step ``step``'s batch (the driver's count: a resumed run
