@@ -152,6 +152,12 @@ def take_rows(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, t
     return out
 
 
+
+def row_micro_batches(batch: dict[str, torch.Tensor], size: int) -> list[dict[str, torch.Tensor]]:
+    """Consecutive slices of ``size`` rows of ``batch``, each cut to its own widest row (``take_rows``): what
+    collating each slice's rows alone gives."""
+    return [take_rows(batch, rows) for rows in torch.arange(batch["input_ids"].shape[0]).split(size)]
+
 def _greedy_runs(lengths: list[int], budget: int) -> list[tuple[int, int]]:
     """Consecutive runs [start, end) of rows sorted longest first, each as long as rows x its first (widest) row
     stays within ``budget`` (a row wider than the budget alone)."""

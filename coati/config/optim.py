@@ -7,8 +7,9 @@ optimizer steps of one trainer step share its learning rate. The formulas: coati
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
+from coati.config.errors import require
 from coati.plugins.optim import LR_SCHEDULES
 from coati.utils.dataclass_cli import option
 
@@ -37,3 +38,20 @@ class OptimConfig:
     def schedule_horizon(self, planned_steps: int) -> int:
         """The steps the learning-rate schedule spans: --max-steps when it ends the run sooner."""
         return min(planned_steps, self.max_steps) if self.max_steps > 0 else planned_steps
+
+    def or_defaults(self) -> "OptimConfig":
+        """These options with those not given (None: a resolved flag left out) at their defaults, for a command
+        with no preset to resolve them (the SFT/RM stages)."""
+        return replace(self, **{f.name: f.default for f in fields(self) if getattr(self, f.name) is None})
+
+    def check(self, plugin) -> None:
+        """One line per bad knob, against the trainer ``plugin``'s row (the RL run's and a stage's alike)."""
+        require(self.lr_scheduler in LR_SCHEDULES,
+                f"--lr-scheduler must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_scheduler!r}")
+        require(self.lr_warmup_steps >= 0, f"--lr-warmup-steps must be >= 0, got {self.lr_warmup_steps}")
+        require(0 <= self.lr_warmup_ratio < 1, f"--lr-warmup-ratio must lie in [0, 1), got {self.lr_warmup_ratio}")
+        require(self.weight_decay >= 0, f"--weight-decay must be >= 0, got {self.weight_decay}")
+        require(self.max_steps >= 0, f"--max-steps must be >= 0 (0: the epochs decide), got {self.max_steps}")
+        require(not self.gradient_checkpointing or plugin.gradient_checkpointing,
+                f"--gradient-checkpointing is not available with {plugin.name} (its shardformer replaces the layers' "
+                "forward): drop it, or use --plugin torch")

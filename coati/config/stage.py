@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from coati.config.errors import require
 from coati.config.layout import TrainerLayout
 from coati.config.lora import LoraConfig
+from coati.config.optim import OptimConfig
 from coati.config.run import SAVE_INTERVAL
 from coati.utils.dataclass_cli import option
 from coati.utils.gguf import GGUF_FILE_HELP
@@ -57,11 +58,16 @@ class StageConfig(TrainerLayout):
                                 metavar="PATH|latest")
     progress_bar: bool = option(True, "a progress bar while training", "--progress-bar", flag="--progress")
     lora: LoraConfig = LoraConfig()  # adapters instead of full fine-tuning (--lora-rank); the final model is merged
+    # the RL run's schedule, warm-up, weight decay, gradient checkpointing and --max-steps (over the stage's steps)
+    optim: OptimConfig = OptimConfig()
 
     stage = "stage"
     # `coati train` spells these with another meaning (its -tbs counts prompts per data-parallel rank)
     retired_flags = {"-tbs": "coati train's -tbs counts prompts per trainer; here -bs/--batch-size counts rows per "
                              "step, all trainers together"}
+
+    def __post_init__(self):
+        object.__setattr__(self, "optim", self.optim.or_defaults())  # frozen: the flags left out at their defaults
 
     @property
     def embedded(self) -> bool:
@@ -111,6 +117,7 @@ def validate(config: StageConfig) -> None:
     require(config.eval_interval >= 0, f"-ei/--eval-interval must be >= 0, got {config.eval_interval}")
     require(config.save_interval >= 0, f"-si/--save-interval must be >= 0 (0: none), got {config.save_interval}")
     config.check()
+    config.optim.check(config.plugin_spec)
     dp = config.dp_size
     require(config.batch_size % dp == 0,
             f"-bs ({config.batch_size}) must be a multiple of the {dp} data-parallel trainers: each trains an equal "

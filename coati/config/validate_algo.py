@@ -9,7 +9,6 @@ from coati.algorithm.loss_config import CORRECTIONS
 from coati.algorithm.registry import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, adv_estimator_names
 from coati.config.algo import ALGO_PRESETS, GroupConfig, estimator_family, presets_of
 from coati.config.errors import require
-from coati.plugins.optim import LR_SCHEDULES
 from coati.utils.dataclass_cli import options
 
 if TYPE_CHECKING:
@@ -107,17 +106,7 @@ def _validate_groups(config: RLConfig) -> None:
 
 def _validate_optim(config: RLConfig) -> None:
     """--lr-scheduler, the warm-up, --weight-decay, --max-steps, --gradient-checkpointing against the plugin."""
-    o = config.algo.optim
-    require(o.lr_scheduler in LR_SCHEDULES,
-            f"--lr-scheduler must be one of {', '.join(LR_SCHEDULES)}, got {o.lr_scheduler!r}")
-    require(o.lr_warmup_steps >= 0, f"--lr-warmup-steps must be >= 0, got {o.lr_warmup_steps}")
-    require(0 <= o.lr_warmup_ratio < 1, f"--lr-warmup-ratio must lie in [0, 1), got {o.lr_warmup_ratio}")
-    require(o.weight_decay >= 0, f"--weight-decay must be >= 0, got {o.weight_decay}")
-    require(o.max_steps >= 0, f"--max-steps must be >= 0 (0: the epochs decide), got {o.max_steps}")
-    plugin = config.parallel.plugin_spec
-    require(not o.gradient_checkpointing or plugin.gradient_checkpointing,
-            f"--gradient-checkpointing is not available with {plugin.name} (its shardformer replaces the layers' "
-            "forward): drop it, or use --plugin torch")
+    config.algo.optim.check(config.parallel.plugin_spec)
 
 
 def _validate_ppo(config: RLConfig) -> None:

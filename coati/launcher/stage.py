@@ -1,7 +1,7 @@
 """One supervised stage (``coati sft`` / ``coati rm``), the driver's side: the trainer ranks, the loop over steps
 with evaluations and checkpoints, and the final model.
 
-``run_stage`` runs one ``StageTrainer`` (coati/trainer/stage_trainer.py) in-process, or ``-t`` of them as Ray
+``run_stage`` runs one ``StageRank`` (coati/trainer/stage_rank.py) in-process, or ``-t`` of them as Ray
 actors (a local cluster, or the one RAY_ADDRESS names), and writes ``metrics.jsonl`` and the final HF directory
 ``<save-dir>/<project>/final`` (``from_pretrained`` loads it; the reward model with
 ``AutoModelForSequenceClassification``).
@@ -20,7 +20,7 @@ from coati.config.errors import ConfigError
 from coati.config.stage import StageConfig
 from coati.launcher import stage_checkpoint
 from coati.launcher.checkpoints import trim_metrics
-from coati.trainer.stage_trainer import StageTrainer
+from coati.trainer.stage_rank import StageRank
 
 
 @dataclass
@@ -36,17 +36,17 @@ class StageResult:
 
 
 class _Group:
-    """The trainer ranks: one in-process StageTrainer, or -t Ray actors called in lockstep."""
+    """The trainer ranks: one in-process StageRank, or -t Ray actors called in lockstep."""
 
     def __init__(self, config: StageConfig, train_path: str, eval_path: str | None, model_path: str):
         self.ray = config.num_trainers > 1
         if not self.ray:
-            self.ranks = [StageTrainer(config, train_path, eval_path, model_path)]
+            self.ranks = [StageRank(config, train_path, eval_path, model_path)]
             self.info = self.ranks[0].setup()
             return
         n = config.num_trainers
         init_ray_for(n)  # a local cluster, or the one RAY_ADDRESS names
-        self.group = start_trainer_group(StageTrainer, n, dict(config=config, train_path=train_path, eval_path=eval_path,
+        self.group = start_trainer_group(StageRank, n, dict(config=config, train_path=train_path, eval_path=eval_path,
                                                                model_path=model_path, actor=True),
                                          even_threads(n), one_unit_each(n))
         self.ranks = self.group.actors

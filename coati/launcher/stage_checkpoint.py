@@ -3,7 +3,7 @@
 Every ``-si`` steps the stage writes ``<save-dir>/<project>/step_N`` atomically (coati/utils/checkpoint.py): the
 trainer state (parameters and optimizer state, every rank its shards, in any layout the plugin reads back;
 coati/trainer/checkpointing.py) and the step with the held-out metrics from before training. A step's rows
-depend only on the step and the seed (``StageTrainer.batch_items`` in coati/trainer/stage_trainer.py), so a
+depend only on the step and the seed (``SupervisedFeed.step_items`` in coati/trainer/supervised.py), so a
 resumed run trains the same batches an uninterrupted one would.
 """
 

@@ -45,7 +45,7 @@ def resolve_model_name(config: StageConfig, log=print) -> StageConfig:
 def check_given_inputs(config: StageConfig) -> None:
     """The model directory and every row of the files the options name, before the embedded model or data is
     built."""
-    from coati.trainer.stage_trainer import load_stage_rows
+    from coati.trainer.supervised import load_stage_rows
     from coati.launcher.stage_checkpoint import resume_point
 
     resume_point(config)
@@ -76,7 +76,7 @@ def resolve_inputs(config: StageConfig, log=print) -> tuple[str, str, str | None
 
 
 def run(cls, argv: list[str] | None, prog: str) -> int:
-    from coati.trainer.stage_trainer import load_stage_rows
+    from coati.trainer.supervised import load_stage_rows
 
     try:
         config = resolve_model_name(parse(cls, argv, prog, DESCRIPTIONS[cls.stage]))

@@ -228,7 +228,7 @@ def run_pipeline(plan: Plan, log=print) -> PipelineResult:
     """Check every stage, then run them in order."""
     from coati.rlhf.cli import check_model_dir, resolve_inputs
     from coati.launcher.stage import run_stage
-    from coati.trainer.stage_trainer import load_stage_rows
+    from coati.trainer.supervised import load_stage_rows
 
     start = time.time()
     if plan.model is not None:  # the first stage's model, before any stage trains

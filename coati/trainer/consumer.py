@@ -29,50 +29,39 @@ import time
 
 import torch
 
-from coati.cluster.trainer_group import rendezvous_address
 from coati.config.algo import estimator_family
 from coati.config.tree import RLConfig
 from coati.plugins.dist import all_reduce_stats
-from coati.plugins.mesh import TrainerMesh
 from coati.rollout.rollout_log import rollout_log_due, rollout_records
 from coati.trainer.critic_algorithm import CriticAlgorithm
 from coati.trainer.group_algorithm import GroupAlgorithm
 from coati.trainer.learner import Learner
+from coati.trainer.rank import TrainerRank
 from coati.trainer.roles import ACTOR, TrainedModel
 from coati.trainer.rollout_feed import RolloutFeed
 from coati.trainer.step_algorithm import StepAlgorithm, StepContext
 from coati.trainer.train_state import TrainState
 from coati.trainer.weight_publisher import WeightPublisher
 from coati.utils.device import device_memory_metrics
-from coati.utils.actor_process import start_actor_process
 from coati.utils.machine import usable_cores
 
 # The advantage estimator's family (config.algo.estimator_family) -> what a step asks of the algorithm.
 STEP_ALGORITHMS: dict[str, type[StepAlgorithm]] = {"group": GroupAlgorithm, "critic": CriticAlgorithm}
 
 
-class Consumer:
+class Consumer(TrainerRank):
     def __init__(self, config: RLConfig, rank: int, buffer, weight_store, num_threads: int | None = None):
-        start_actor_process()
-        self.config, self.rank, self.buffer, self.weight_store = config, rank, buffer, weight_store
+        super().__init__(rank, num_threads or usable_cores())
+        self.config, self.buffer, self.weight_store = config, buffer, weight_store
+        self.master_port = config.run.master_port
         self.steps_begun = 0  # noted in the buffer: the driver's way to tell a stuck rank from its waiting peers
-        self.num_threads = num_threads or usable_cores()
-        torch.set_num_threads(self.num_threads)
         self.state = TrainState()
-        self.plugin = None  # the policy's: it sets the data-parallel shares and is published
-        self.mesh = None  # the trainer group's TrainerMesh, shared by every role's plugin
-        self.roles: dict[str, TrainedModel] = {}  # the policy first, then e.g. a critic (roles.py)
         self.learner_rounds = None  # LearnerRounds on the weight sender when --learner-chunk-size > 0
         self.colocated = None  # ColocatedGenerator on every rank with --colocate
         self.algorithm: StepAlgorithm | None = None
         self.weights: WeightPublisher | None = None
         self.feed: RolloutFeed | None = None
         self.learner: Learner | None = None
-
-    def rendezvous_address(self) -> tuple[str, int]:
-        """(address, port) for the trainer group's rendezvous, hosted by this actor (rank 0) on its own node:
-        the port is --master_port or a free one."""
-        return rendezvous_address(self.config.run.master_port)
 
     def setup(self, master_address: str | None = None, master_port: int | None = None) -> None:
         """Join the trainer group (every rank at once), build the plugin and the policy, the algorithm, then the
@@ -84,11 +73,7 @@ class Consumer:
         self.tokenizer = AutoTokenizer.from_pretrained(config.model.path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         model_config = AutoConfig.from_pretrained(config.model.path)
-        if p.plugin_spec.distributed:
-            from coati.plugins.dist import init_trainer_group
-
-            init_trainer_group(self.rank, p.num_trainers, master_address or "127.0.0.1", master_port or 29506)
-        self.mesh = TrainerMesh.build(p.parallel_dims)
+        self.join_group(p, master_address or "127.0.0.1", master_port or 29506)
         model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=p.model_placement("policy").dtype)
         # the policy's loss function is the algorithm's objective, built below once this plugin exists (a LoRA
         # policy's plugin also serves the objective's reference)
@@ -117,7 +102,7 @@ class Consumer:
         self.feed = RolloutFeed(config, self.state, self.buffer, self.algorithm,
                                 (self.plugin.world_size, self.plugin.dp_size, self.plugin.dp_rank), generators,
                                 self.weights.publish)
-        self.learner = Learner(config, self.state, self.roles, self.algorithm, context)
+        self.learner = Learner.for_run(config, self.state, self.roles, self.algorithm, context)
 
     def learner_info(self) -> dict | None:
         """This rank's own generator's shard (prompts, rounds per episode): the learner-side generator on the rank
@@ -138,7 +123,8 @@ class Consumer:
     def set_total_groups(self, total: int | None) -> None:
         """Groups the trainer group will draw in all (None: unbounded); ``step()`` returns None after the last."""
         self.feed.total_groups = total
-        self.learner.plan(total)
+        per_step = self.plugin.dp_size * self.config.batch.train_batch_size  # the LR schedule's horizon
+        self.learner.planned_steps = None if total is None else total // per_step
 
     def step(self) -> dict | None:
         """One training step (``ppo_epochs`` optimizer steps on one batch); None when the data is exhausted.
@@ -198,13 +184,6 @@ class Consumer:
             return None
         return {**self.colocated.evaluate(path, params, self.state.version), "on_sync": self.weights.on_sync()}
 
-    def save_pretrained(self, path: str) -> str:
-        """Collective: the policy as an HF directory (the sender writes it, with the tokenizer)."""
-        self.plugin.save_pretrained(path)
-        if self.plugin.is_weight_sender:
-            self.tokenizer.save_pretrained(path)
-        return path
-
     def save_checkpoint(self, staging: str) -> dict:
         """Collective: this rank's part of a run checkpoint (coati.trainer.checkpointing); the counters."""
         from coati.trainer.checkpointing import save_consumer
@@ -221,20 +200,8 @@ class Consumer:
         self.state.trained_since_version = True
         return counters
 
-    def full_state(self, role: str = ACTOR) -> dict[str, torch.Tensor]:
-        """Full weights of a trained model as a plain dict on the sender (tests compare them across runs and
-        layouts); collective."""
-        return {name: tensor.clone() for name, tensor in self.roles[role].plugin.named_full_tensors()}
-
     def shutdown(self) -> None:
-        """Close the weight sync, leave the trainer group: release the plugin, then the default process group."""
+        """Close the weight sync, then leave the trainer group (TrainerRank.shutdown)."""
         if self.weights is not None:
             self.weights.close()
-        for role in self.roles.values():
-            role.close()
-        if self.mesh is not None:
-            self.mesh.close()
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+        super().shutdown()

@@ -9,15 +9,21 @@
 Every epoch trains on the same minibatches in the same order (``ppo_epochs`` optimizer steps, gradients
 accumulating over each epoch's minibatches). Nothing here draws, publishes or talks to Ray: the consumer wires
 the feed, this and the weight publisher together (consumer.py), and a test can drive it with plain tensors.
+
+The same step trains the SFT/RM stages (stage_rank.py): their feed and task loss are a ``StepAlgorithm`` of
+their own (supervised.py), with the stage's settings and its way of cutting micro-batches (``split``).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 from coati.algorithm.batch import (micro_batch_count, split_micro_batches, token_budget_micro_batches,
                                    with_logits_window)
 from coati.config.batch_defaults import micro_batch_tokens
+from coati.config.optim import OptimConfig
 from coati.plugins.dist import agree_max
 from coati.trainer.roles import ACTOR, TrainedModel, grad_norm_name
 from coati.trainer.step_algorithm import StepAlgorithm, StepContext
@@ -25,21 +31,38 @@ from coati.trainer.step_data import StepWork
 from coati.trainer.train_state import TrainState
 
 
+Split = Callable[[dict], list[dict]]  # a minibatch -> this rank's micro-batches of it
+
+
+@dataclass(frozen=True)
+class LearnerSettings:
+    """What the learner reads of a run's options: an RL run's (``of_run``), or an SFT/RM stage's."""
+    epochs: int = 1  # optimizer steps per train_step, each over all of the step's minibatches
+    max_grad_norm: float = 1.0  # gradient clipping (0: off)
+    optim: OptimConfig = OptimConfig()  # the learning-rate schedule
+
+    @classmethod
+    def of_run(cls, config) -> "LearnerSettings":
+        return cls(config.algo.ppo_epochs, config.algo.max_grad_norm, config.algo.optim)
+
+
 class Learner:
-    def __init__(self, config, state: TrainState, roles: dict[str, TrainedModel], algorithm: StepAlgorithm,
-                 context: StepContext):
-        self.config, self.state, self.roles, self.algorithm, self.context = config, state, roles, algorithm, context
+    def __init__(self, settings: LearnerSettings, state: TrainState, roles: dict[str, TrainedModel],
+                 algorithm: StepAlgorithm, context: StepContext, split: Split):
+        self.settings, self.state, self.roles, self.algorithm, self.context = settings, state, roles, algorithm, context
+        self.split = split
         self.planned_steps: int | None = None  # the run's steps (the LR schedule's horizon); None: unknown
 
-    def plan(self, total_groups: int | None) -> None:
-        """The steps the run will take, from the groups it draws in all (None: the schedule stays put)."""
-        per_step = self.context.dp_size * self.config.batch.train_batch_size
-        self.planned_steps = None if total_groups is None else total_groups // per_step
+    @classmethod
+    def for_run(cls, config, state: TrainState, roles: dict[str, TrainedModel], algorithm: StepAlgorithm,
+                context: StepContext) -> "Learner":
+        """An RL run's learner: its settings and rollout micro-batches."""
+        return cls(LearnerSettings.of_run(config), state, roles, algorithm, context, rollout_micro_batches(config, roles))
 
     def train_step(self, work: StepWork) -> dict:
         """Train every role for ``ppo_epochs`` optimizer steps on this rank's ``work``; the step's metrics,
         reduced over the trainer group. Collective: every rank calls it with its own share of the same step."""
-        algorithm, epochs = self.algorithm, self.config.algo.ppo_epochs
+        algorithm, epochs = self.algorithm, self.settings.epochs
         batches = algorithm.build_batches(work.share, work.kept, work.padding, work.rows)
         metrics = self.set_learning_rates()
         start = time.perf_counter()
@@ -63,7 +86,7 @@ class Learner:
         unknown."""
         if self.planned_steps is None:
             return {}
-        total = self.config.algo.optim.schedule_horizon(self.planned_steps)
+        total = self.settings.optim.schedule_horizon(self.planned_steps)
         rates = {name: role.schedule_learning_rate(self.state.step, total) for name, role in self.roles.items()}
         return {("lr" if name == ACTOR else f"{name}_lr"): rate for name, rate in rates.items()}
 
@@ -72,7 +95,7 @@ class Learner:
         role's gradient norm per epoch)."""
         totals: dict[str, float] = {}
         grad_norms: dict[str, list[float]] = {name: [] for name in self.roles}
-        split = [self.micro_batches(batch) for batch in batches]  # every epoch the same, in the same order
+        split = [self.split(batch) for batch in batches]  # every epoch the same, in the same order
         for epoch in range(epochs):
             self.algorithm.objective.begin_epoch(epoch)
             stats: list[dict] = []
@@ -80,7 +103,7 @@ class Learner:
                 for role in self.roles.values():  # each role's statistics have names of their own
                     stats += role.plugin.forward_backward(micro_batches, role.loss_fn)
             for name, role in self.roles.items():
-                grad_norms[name].append(role.plugin.optimizer_step(self.config.algo.max_grad_norm))
+                grad_norms[name].append(role.plugin.optimizer_step(self.settings.max_grad_norm))
             for name in dict.fromkeys(key for s in stats for key in s):
                 values = [float(s[name]) for s in stats if name in s]
                 if name in self.algorithm.max_stats:
@@ -89,14 +112,19 @@ class Learner:
                     totals[name] = totals.get(name, 0.0) + sum(values)
         return totals, grad_norms
 
-    def micro_batches(self, batch: dict) -> list[dict]:
-        """This rank's micro-batches of a minibatch. Where every role's plugin takes micro-batches of any shape: by
-        token budget (``micro_batch_tokens``), longest rows first, each cut to its own longest row and naming the
-        logits its loss reads; as many on every rank (collective: the largest count). Else ``tmbs`` rows each
-        (``tmbs // pp`` under pipeline stages, as ColossalChat's microbatch_size)."""
-        if not all(role.plugin.ragged_micro_batches for role in self.roles.values()):
-            return split_micro_batches(batch, max(1, self.config.batch.train_microbatch_size
-                                                  // self.config.parallel.pipeline_parallel_size))
-        budget = micro_batch_tokens(self.config)
+
+def rollout_micro_batches(config, roles: dict[str, TrainedModel]) -> Split:
+    """An RL rank's micro-batches of a minibatch. Where every role's plugin takes micro-batches of any shape: by
+    token budget (``micro_batch_tokens``), longest rows first, each cut to its own longest row and naming the
+    logits its loss reads; as many on every rank (collective: the largest count). Else ``tmbs`` rows each
+    (``tmbs // pp`` under pipeline stages, as ColossalChat's microbatch_size)."""
+    if not all(role.plugin.ragged_micro_batches for role in roles.values()):
+        rows = max(1, config.batch.train_microbatch_size // config.parallel.pipeline_parallel_size)
+        return lambda batch: split_micro_batches(batch, rows)
+    budget = micro_batch_tokens(config)
+
+    def by_tokens(batch: dict) -> list[dict]:
         count = agree_max(micro_batch_count(batch, budget))
         return [with_logits_window(micro) for micro in token_budget_micro_batches(batch, budget, count)]
+
+    return by_tokens

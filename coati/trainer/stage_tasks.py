@@ -2,8 +2,8 @@
 
 A task turns rows into tokenised items (identical on every rank), collates a list of items into one batch,
 gives the step's loss normaliser, and is the ``loss_fn`` the trainer plugin calls with the logits of each
-micro-batch (coati/plugins/base.py). The training step itself (stage_trainer.py) is the same for every task and
-every plugin layout.
+micro-batch (coati/plugins/base.py). The training step itself (learner.py, fed by supervised.py) is the same for
+every task and every plugin layout.
 
 - ``SFTTask``: causal LM; loss = mean negative log-likelihood of the completion tokens of the step (the
   prompt and the padding never count), the EOS token included, so the model learns to stop.

@@ -71,14 +71,15 @@ class StepWork:
     per-sample tensors behind them (``rows``; None for whole groups), and what the step's metrics report:
     draw counters and rollout metrics (``info``), the trained groups' staleness, prompts and samples seen, and
     the groups the rollout log records (``drawn`` and ``groups``: empty at a round's later steps; they cover
-    ``log_steps`` steps)."""
+    ``log_steps`` steps). An SFT/RM stage's units are its task's tokenised rows, with nothing else to report
+    (supervised.py)."""
     share: list[RolloutGroup]
     kept: list[RolloutGroup]
     padding: int
-    info: dict
-    staleness: list[int]
-    prompts: int
-    samples: int
+    info: dict = field(default_factory=dict)
+    staleness: list[int] = field(default_factory=list)
+    prompts: int = 0
+    samples: int = 0
     rows: object = None
     drawn: list[RolloutGroup] = field(default_factory=list)
     groups: list[RolloutGroup] = field(default_factory=list)

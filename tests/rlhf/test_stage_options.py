@@ -56,6 +56,8 @@ def run(argv, capsys):
     (["sft", "-bs", "3", "-t", "2", "-m", "x"], "-bs (3) must be a multiple of the 2 data-parallel trainers"),
     (["sft", "-bs", "4", "-tmbs", "8"], "-bs / data-parallel trainers (4) must be >= -tmbs (8)"),
     (["sft", "-lr", "0"], "-lr/--learning-rate must be > 0"),
+    (["sft", "--weight-decay", "-1"], "--weight-decay must be >= 0, got -1.0"),
+    (["rm", "--lr-warmup-ratio", "1"], "--lr-warmup-ratio must lie in [0, 1)"),
     (["sft", "--eval-fraction", "1"], "--eval-fraction must lie in [0, 1)"),
     (["rm", "-t", "2", "-pp", "2", "-bs", "8", "-tmbs", "2"], "only know the LM head, not its scalar head: drop -tp/-pp"),
     (["rm", "-t", "2", "-tp", "2"], "only know the LM head, not its scalar head: drop -tp/-pp"),

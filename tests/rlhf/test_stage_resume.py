@@ -164,7 +164,7 @@ def test_lora_stages_write_merged_models_and_resume_exactly(tiny_model_dir, tmp_
     from coati.config.lora import LoraConfig
     from coati.models.lora import is_adapter_dir
     from coati.config.stage import RMConfig
-    from coati.trainer.stage_trainer import ADAPTER_SUBDIR
+    from coati.trainer.stage_rank import ADAPTER_SUBDIR
 
     lora = LoraConfig(lora_rank=4, lora_alpha=8.0)
     data = write_dummy_data(str(tmp_path / "data"), num_sft=96, num_pairs=32, num_eval=8)

@@ -96,3 +96,28 @@ def test_stage_layout_matches_one_process(tmp_path, local_ray, tiny_model_dir, l
     assert candidate[1].keys() == reference[1].keys()
     diff = max(float((candidate[1][n] - reference[1][n]).abs().max()) for n in reference[1])
     assert diff <= 1e-5, f"{label}: weights differ by {diff:.2e}"
+
+
+def test_row_micro_batches_equal_collating_each_slice_alone(tiny_model_dir):
+    """The stage's micro-batches through the learner (-tmbs items, each cut to its longest row) are exactly what
+    collating each slice's items alone gives, for SFT rows and for the reward model's pairs (two rows each)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from coati.algorithm.batch import row_micro_batches
+    from coati.dataset.rlhf_rows import PreferenceExample, SFTExample
+    from coati.trainer.stage_tasks import RewardTask
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    user = [({"role": "user", "content": f"{a}+{a}="},) for a in (1, 1234, 56, 7)]
+    sft = SFTTask(tokenizer, "", 64)
+    rm = RewardTask(tokenizer, "", 64)
+    cases = [(sft, sft.tokenise([SFTExample(u, "9" * (i + 1)) for i, u in enumerate(user)])[0], 1),
+             (rm, rm.tokenise([PreferenceExample(u, "12", "9" * (3 - i)) for i, u in enumerate(user)])[0], 2)]
+    for task, items, rows_per_item in cases:
+        for size in (1, 3):
+            got = row_micro_batches(task.collate(items), size * rows_per_item)
+            want = [task.collate(items[start : start + size]) for start in range(0, len(items), size)]
+            assert len(got) == len(want)
+            for a, b in zip(got, want):
+                assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

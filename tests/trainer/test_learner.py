@@ -34,8 +34,8 @@ def test_the_learner_alone_trains_the_consumers_first_step(tiny_dir, monkeypatch
     algorithm = GroupAlgorithm(context)
     policy.loss_fn = algorithm.objective.loss
     state = TrainState()
-    learner = Learner(config, state, {ACTOR: policy}, algorithm, context)
-    learner.plan(config.groups_per_sync)
+    learner = Learner.for_run(config, state, {ACTOR: policy}, algorithm, context)
+    learner.planned_steps = config.groups_per_sync // config.batch.train_batch_size
     groups = [make_group(correct, 0) for correct in (1, 2, 3, 0)]
     got = learner.train_step(StepWork(share=groups, kept=groups, padding=0, info={}, staleness=[0] * 4, prompts=4,
                                       samples=16))
