@@ -41,7 +41,7 @@ DUMMY = {
     # the embedded model's stage learning rates (rlhf/config.py DEMO_LR): each later stage starts from a given
     # model, whose default would be the small learning rate meant for real models
     "sft": {"epochs": 4, "batch_size": 32, "micro_batch_size": 32, "learning_rate": 1e-3},
-    "rm": {"epochs": 8, "batch_size": 32, "micro_batch_size": 32, "learning_rate": 5e-4},
+    "rm": {"epochs": 4, "batch_size": 32, "micro_batch_size": 32, "learning_rate": 5e-4},
     "ppo": {"num_generations": 4, "inference_batch_size": 32, "inference_microbatch_size": 32,
             "train_batch_size": 16, "train_minibatch_size": 16, "train_microbatch_size": 64, "num_episodes": 1,
             "max_new_tokens": 16, "ppo_epochs": 2, "learning_rate": 1e-4, "critic_learning_rate": 3e-4,
