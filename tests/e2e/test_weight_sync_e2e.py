@@ -1,5 +1,5 @@
 """--weight-sync collective end to end: the demo trains exactly as with the object store (sync mode, two
-producers, -ei snapshots), resumes from a checkpoint, and runs async (-nb 1, loads between -imbs chunks)."""
+producers, -ei snapshots) and resumes from a checkpoint."""
 
 import json
 
@@ -51,12 +51,5 @@ def test_collective_sync_trains_step_for_step_like_the_object_store(demo_assets,
     assert [r["loss"] for r in rows_of(resumed_rows, "train")] == [r["loss"] for r in rows_of(coll_rows, "train")]
 
 
-@pytest.mark.e2e
-@pytest.mark.timeout(600)
-def test_collective_sync_async_rollouts(demo_assets, tmp_path):
-    argv = short_run(demo_assets, tmp_path, "--weight-sync", "collective", "-sd", str(tmp_path / "runs"), "-nb", "1",
-                     "-imbs", "4")
-    result, rows = run_cli(argv, demo_assets)
-    train = rows_of(rows, "train")
-    assert result.steps == 4 and train[-1]["weight_version"] == 2
-    assert max(r["staleness_max"] for r in train) <= 1
+# Async rollouts over --weight-sync collective (loads between -imbs chunks): tests/trainer/test_async.py::
+# test_async_demo_learns, which learns through it.

@@ -68,11 +68,8 @@ def test_colossalai_layouts_match_single_process(reference, tmp_path):
     check(results, reference)
 
 
-@pytest.mark.e2e
-def test_two_dimensional_torch_layouts_on_four_ranks(reference, tmp_path):
-    """dp2 x tp2 (FSDP2 + TP), dp2 x pp2, FSDP2 over 4 ranks."""
-    results = run_group(["torch-tp:tp=2", "torch-pp:pp=2", "torch-fsdp2"], 4, str(tmp_path), timeout_s=300)
-    check(results, reference)
+# dp2 x tp2, dp2 x pp2 and FSDP2 over 4 torch ranks: their steps equal one process's in
+# tests/plugins/test_state.py::test_two_dimensional_torch_layouts_on_four_ranks, which launches 4 ranks anyway.
 
 
 @pytest.mark.e2e

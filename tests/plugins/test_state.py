@@ -17,6 +17,7 @@ import glob
 import importlib.util
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -54,9 +55,23 @@ def results(out: str) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def torch_run(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("torch_state"))
+def single_saved(tmp_path_factory) -> str:
+    """One process's uninterrupted run and checkpoint, which every group of layouts below compares with."""
+    out = str(tmp_path_factory.mktemp("single_state"))
     launch(out, 1, ["save:single"], "save_single_")
+    return out
+
+
+def with_single(out: str, single_saved: str) -> str:
+    """``out`` holding the single-process run's checkpoint and result, as if saved there."""
+    shutil.copytree(os.path.join(single_saved, "ckpt"), os.path.join(out, "ckpt"), dirs_exist_ok=True)
+    shutil.copy(os.path.join(single_saved, "save_single.pt"), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def torch_run(tmp_path_factory, single_saved):
+    out = with_single(str(tmp_path_factory.mktemp("torch_state")), single_saved)
     launch(out, 2, [f"save:{layout}" for layout in TORCH_LAYOUTS], "save_torch_")
     launch(out, 2, [f"load:{layout}@{layout}" for layout in TORCH_LAYOUTS]
            + [f"load:{dst}@{src}" for dst, src in TORCH_CROSS], "load_torch_")
@@ -65,9 +80,8 @@ def torch_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def colossal_run(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("colossal_state"))
-    launch(out, 1, ["save:single"], "save_single_")
+def colossal_run(tmp_path_factory, single_saved):
+    out = with_single(str(tmp_path_factory.mktemp("colossal_state")), single_saved)
     launch(out, 2, [f"save:{layout}" for layout in COLOSSAL_LAYOUTS], "save_colossal_")
     launch(out, 2, [f"load:{layout}@{layout}" for layout in COLOSSAL_LAYOUTS]
            + [f"load:{dst}@{src}" for dst, src in COLOSSAL_CROSS]
@@ -120,18 +134,30 @@ def test_sharded_layouts_write_their_own_shards(torch_run):
     assert all(size < 0.6 * total for size in shards.values()), shards  # halves, not one full copy
 
 
+def compare_uninterrupted(found: dict, layout: str, tol: float) -> None:
+    """``layout``'s uninterrupted steps 1 and 2 against one process's from the same model and batches."""
+    run, single = found[f"save_{name(layout)}"], found["save_single"]
+    step1 = max_abs_diff(run["step1_weights"], single["step1_weights"])
+    loss, weights = abs(run["loss"] - single["loss"]), max_abs_diff(run["weights"], single["weights"])
+    norm = abs(run["grad_norm"] - single["grad_norm"]) / single["grad_norm"]
+    line = f"{layout:24s} vs single: step 1 max|dw| {step1:.1e}  step 2 |dloss| {loss:.1e}  max|dw| {weights:.1e}"
+    print(line)
+    assert step1 <= tol and loss <= tol and weights <= tol and norm <= 1e-4, line
+
+
 @pytest.mark.e2e
-def test_two_dimensional_torch_layouts_on_four_ranks(tmp_path):
-    """dp2 x tp2 (FSDP2 + TP DTensors on a 2-D mesh) and dp2 x pp2 (replicated stages): same layout, into
-    single, and tp -> pp; single into FSDP2 over 4 ranks."""
-    out = str(tmp_path)
-    launch(out, 1, ["save:single"], "save_single_")
+def test_two_dimensional_torch_layouts_on_four_ranks(tmp_path, single_saved):
+    """dp2 x tp2 (FSDP2 + TP DTensors on a 2-D mesh) and dp2 x pp2 (replicated stages): their two steps equal one
+    process's (the step equivalence of these layouts: tests/plugins/test_equivalence.py runs the others); their
+    checkpoints resume in the same layout, into single, and tp -> pp; single's into FSDP2 over 4 ranks."""
+    out = with_single(str(tmp_path), single_saved)
     launch(out, 4, ["save:torch-tp:tp=2", "save:torch-pp:pp=2", "load:torch-fsdp2@single"], "save_four_", 240)
     launch(out, 4, ["load:torch-tp:tp=2@torch-tp:tp=2", "load:torch-pp:pp=2@torch-pp:pp=2",
                     "load:torch-pp:pp=2@torch-tp:tp=2"], "load_four_", 240)
     launch(out, 1, ["load:single@torch-tp:tp=2", "load:single@torch-pp:pp=2"], "load_single_")
     found = results(out)
     for layout in ("torch-tp:tp=2", "torch-pp:pp=2"):
+        compare_uninterrupted(found, layout, CROSS_TOL)
         compare(found, layout, layout, SAME_TOL)
         compare(found, "single", layout, CROSS_TOL)
     compare(found, "torch-pp:pp=2", "torch-tp:tp=2", CROSS_TOL)

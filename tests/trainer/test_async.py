@@ -77,13 +77,16 @@ def test_dapo_and_evaluation_under_staleness(demo_assets, tmp_path):
 
 def test_async_demo_learns(demo_assets, tmp_path):
     """The embedded demo with -nb 1 for the first half of its 192 steps (its learning rate is constant, as in
-    test_demo_cli_learns): held-out sampled accuracy rises by 15+ points.
+    test_demo_cli_learns): held-out sampled accuracy rises by 15+ points. Its weights travel by
+    ``--weight-sync collective``, which in async mode loads them between the engine's -imbs chunks (two a round
+    here: -imbs 32 of -ibs 64). The object store's async path: the other tests here; the two paths step for step:
+    tests/e2e/test_weight_sync_e2e.py.
 
     Measured at step 96 with the default (behaviour) correction: +29.9 points (docs/results.md); async rounds
     are not reproducible step for step, so the bar keeps half of that. After all 192 steps the gain is about 40
     points, and the decoupled correction measured about 12 points lower."""
-    result, rows = run_cli(["-nb", "1", "--max-steps", "96", "-sd", str(tmp_path), "-p", "demo", "--no-progress"],
-                           demo_assets)
+    result, rows = run_cli(["-nb", "1", "--max-steps", "96", "--weight-sync", "collective", "-imbs", "32",
+                            "-sd", str(tmp_path), "-p", "demo", "--no-progress"], demo_assets)
     before, after = result.eval_before["addition/sampled"], result.eval_after["addition/sampled"]
     train = [r for r in rows if r["kind"] == "train"]
     print(f"async demo -nb 1: {result.steps} steps in {result.wall_s:.0f} s, sampled {before:.3f} -> {after:.3f}, "

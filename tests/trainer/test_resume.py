@@ -69,17 +69,20 @@ def max_weight_diff(dir_a, dir_b) -> float:
     return max(float((a[name] - b[name]).abs().max()) for name in a)
 
 
+FSDP = ["-t", "2", "-zero", "2", "-tbs", "2", "-tMbs", "2"]  # dp=2 x tbs 2 = the same 4 groups per step
+
+
 @pytest.fixture(scope="module")
-def single_reference(demo_assets, data, tmp_path_factory):
-    save_dir = tmp_path_factory.mktemp("single")
-    result = launch(demo_assets, data, save_dir, "ref")
-    assert result.steps == 8
+def fsdp_reference(demo_assets, data, tmp_path_factory):
+    """The uninterrupted two-rank run whose checkpoints the layout, refusal and cross-layout tests read."""
+    save_dir = tmp_path_factory.mktemp("fsdp")
+    assert launch(demo_assets, data, save_dir, "ref", *FSDP).steps == 8
     return os.path.join(save_dir, "ref")
 
 
-def test_checkpoint_layout_and_plain_transformers_load(single_reference):
-    assert [step for step, _ in list_checkpoints(single_reference)] == [3, 6, 8]
-    step3 = os.path.join(single_reference, "step_3")
+def test_checkpoint_layout_and_plain_transformers_load(fsdp_reference):
+    assert [step for step, _ in list_checkpoints(fsdp_reference)] == [3, 6, 8]
+    step3 = os.path.join(fsdp_reference, "step_3")
     state = json.load(open(os.path.join(step3, checkpointing.RUN_STATE)))
     assert (state["step"], state["policy_version"], state["next_round"], state["pending_groups"]) == (3, 1, 2, 0)
     assert state["producer_rounds"] == [2]  # round 2 waits for weights v2: it cannot have started
@@ -90,37 +93,27 @@ def test_checkpoint_layout_and_plain_transformers_load(single_reference):
     for name in ("model.safetensors", "config.json", "tokenizer_config.json", COMPLETE_MARKER,
                  "trainer_state/actor/trainer_state.json", "consumer_state/rank_0.pt"):
         assert os.path.isfile(os.path.join(step3, name)), name
-    final = json.load(open(os.path.join(single_reference, "step_8", checkpointing.RUN_STATE)))
+    final = json.load(open(os.path.join(fsdp_reference, "step_8", checkpointing.RUN_STATE)))
     assert final["pending_groups"] == 0 and final["policy_version"] == 4
     model = AutoModelForCausalLM.from_pretrained(step3)  # plain transformers, nothing of ours
     with torch.no_grad():
         assert torch.isfinite(model(torch.tensor([[1, 2, 3]])).logits).all()
 
 
-def test_resume_errors_at_start_up(demo_assets, data, single_reference, tmp_path):
+def test_resume_errors_at_start_up(demo_assets, data, fsdp_reference, tmp_path):
     with pytest.raises(ConfigError, match="no complete checkpoint"):
         configure(demo_assets, data, tmp_path, "empty", "--resume", "latest")
     partial = tmp_path / "partial"
-    shutil.copytree(os.path.join(single_reference, "step_3"), partial)
+    shutil.copytree(os.path.join(fsdp_reference, "step_3"), partial)
     os.remove(partial / COMPLETE_MARKER)
     with pytest.raises(ConfigError, match="not a complete checkpoint"):
         configure(demo_assets, data, tmp_path, "x", "--resume", str(partial))
     with pytest.raises(ConfigError, match="inference_batch_size 8 -> 16"):
         configure(demo_assets, data, tmp_path, "x", "-ibs", "16", "-imbs", "16", "--resume",
-                  os.path.join(single_reference, "step_3"))
+                  os.path.join(fsdp_reference, "step_3"))
     with pytest.raises(ConfigError, match=r"colossalai-zero \(fp32\) cannot read it"):
         configure(demo_assets, data, tmp_path, "x", "--plugin", "colossalai", "-t", "2", "-zero", "2", "-tbs", "2",
-                  "-tMbs", "2", "--resume", os.path.join(single_reference, "step_3"))
-
-
-FSDP = ["-t", "2", "-zero", "2", "-tbs", "2", "-tMbs", "2"]  # dp=2 x tbs 2 = the same 4 groups per step
-
-
-@pytest.fixture(scope="module")
-def fsdp_reference(demo_assets, data, tmp_path_factory):
-    save_dir = tmp_path_factory.mktemp("fsdp")
-    assert launch(demo_assets, data, save_dir, "ref", *FSDP).steps == 8
-    return os.path.join(save_dir, "ref")
+                  "-tMbs", "2", "--resume", os.path.join(fsdp_reference, "step_3"))
 
 
 def test_fsdp2_checkpoint_resumes_as_single_trainer(demo_assets, data, fsdp_reference, tmp_path):

@@ -109,7 +109,7 @@ def assert_same_run(reference, candidate, label, weight_tol=1e-5):
 # equals one process's in tests/plugins/test_equivalence.py; through the consumer, two ranks that share one batch
 # (dp 1) run here as torch PP and ColossalAI Hybrid TP.
 LAYOUTS = [
-    ("torch FSDP2 x2 (zero 2)", ["-t", "2", "-zero", "2"], 2),
+    # torch FSDP2 x2 (zero 2): test_eval_snapshots_and_rollout_records_over_two_ranks, which also snapshots
     ("torch PP x2", ["-t", "2", "-pp", "2"], 4),
     # One ColossalAI layout through the consumer (its shardformer model under token-budget micro-batches); each
     # ColossalAI layout's step equals one process's in tests/plugins/test_equivalence.py, and Hybrid PP runs whole
@@ -158,10 +158,11 @@ def test_dapo_filtering_over_two_data_parallel_ranks(local_ray, tiny_model_dir):
 
 
 @pytest.mark.e2e
-def test_eval_snapshots_and_rollout_records_over_two_ranks(local_ray, tiny_model_dir, tmp_path):
-    """-ei's weight snapshot is collective (FSDP2 shards are gathered) and holds exactly the current weights,
-    mid-round (one extra gather) or right after a publish (the published object); -rsd records come from
-    rank 0 alone, at a round's first step, and cover the whole round."""
+def test_eval_snapshots_and_rollout_records_over_two_ranks(local_ray, tiny_model_dir, single_run, tmp_path):
+    """Torch FSDP2 x2 (zero 2) trains as one process does, snapshots and rollout records included: -ei's weight
+    snapshot is collective (FSDP2 shards are gathered) and holds exactly the current weights, mid-round (one
+    extra gather) or right after a publish (the published object); -rsd records come from rank 0 alone, at a
+    round's first step, and cover the whole round."""
     snapshots_seen = []
 
     def after_step(consumers, results):
@@ -176,7 +177,8 @@ def test_eval_snapshots_and_rollout_records_over_two_ranks(local_ray, tiny_model
         assert all("rollouts" not in r for r in results[1:])
 
     flags = ["-t", "2", "-zero", "2", "-rsd", str(tmp_path)]
-    rows, _, _ = train(tiny_model_dir, flags, rollouts(), 2, after_step)
+    rows, state, version = train(tiny_model_dir, flags, rollouts(), 2, after_step)
+    assert_same_run(single_run, (rows, state, version), "torch FSDP2 x2 (zero 2)")
     assert snapshots_seen == [(0, False), (1, True)]  # step 1: mid-round; step 2 drew the round and published
     assert "rollouts" not in rows[1]
     records = rows[0]["rollouts"]

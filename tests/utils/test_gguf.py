@@ -58,10 +58,25 @@ def test_a_file_transformers_cannot_read_is_one_line(tmp_path):
     assert not os.path.exists(converted_dir(path, str(tmp_path / "cache")))  # nothing half-built left
 
 
-def test_the_shipped_smollm2_converts_to_an_hf_directory_equal_to_the_gguf_model(smollm2_gguf, smollm2_dir):
+def test_the_shipped_smollm2_converts_to_an_hf_directory_equal_to_the_gguf_model(smollm2_gguf, tmp_path, monkeypatch):
+    """The conversion into a fresh cache, keeping the model transformers read from the GGUF file (a spy on its
+    loader: the one dequantization this costs, about 20 s on a CI core, is not done twice), against what the
+    directory it wrote loads as: the same logits, to the bit."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    read_from_gguf, load = [], AutoModelForCausalLM.from_pretrained
+
+    def spy(*args, **kwargs):
+        model = load(*args, **kwargs)
+        if kwargs.get("gguf_file"):
+            read_from_gguf.append(model)
+        return model
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", spy)
+    smollm2_dir = hf_dir_from_gguf(smollm2_gguf, cache_dir=str(tmp_path), log=lambda message: None)
+    monkeypatch.undo()
+    (original,) = read_from_gguf
     with open(os.path.join(smollm2_dir, MARKER)) as handle:
         assert json.load(handle)["architecture"] == "LlamaForCausalLM"
     converted = AutoModelForCausalLM.from_pretrained(smollm2_dir)
@@ -71,8 +86,6 @@ def test_the_shipped_smollm2_converts_to_an_hf_directory_equal_to_the_gguf_model
     text = tokenizer.apply_chat_template([{"role": "user", "content": "Calculate 2 + 3."}], tokenize=False,
                                          add_generation_prompt=True)
     assert text.endswith("<|im_start|>assistant\n"), text  # the model's own chat template travelled
-    directory, name = os.path.split(smollm2_gguf)
-    original = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
     ids = tokenizer(text, return_tensors="pt").input_ids
     with torch.no_grad():
         assert torch.equal(converted(ids).logits, original(ids).logits)
