@@ -34,7 +34,7 @@ import ray
 
 from coati.rollout.group import RolloutGroup
 from coati.trainer.checkpointing import TRAINER_STATE
-from coati.utils.checkpoint import COMPLETE_MARKER, atomic_directory
+from coati.utils.checkpoint import atomic_directory, changed_settings, mark_complete
 
 FORMAT = 2  # 2: per-producer next rounds (producer_rounds), pending groups by (round, slot)
 RUN_STATE = "run_state.json"
@@ -74,8 +74,7 @@ def save_checkpoint(path: str, consumers, buffer, config, driver: dict, gather) 
                                   "consumer": counters,
                                   "layout": _layout(config), "round_settings": round_settings(config),
                                   "options": config.options})
-        with open(os.path.join(staging, COMPLETE_MARKER), "w") as handle:
-            json.dump({"step": driver["step"], "policy_version": counters["version"]}, handle)
+        mark_complete(staging, {"step": driver["step"], "policy_version": counters["version"]})
     return path
 
 
@@ -159,7 +158,7 @@ def check_resume(config, prompts: int | None = None) -> str:
     saved, now = state["round_settings"], round_settings(config)
     # checkpoints written before colocation: their rounds came from the inferencers
     saved = {"rollout_sources": saved.get("num_inferencers"), "colocate": False, **saved}
-    changed = [f"{key} {saved.get(key)!r} -> {value!r}" for key, value in now.items() if saved.get(key) != value]
+    changed = changed_settings(saved, now)
     if changed:
         raise ValueError(f"--resume {path}: the run must keep the settings that shape producer rounds and the data "
                          f"order; changed: {', '.join(changed)}")

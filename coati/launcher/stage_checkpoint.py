@@ -13,7 +13,7 @@ import json
 import os
 
 from coati.config.errors import ConfigError, require
-from coati.utils.checkpoint import COMPLETE_MARKER, atomic_directory, resolve_resume
+from coati.utils.checkpoint import atomic_directory, changed_settings, mark_complete, resolve_resume
 
 STATE = "stage_state.json"
 # what must not change between the run that saved and the one that resumes: the batches would differ
@@ -31,8 +31,7 @@ def save(group, config, step: int, before: dict) -> str:
         group.call("save_checkpoint", staging)
         with open(os.path.join(staging, STATE), "w", encoding="utf-8") as handle:
             json.dump({"step": step, "before": before, **_kept(config)}, handle)
-        with open(os.path.join(staging, COMPLETE_MARKER), "w", encoding="utf-8") as handle:
-            json.dump({"step": step}, handle)
+        mark_complete(staging, {"step": step})
     return path
 
 
@@ -46,8 +45,7 @@ def resume_point(config) -> str | None:
     except FileNotFoundError as err:
         raise ConfigError(str(err)) from None
     state = read_state(path)
-    changed = [f"{name} {state.get(name)!r} -> {value!r}" for name, value in _kept(config).items()
-               if state.get(name) != value]
+    changed = changed_settings(state, _kept(config))
     require(not changed, f"--resume {path}: the run must keep the options that choose its batches; changed: "
                          f"{', '.join(changed)}")
     return path

@@ -8,6 +8,7 @@ either the previous checkpoint set or the new one, never half a directory.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -82,3 +83,15 @@ def resolve_resume(value: str, run_dir: str) -> str:
     if not os.path.isfile(os.path.join(value, COMPLETE_MARKER)):
         raise FileNotFoundError(f"--resume {value}: not a complete checkpoint directory (no {COMPLETE_MARKER})")
     return value
+
+
+def mark_complete(staging: str, marker: dict) -> None:
+    """The last file of a checkpoint being staged, after every other is written: its completion marker
+    (``list_checkpoints`` and ``--resume`` take only directories that have one)."""
+    with open(os.path.join(staging, COMPLETE_MARKER), "w", encoding="utf-8") as handle:
+        json.dump(marker, handle)
+
+
+def changed_settings(saved: dict, now: dict) -> list[str]:
+    """``name saved -> now`` for each setting of ``now`` that a resumed run must keep and does not."""
+    return [f"{name} {saved.get(name)!r} -> {value!r}" for name, value in now.items() if saved.get(name) != value]

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from coati.utils.checkpoint import COMPLETE_MARKER, atomic_directory, list_checkpoints, prune_checkpoints, resolve_resume
+from coati.utils.checkpoint import (COMPLETE_MARKER, atomic_directory, changed_settings, list_checkpoints, mark_complete,
+                                   prune_checkpoints, resolve_resume)
 
 
 def write_checkpoint(run_dir, step, payload="weights"):
@@ -82,3 +83,21 @@ def test_prune_keeps_the_newest_n_and_the_one_just_written(tmp_path):
     assert [step for step, _ in list_checkpoints(str(tmp_path))] == [5, 8]
     assert prune_checkpoints(str(tmp_path), 1, str(tmp_path / "step_5"))[0].endswith("step_8")
     assert [step for step, _ in list_checkpoints(str(tmp_path))] == [5]
+
+
+def test_changed_settings_names_each_changed_or_missing_one_in_order():
+    saved = {"seed": 42, "batch_size": 32, "epochs": 1}
+    now = {"seed": 42, "batch_size": 16, "epochs": 1, "eval_fraction": 0.1}
+    assert changed_settings(saved, now) == ["batch_size 32 -> 16", "eval_fraction None -> 0.1"]
+    assert changed_settings(saved, dict(saved)) == []
+
+
+def test_mark_complete_is_what_makes_a_staged_directory_a_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    with atomic_directory(str(run / "step_1")) as staging:
+        (tmp_path / "unused").write_text(staging)  # staged and renamed into place, but never marked
+    with atomic_directory(str(run / "step_2")) as staging:
+        mark_complete(staging, {"step": 2})
+    assert sorted(os.listdir(run)) == ["step_1", "step_2"]
+    assert list_checkpoints(str(run)) == [(2, str(run / "step_2"))]
+    assert json.loads((run / "step_2" / COMPLETE_MARKER).read_text()) == {"step": 2}
