@@ -29,6 +29,15 @@ def test_bench_trainer_memory_refuses_a_slice_outside_the_logits(value):
         f"--entropy-slice {float(value):g}: a fraction of the logits, in (0, 1]")
 
 
+@pytest.mark.parametrize("prompts", ["50", "32"])
+def test_soak_refuses_a_prompt_count_of_no_whole_quarters(prompts):
+    result = subprocess.run([sys.executable, "benchmarks/soak.py", "--prompts", prompts], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].endswith(
+        "--prompts must be a multiple of 32, at least 64 (four quarters of whole rounds)")
+
+
 def _record_baseline():
     import importlib.util
 
