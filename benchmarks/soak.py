@@ -159,6 +159,8 @@ def main(argv=None) -> int:
     from coati.launcher.rl import run
     from coati.utils.checkpoint import list_checkpoints
 
+    start = time.time()
+    os.environ.setdefault("WANDB_MODE", "disabled")  # its metrics.jsonl is all the counts read
     out = args.out or tempfile.mkdtemp(prefix="coati-soak-")
     os.makedirs(out, exist_ok=True)
     assets = ensure_demo_assets(log=lambda message: None)
@@ -179,7 +181,6 @@ def main(argv=None) -> int:
     faults = Faults(run_dir, server, hang_file, total_steps)
     faults.start()
     segments = []  # (rollout dir, first step, stop line or None, the checkpoint the next segment continued from)
-    start = time.time()
     resume: list[str] = []
     while True:
         first = (max(train_steps(run_dir)) if train_steps(run_dir) else 0) + 1

