@@ -190,10 +190,12 @@ def main(argv=None) -> int:
         try:
             result = run(config, log=lambda line: print(line, flush=True))
         except RunStopped as err:
-            stopped = time.time()
+            stopped, (what, _, since) = time.time(), faults.done[-1]
+            if what.startswith("hang") and os.path.isfile(hang_file + ".began"):  # when the rank began hanging
+                with open(hang_file + ".began") as handle:
+                    since = float(handle.read())
             newest = list_checkpoints(run_dir)[-1][0]
-            print(f"soak: the run stopped {stopped - faults.done[-1][2]:.1f} s after '{faults.done[-1][0]}': {err}",
-                  flush=True)
+            print(f"soak: the run stopped {stopped - since:.1f} s after '{what}': {err}", flush=True)
             segments.append((rollouts, first, str(err), newest))
             resume = ["--resume", "latest"]
             continue
