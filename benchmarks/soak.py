@@ -21,7 +21,6 @@ it) gives the steps. It exits 1 when a count is off.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import re
@@ -92,18 +91,6 @@ def train_steps(run_dir: str) -> list[int]:
     return [row["step"] for row in rows if row["kind"] == "train"]
 
 
-def trained_prompts(rollout_dir: str, steps) -> Counter:
-    """How often each training prompt (dataset line) was trained on in ``steps``, from one segment's -rsd logs."""
-    counts = Counter()
-    for path in glob.glob(os.path.join(rollout_dir, "soak", "rollouts_step*.jsonl")):
-        with open(path) as handle:
-            for line in handle:
-                record = json.loads(line)
-                if record["sample"] == 0 and record["kept"] and record["step"] in steps:
-                    counts[record["source"]] += 1
-    return counts
-
-
 class Faults(threading.Thread):
     """Watches the run's steps and sets off each fault once, when the run has trained past its step."""
 
@@ -157,6 +144,7 @@ def main(argv=None) -> int:
     from coati.demo.math_demo import ensure_demo_assets
     from coati.launcher.preflight import check_inputs
     from coati.launcher.rl import run
+    from coati.rollout.rollout_log import trained_prompt_counts
     from coati.utils.checkpoint import list_checkpoints
 
     start = time.time()
@@ -180,10 +168,9 @@ def main(argv=None) -> int:
             "--reward-url-timeout", "2", "--reward-url-retries", "4", "-sd", out, "-p", "soak", "--no-progress"]
     faults = Faults(run_dir, server, hang_file, total_steps)
     faults.start()
-    segments = []  # (rollout dir, first step, stop line or None, the checkpoint the next segment continued from)
+    segments = []  # (its rollout dir, the last step it counts: the checkpoint the next one continued from)
     resume: list[str] = []
     while True:
-        first = (max(train_steps(run_dir)) if train_steps(run_dir) else 0) + 1
         rollouts = os.path.join(out, f"rollouts_{len(segments)}")
         config = config_from_args(build_parser().parse_args(base + resume + ["-rsd", rollouts]), assets)
         check_inputs(config)
@@ -196,31 +183,31 @@ def main(argv=None) -> int:
                     since = float(handle.read())
             newest = list_checkpoints(run_dir)[-1][0]
             print(f"soak: the run stopped {stopped - since:.1f} s after '{what}': {err}", flush=True)
-            segments.append((rollouts, first, str(err), newest))
+            segments.append((rollouts, newest))
             resume = ["--resume", "latest"]
             continue
-        segments.append((rollouts, first, None, result.steps))
+        segments.append((rollouts, result.steps))
         break
     faults.stop_event.set()
     server.stop()
     ray.shutdown()
 
     counts, lower = Counter(), 0
-    for rollouts, _, _, upto in segments:
-        counts += trained_prompts(rollouts, range(lower + 1, upto + 1))
+    for rollouts, upto in segments:
+        counts += trained_prompt_counts(os.path.join(rollouts, "soak"), range(lower + 1, upto + 1))
         lower = upto
     steps = train_steps(run_dir)
     once = sum(1 for n in counts.values() if n == 1)
     twice = sum(1 for n in counts.values() if n > 1)
     missing = args.prompts - len(counts)
     step_counts = Counter(steps)
+    each_step_once = all(n == 1 for n in step_counts.values())
+    no_step_missing = sorted(step_counts) == list(range(1, total_steps + 1))
     print(f"soak: {len(segments)} segments, faults {[f'{what} after step {step}' for what, step, _ in faults.done]}, "
           f"{time.time() - start:.0f} s")
     print(f"soak: prompts trained once {once} of {args.prompts}, more than once {twice}, never {missing}; "
-          f"steps {min(steps)}-{max(steps)}: each once {all(n == 1 for n in step_counts.values())}, "
-          f"none missing {sorted(step_counts) == list(range(1, total_steps + 1))}")
-    ok = (once == args.prompts and sorted(step_counts) == list(range(1, total_steps + 1))
-          and all(n == 1 for n in step_counts.values()) and len(faults.done) == len(faults.schedule))
+          f"steps {min(steps)}-{max(steps)}: each once {each_step_once}, none missing {no_step_missing}")
+    ok = once == args.prompts and each_step_once and no_step_missing and len(faults.done) == len(faults.schedule)
     return 0 if ok else 1
 
 

@@ -8,9 +8,27 @@ not the producer's provisional ones.
 
 from __future__ import annotations
 
+import glob
+import json
+import os
+from collections import Counter
+
 import torch
 
 from coati.rollout.group import RolloutGroup
+
+
+def trained_prompt_counts(run_rollout_dir: str, steps=None) -> Counter:
+    """How often each training prompt (its ``source``: file and line) was trained on, from the records in
+    ``run_rollout_dir`` (``<rsd>/<project>``): one count per kept group, in ``steps`` only when given."""
+    counts = Counter()
+    for path in glob.glob(os.path.join(run_rollout_dir, "rollouts_step*.jsonl")):
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                record = json.loads(line)
+                if record["sample"] == 0 and record["kept"] and (steps is None or record["step"] in steps):
+                    counts[record["source"]] += 1
+    return counts
 
 
 def rollout_log_due(config, step: int) -> bool:

@@ -3,29 +3,17 @@ the episode exactly once, and the demo learns with S = 1."""
 
 from __future__ import annotations
 
-import glob
 import json
 import os
-from collections import Counter
 
 import pytest
 from run_helpers import head, killed_while_saving, run_cli
 
 import coati.launcher.checkpoints as checkpointing
+from coati.rollout.rollout_log import trained_prompt_counts
 from coati.utils.checkpoint import list_checkpoints, resolve_resume
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
-
-
-def trained_prompts(rollout_dir: str, project: str, steps=None) -> Counter:
-    """How often each training prompt (dataset line) was trained on, from the -rsd logs (one record per sample)."""
-    counts = Counter()
-    for path in glob.glob(os.path.join(rollout_dir, project, "rollouts_step*.jsonl")):
-        for line in open(path):
-            record = json.loads(line)
-            if record["sample"] == 0 and record["kept"] and (steps is None or record["step"] in steps):
-                counts[record["source"]] += 1
-    return counts
 
 
 def test_crash_and_resume_train_every_prompt_once(demo_assets, tmp_path, monkeypatch):
@@ -53,8 +41,8 @@ def test_crash_and_resume_train_every_prompt_once(demo_assets, tmp_path, monkeyp
                            demo_assets)
     assert result.steps == 8
     assert [step for step, _ in list_checkpoints(run_dir)] == [8]
-    counts = trained_prompts(str(tmp_path / "before"), "async", steps=range(1, 4)) + \
-        trained_prompts(str(tmp_path / "after"), "async")
+    counts = trained_prompt_counts(str(tmp_path / "before" / "async"), steps=range(1, 4)) + \
+        trained_prompt_counts(str(tmp_path / "after" / "async"))
     assert sorted(counts.values()) == [1] * 32, counts
     train = [r for r in rows if r["kind"] == "train"]
     assert [r["step"] for r in train] == list(range(1, 9))
