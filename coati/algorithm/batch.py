@@ -23,6 +23,7 @@ from typing import Protocol
 import torch
 
 from coati.plugins.base import LOGITS_TO_KEEP
+from coati.plugins.packing import PACK_ROWS
 
 
 class ResponseGroup(Protocol):
@@ -158,14 +159,17 @@ def row_micro_batches(batch: dict[str, torch.Tensor], size: int) -> list[dict[st
     collating each slice's rows alone gives."""
     return [take_rows(batch, rows) for rows in torch.arange(batch["input_ids"].shape[0]).split(size)]
 
-def _greedy_runs(lengths: list[int], budget: int) -> list[tuple[int, int]]:
-    """Consecutive runs [start, end) of rows sorted longest first, each as long as rows x its first (widest) row
-    stays within ``budget`` (a row wider than the budget alone)."""
+
+def _greedy_runs(lengths: list[int], budget: int, packed: bool = False) -> list[tuple[int, int]]:
+    """Consecutive runs [start, end) of rows sorted longest first within ``budget``: padded, rows x the run's first
+    (widest) row; ``packed``, the rows' summed lengths. A row longer than the budget goes alone."""
     runs, start = [], 0
     while start < len(lengths):
-        rows = max(1, budget // max(1, lengths[start]))
-        runs.append((start, min(len(lengths), start + rows)))
-        start = runs[-1][1]
+        end, tokens = start + 1, lengths[start]
+        while end < len(lengths) and ((tokens + lengths[end]) if packed else (end + 1 - start) * lengths[start]) <= budget:
+            tokens, end = tokens + lengths[end], end + 1
+        runs.append((start, end))
+        start = end
     return runs
 
 
@@ -175,23 +179,25 @@ def budget_order(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.tensor(sorted(range(len(lengths)), key=lambda row: (-int(lengths[row]), row)), dtype=torch.long)
 
 
-def micro_batch_count(batch: dict[str, torch.Tensor], budget: int) -> int:
+def micro_batch_count(batch: dict[str, torch.Tensor], budget: int, packed: bool = False) -> int:
     """How many micro-batches ``token_budget_micro_batches`` makes of ``batch`` at most ``budget`` tokens each."""
     lengths = row_lengths(batch)[budget_order(batch)].tolist()
-    return len(_greedy_runs(lengths, budget))
+    return len(_greedy_runs(lengths, budget, packed))
 
 
-def token_budget_micro_batches(batch: dict[str, torch.Tensor], budget: int,
-                               count: int | None = None) -> list[dict[str, torch.Tensor]]:
-    """Micro-batches of ``batch`` of at most ``budget`` padded tokens (rows x widest row) each, rows longest first,
-    each cut to its widest row (``take_rows``); a row longer than the budget goes alone.
+def token_budget_micro_batches(batch: dict[str, torch.Tensor], budget: int, count: int | None = None,
+                               packed: bool = False) -> list[dict[str, torch.Tensor]]:
+    """Micro-batches of ``batch`` of at most ``budget`` tokens each, rows longest first, each cut to its widest row
+    (``take_rows``); a row longer than the budget goes alone. Tokens are padded ones (rows x widest row), or with
+    ``packed`` real ones: each micro-batch then names ``PACK_ROWS``, its forward running its rows as one packed
+    row (coati.plugins.packing).
 
     ``count`` (>= the count the budget gives, <= the rows): exactly that many, the runs with the most rows split in
     half until there are; data-parallel ranks must make the same number of forward/backward calls.
     """
     order = budget_order(batch)
     lengths = row_lengths(batch)[order].tolist()
-    runs = _greedy_runs(lengths, budget)
+    runs = _greedy_runs(lengths, budget, packed)
     if count is not None:
         if not len(runs) <= count <= len(lengths):
             raise ValueError(f"{count} micro-batches of {len(lengths)} rows: the budget of {budget} tokens needs "
@@ -201,4 +207,8 @@ def token_budget_micro_batches(batch: dict[str, torch.Tensor], budget: int,
             start, end = runs[index]
             middle = start + (end - start + 1) // 2
             runs[index : index + 1] = [(start, middle), (middle, end)]
-    return [take_rows(batch, order[start:end]) for start, end in runs]
+    micro_batches = [take_rows(batch, order[start:end]) for start, end in runs]
+    if packed:
+        micro_batches = [{**micro, PACK_ROWS: torch.ones(micro["input_ids"].shape[0], dtype=torch.long)}
+                         for micro in micro_batches]
+    return micro_batches

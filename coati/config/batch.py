@@ -23,6 +23,11 @@ class BatchConfig:
     train_microbatch_tokens: int = option(0, "padded tokens per forward/backward pass: rows longest first, as many as "
                                              "fit with their longest row; default: -tmbs x (-mpt + -mnt), the "
                                              "micro-batch the memory plan sized", "-tmbt")
+    packing: str = option("auto", "-tmbt micro-batches run their samples packed into one row without padding "
+                                  "(position ids restarting, attention kept within each sample): auto: where the "
+                                  "plugin runs the model's own forward and the model keeps packed samples apart (checked "
+                                  "before training; else padded, said once); on: the same, refused where it cannot; "
+                                  "off: padded rows", choices=("auto", "on", "off"))
     round_minibatches: bool = option(True, "each optimizer step of a round trains on a random part of the round's "
                                            "samples (advantages over whole groups first; rounds of several steps "
                                            "only); --no-round-minibatches: whole groups per step, in draw order")

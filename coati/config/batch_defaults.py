@@ -68,6 +68,21 @@ def micro_batch_tokens(config: RLConfig) -> int:
     return rows * (config.data.max_prompt_tokens + config.sampling.max_new_tokens)
 
 
+# Tokens of a packed row under dense attention (sdpa/eager), whose cost grows with the row's square. Measured on a
+# 2-core CPU with SmolLM2-135M (1,536 tokens a pass, forward and backward): rows of 64 to 768 tokens cost alike
+# within noise, one row of 1,536 1.5x.
+DENSE_ROW_TOKENS = 512
+VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")  # attend within each packed sample only
+
+
+def packed_row_tokens(attention_implementation: str | None, budget: int) -> int:
+    """The most tokens one packed micro-batch (one row) holds: the whole ``budget`` (``micro_batch_tokens``) under
+    a variable-length attention kernel, else at most ``DENSE_ROW_TOKENS``."""
+    if attention_implementation in VARLEN_ATTENTION:
+        return budget
+    return min(budget, DENSE_ROW_TOKENS)
+
+
 def nearest(default: int, fits, upper: int | None = None) -> int:
     """The largest n <= ``default`` (and <= ``upper``) with ``fits(n)``, else the smallest n above it; the default
     itself when no n up to 64 x its size fits (validate.py then names the flags that clash)."""

@@ -47,6 +47,9 @@ def validate(config: RLConfig) -> None:
         require(value >= 1, f"{flag} must be at least 1, got {value}")
     require(b.train_microbatch_tokens >= 0, f"-tmbt/--train-microbatch-tokens must be at least 0 (0: -tmbs x (-mpt + "
             f"-mnt)), got {b.train_microbatch_tokens}")
+    require(b.packing != "on" or config.parallel.plugin_spec.packs_rows,
+            f"--packing on: the {config.parallel.plugin_name} plugin cannot pack samples (pipeline stages and "
+            "ColossalAI's hybrid plugin run forwards of their own); use --packing auto or off")
     require(b.num_generations >= 2 or config.algo.uses_critic,
             "-g/--num-generations must be at least 2: group advantages compare samples within a group "
             "(-a PPO's critic allows -g 1)")

@@ -27,7 +27,7 @@ from coati.cluster.memory import (
 from coati.cluster.placement import plan as placement_plan
 from coati.cluster.placement import shortfall
 from coati.cluster.schedule import node_thread_budgets
-from coati.config.batch_defaults import micro_batch_tokens
+from coati.config.batch_defaults import DENSE_ROW_TOKENS, micro_batch_tokens
 from coati.utils.machine import usable_cores
 
 GPU_USABLE = 0.95  # of a GPU's memory the trainer may fill (the CUDA context and the allocator's slack take the rest)
@@ -256,6 +256,22 @@ def micro_batch_rows(config) -> int:
     return max(1, -(-b.train_microbatch_tokens // seq))
 
 
+def _packing(config) -> str:
+    """What --packing makes of the micro-batches (the trainer's start line says what it found in the model)."""
+    packing, p = config.batch.packing, config.parallel
+    padded = "padded: rows longest first, as many as fit with their longest"
+    if p.pipeline_parallel_size > 1:
+        return "-tmbs / -pp rows each (pipeline stages split a batch evenly)"
+    if packing == "off" or not p.plugin_spec.packs_rows:
+        return padded + (f" ({p.plugin_name} runs a forward of its own)" if packing != "off" else "")
+    if packing == "auto":
+        return padded + ("; packed into one row without padding each where the model attends with FlashAttention "
+                         "(under sdpa/eager a packed step was slower)")
+    return (f"packed: one row without padding each, of at most {DENSE_ROW_TOKENS} real tokens under sdpa/eager "
+            "attention (the whole budget under FlashAttention); refused as training starts where the model does not "
+            "keep packed samples apart")
+
+
 def render(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: list[Node]) -> list[str]:
     p, b = config.parallel, config.batch
     gpu_text = f"{nodes[0].gpus} GPUs of {nodes[0].memory / 1e9:.0f} GB" if unit == "GPU" else \
@@ -264,11 +280,10 @@ def render(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: lis
              f"({shape.layers} layers, hidden {shape.hidden}, vocab {shape.vocab})"),
              (f"trainer group: {p.plugin_name}, -t {p.num_trainers} = TP {p.tensor_parallel_size} x PP "
               f"{p.pipeline_parallel_size} x DP {p.dp_size}, -zero {p.zero_stage}, {p.precision}; {_generators(p)}"),
-             (f"activations: micro-batches of {micro_batch_tokens(config)} padded tokens ("
+             (f"activations: micro-batches of {micro_batch_tokens(config)} tokens ("
               + ("-tmbt" if b.train_microbatch_tokens else f"-tmbs {b.train_microbatch_size} x -mpt + -mnt "
                  f"{config.data.max_prompt_tokens}+{config.sampling.max_new_tokens}")
-              + f"), planned as {micro_batch_rows(config)} rows of the longest sequence; rows longest first, as many "
-              "as fit with their longest"
+              + f"), planned as {micro_batch_rows(config)} rows of the longest sequence; " + _packing(config)
               + ("; gradient checkpointing keeps each layer's input only" if config.algo.optim.gradient_checkpointing
                  else "")),
              f"{'actor':<16} {'node':>4}  {'where':<14} {'thr':>3}  {'GiB':>6}  memory (GiB)"]

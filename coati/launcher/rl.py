@@ -169,6 +169,7 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, evaluat
     from tqdm import tqdm
 
     join_trainer_group(TrainerGroup(consumers), supervisor.gather)
+    log(supervisor.gather([consumers[0].micro_batching_line.remote()])[0])
     rounds, engine_precisions = _rounds_to_run(config, consumers, producers, log)
     rounds, total_groups = config.run_length(rounds)
     delivery = DeliveryCheck.of(config, engine_precisions)

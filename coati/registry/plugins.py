@@ -37,6 +37,7 @@ class PluginSpec:
     state_format: str = DCP  # the trainer-state checkpoint it writes
     reads_dcp_in: tuple[str, ...] = ALL_PRECISIONS  # precisions in which it reads a torch DCP trainer state
     trains_adapters: bool = False  # trains LoRA adapters on a frozen base
+    packs_rows: bool = True  # runs the model's own forward on ragged micro-batches (--packing: one packed row)
     launch: str | None = None  # "module:function" run once per rank after the process group exists
 
     def reads_state(self, state_format: str, precision: str) -> bool:
@@ -75,14 +76,15 @@ PLUGINS: dict[str, PluginSpec] = {spec.name: spec for spec in (
     PluginSpec("torch-tp", "torch", lambda n, tp, pp, zero: tp > 1, "coati.plugins.torch_native:TorchNativePlugin",
                variant="tp", tensor_parallel=True),
     PluginSpec("torch-pp", "torch", lambda n, tp, pp, zero: tp == 1 and pp > 1,
-               "coati.plugins.torch_pipeline:TorchPipelinePlugin", pipeline_parallel=True, pipeline_max_zero=0),
+               "coati.plugins.torch_pipeline:TorchPipelinePlugin", pipeline_parallel=True, pipeline_max_zero=0,
+               packs_rows=False),
     _colossal("colossalai-ddp", lambda n, tp, pp, zero: _plain(n, tp, pp, zero), reads_dcp_in=("fp32",),
               trains_adapters=True),
     _colossal("colossalai-zero", lambda n, tp, pp, zero: tp == 1 and pp == 1 and zero > 0, zero_stages=(1, 2),
               precisions=ALL_PRECISIONS, trains_adapters=True),
     _colossal("colossalai-hybrid", lambda n, tp, pp, zero: tp > 1 or pp > 1, tensor_parallel=True,
               pipeline_parallel=True, zero_stages=(0, 1, 2), zero_needs_mixed_precision=True, pipeline_max_zero=1,
-              precisions=ALL_PRECISIONS, gradient_checkpointing=False,
+              precisions=ALL_PRECISIONS, gradient_checkpointing=False, packs_rows=False,  # shardformer's forward
               tp_model_families=("qwen2",)),  # ColossalAI 0.5.0's llama policy fails to import under transformers 5
 )}
 

@@ -78,7 +78,8 @@ class Consumer(TrainerRank):
         # the policy's loss function is the algorithm's objective, built below once this plugin exists (a LoRA
         # policy's plugin also serves the objective's reference)
         self.roles[ACTOR] = TrainedModel.build(ACTOR, p, model, config.algo.learning_rate, None, model_config,
-                                               mesh=self.mesh, optim=config.algo.optim, lora=config.model.lora)
+                                               mesh=self.mesh, optim=config.algo.optim, lora=config.model.lora,
+                                               probe_packing=config.batch.packing != "off")
         self.plugin = self.roles[ACTOR].plugin
         if config.algo.learner_chunk_size > 0 and self.plugin.is_weight_sender:
             from coati.trainer.own_rounds import LearnerRounds
@@ -104,6 +105,10 @@ class Consumer(TrainerRank):
                                 self.weights.publish)
         self.learner = Learner.for_run(config, self.state, self.roles, self.algorithm, context)
 
+    def micro_batching_line(self) -> str:
+        """How this rank cuts its minibatches into micro-batches (packed or padded, and why), for the run's log."""
+        return self.learner.micro_batching.line()
+
     def learner_info(self) -> dict | None:
         """This rank's own generator's shard (prompts, rounds per episode): the learner-side generator on the rank
         that owns it, or this rank's colocated generator; else None."""
@@ -117,7 +122,8 @@ class Consumer(TrainerRank):
         LoRA, adapters on it too, and ``trained_modules`` (e.g. a fresh head) trained in full."""
         self.roles[name] = TrainedModel.build(name, self.config.parallel, model, learning_rate, loss_fn, mesh=self.mesh,
                                               optim=self.config.algo.optim, lora=self.config.model.lora,
-                                              trained_modules=trained_modules)
+                                              trained_modules=trained_modules,
+                                              probe_packing=self.config.batch.packing != "off")
         return self.roles[name]
 
     def set_total_groups(self, total: int | None) -> None:

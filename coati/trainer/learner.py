@@ -22,7 +22,7 @@ from typing import Callable
 
 from coati.algorithm.batch import (micro_batch_count, split_micro_batches, token_budget_micro_batches,
                                    with_logits_window)
-from coati.config.batch_defaults import micro_batch_tokens
+from coati.config.batch_defaults import micro_batch_tokens, packed_row_tokens
 from coati.config.optim import OptimConfig
 from coati.plugins.dist import agree_max
 from coati.trainer.roles import ACTOR, TrainedModel, grad_norm_name
@@ -52,12 +52,16 @@ class Learner:
         self.settings, self.state, self.roles, self.algorithm, self.context = settings, state, roles, algorithm, context
         self.split = split
         self.planned_steps: int | None = None  # the run's steps (the LR schedule's horizon); None: unknown
+        self.micro_batching: MicroBatching | None = None  # an RL run's (rollout_micro_batches)
 
     @classmethod
     def for_run(cls, config, state: TrainState, roles: dict[str, TrainedModel], algorithm: StepAlgorithm,
                 context: StepContext) -> "Learner":
         """An RL run's learner: its settings and rollout micro-batches."""
-        return cls(LearnerSettings.of_run(config), state, roles, algorithm, context, rollout_micro_batches(config, roles))
+        split, micro_batching = rollout_micro_batches(config, roles)
+        learner = cls(LearnerSettings.of_run(config), state, roles, algorithm, context, split)
+        learner.micro_batching = micro_batching
+        return learner
 
     def train_step(self, work: StepWork) -> dict:
         """Train every role for ``ppo_epochs`` optimizer steps on this rank's ``work``; the step's metrics,
@@ -113,18 +117,65 @@ class Learner:
         return totals, grad_norms
 
 
-def rollout_micro_batches(config, roles: dict[str, TrainedModel]) -> Split:
-    """An RL rank's micro-batches of a minibatch. Where every role's plugin takes micro-batches of any shape: by
-    token budget (``micro_batch_tokens``), longest rows first, each cut to its own longest row and naming the
-    logits its loss reads; as many on every rank (collective: the largest count). Else ``tmbs`` rows each
-    (``tmbs // pp`` under pipeline stages, as ColossalChat's microbatch_size)."""
-    if not all(role.plugin.ragged_micro_batches for role in roles.values()):
-        rows = max(1, config.batch.train_microbatch_size // config.parallel.pipeline_parallel_size)
-        return lambda batch: split_micro_batches(batch, rows)
-    budget = micro_batch_tokens(config)
+@dataclass(frozen=True)
+class MicroBatching:
+    """How an RL rank cuts a minibatch into micro-batches: ``rows`` of ``size`` each (pipeline schedules), or by a
+    token budget of ``size`` tokens, ``padded`` (rows x their longest) or ``packed`` (real tokens, one row each)."""
+    kind: str
+    size: int
+    why: str = ""
+
+    def line(self) -> str:
+        """The trainer's one line on it, for the start of a run."""
+        what = {"rows": f"{self.size} rows each (-tmbs per pipeline stage)",
+                "padded": f"at most {self.size} padded tokens each, rows longest first",
+                "packed": f"at most {self.size} tokens each, the samples packed into one row without padding"}[self.kind]
+        return f"trainer micro-batches: {what}" + (f"; {self.why}" if self.why else "")
+
+
+def choose_micro_batching(packing: str, ragged: bool, packs: bool, attention: str | None, budget: int,
+                          rows: int, model_note: str = "") -> MicroBatching:
+    """The micro-batching of an RL run (pure): ``packing`` is --packing; ``ragged``, whether every role's plugin
+    takes micro-batches of any shape; ``packs``, whether every role's plugin and model pack (``TrainedModel``);
+    ``model_note``, why not. --packing on where it cannot pack raises ValueError. ``auto`` packs under a
+    variable-length attention kernel only: under dense attention (sdpa/eager) a packed step was slower than the
+    padded one on a CPU (docs/results.md: its attention and its smaller matmuls cost more than the padding saved)."""
+    if not ragged:
+        return MicroBatching("rows", rows)
+    if packing == "on" and not packs:
+        raise ValueError(f"--packing on: {model_note or 'this run cannot pack samples'}; use --packing auto or off")
+    if packing == "off":
+        return MicroBatching("padded", budget)
+    if not packs:
+        return MicroBatching("padded", budget, model_note)
+    row = packed_row_tokens(attention, budget)
+    if packing == "auto" and row < budget:
+        return MicroBatching("padded", budget, f"not packed: {attention} attention spans a whole packed row, which "
+                             "made a step slower than padded rows (--packing on packs anyway)")
+    why = "" if row == budget else f"{attention} attention spans a whole packed row: at most {row} tokens a row"
+    return MicroBatching("packed", row, why)
+
+
+def rollout_micro_batches(config, roles: dict[str, TrainedModel]) -> tuple[Split, MicroBatching]:
+    """An RL rank's micro-batches of a minibatch (``choose_micro_batching``). Where every role's plugin takes
+    micro-batches of any shape: by token budget (``micro_batch_tokens``), longest rows first, each cut to its own
+    longest row (or packed) and naming the logits its loss reads; as many on every rank (collective: the largest
+    count). Else ``tmbs`` rows each (``tmbs // pp`` under pipeline stages, as ColossalChat's microbatch_size)."""
+    rows = max(1, config.batch.train_microbatch_size // config.parallel.pipeline_parallel_size)
+    ragged = all(role.plugin.ragged_micro_batches for role in roles.values())
+    packs = all(role.packs_rows for role in roles.values())
+    note = "" if packs else (
+        "the model's attention crosses packed samples (a two-sample forward differed from the padded one)"
+        if config.parallel.plugin_spec.packs_rows else f"the {config.parallel.plugin_name} plugin runs a forward of its own")
+    attention = roles[ACTOR].attention
+    choice = choose_micro_batching(config.batch.packing, ragged, packs, attention, micro_batch_tokens(config), rows,
+                                   note)
+    if choice.kind == "rows":
+        return (lambda batch: split_micro_batches(batch, rows)), choice
+    packed = choice.kind == "packed"
 
     def by_tokens(batch: dict) -> list[dict]:
-        count = agree_max(micro_batch_count(batch, budget))
-        return [with_logits_window(micro) for micro in token_budget_micro_batches(batch, budget, count)]
+        count = agree_max(micro_batch_count(batch, choice.size, packed))
+        return [with_logits_window(micro) for micro in token_budget_micro_batches(batch, choice.size, count, packed)]
 
-    return by_tokens
+    return by_tokens, choice

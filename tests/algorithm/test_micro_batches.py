@@ -149,3 +149,81 @@ def test_budget_micro_batches_give_the_unbatched_loss_and_gradients(tiny_lm, obj
     assert loss == pytest.approx(whole_loss, rel=1e-5, abs=1e-6)
     for got, expected in zip(grads, whole_grads):
         assert torch.allclose(got, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_packed_runs_count_real_tokens():
+    batch = rows_of([3, 7, 5, 2])  # longest first: 7, 5, 3, 2
+    micro = token_budget_micro_batches(batch, budget=10, packed=True)
+    assert [row_lengths(m).tolist() for m in micro] == [[7], [5, 3, 2]]  # 7 + 5 > 10; 5 + 3 + 2 = 10
+    assert all(m["pack_rows"].tolist() == [1] * m["input_ids"].shape[0] for m in micro)
+    assert micro_batch_count(batch, 10, packed=True) == 2
+    assert micro_batch_count(batch, 10) == 3  # padded: 2 x 5 fits, 3 x 5 does not
+
+
+def test_packed_layout_by_hand():
+    from coati.plugins.packing import packed_layout
+
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])  # rows of 4 and 2 tokens: packed positions 0-3 and 4-5
+    action = torch.tensor([[0, 1, 1], [1, 0, 0]], dtype=torch.float32)  # row 0 scores tokens 2, 3; row 1 token 1
+    position_ids, positions, slots = packed_layout(mask, keep=3, action_mask=action)
+    assert position_ids.tolist() == [0, 1, 2, 3, 0, 1]
+    # window columns 1, 2, 3: row 0 reads columns 1, 2 (packed 1, 2); row 1 column 1 predicts padding: nothing
+    assert positions.tolist() == [1, 2]
+    assert slots.tolist() == [[0, 1, 0], [0, 0, 0]]
+    _, positions, slots = packed_layout(mask, keep=4)  # no action mask: every position with a next token
+    assert positions.tolist() == [0, 1, 2, 4]
+    assert slots.tolist() == [[0, 1, 2, 0], [3, 0, 0, 0]]
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama"])
+def family_lm(request):
+    from coati.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
+
+    return build_tiny_model(TinyModelSpec(arch=request.param), build_char_tokenizer(), seed=5).float()
+
+
+@pytest.mark.parametrize("objective_name,loss_variation", [("ppo_clip", "token_level"), ("gspo", "sample_level")])
+def test_packed_micro_batches_give_the_padded_loss_and_gradients(family_lm, objective_name, loss_variation):
+    """Qwen2 and Llama: samples packed into one row per micro-batch (position ids restarting, attention kept
+    within each sample by the model's masking) give the unbatched padded pass's loss and gradients."""
+    from coati.plugins.packing import packs_like_padding
+
+    assert packs_like_padding(family_lm)
+    config = SimpleNamespace(
+        algo=SimpleNamespace(loss=PolicyLossConfig(objective=objective_name, loss_variation=loss_variation,
+                                                   kl_loss_coef=0.05), ppo_epochs=1),
+        sampling=SimpleNamespace(temperature=0.9), batch=SimpleNamespace(train_microbatch_size=8))
+    objective = PolicyObjective(config)
+    batch = step_batch(family_lm.config.vocab_size, loss_variation, seed=1)
+    whole_loss, whole_grads = loss_and_grads(family_lm, objective, [batch])
+    micro = [with_logits_window(m) for m in token_budget_micro_batches(batch, budget=40, packed=True)]
+    assert len(micro) >= 2 and all(m["input_ids"].shape[0] >= 2 for m in micro[1:])  # several samples a row
+    loss, grads = loss_and_grads(family_lm, objective, micro)
+    assert loss == pytest.approx(whole_loss, rel=1e-5, abs=1e-6)
+    for got, expected in zip(grads, whole_grads):
+        assert torch.allclose(got, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_a_model_whose_attention_crosses_samples_cannot_pack(family_lm):
+    from coati.plugins.packing import packs_like_padding
+
+    class IgnoresPositions(torch.nn.Module):  # one causal row whatever the position ids say
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=None):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask)
+
+    class NoPositionIds(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask=None):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask)
+
+    assert not packs_like_padding(IgnoresPositions(family_lm))
+    assert not packs_like_padding(NoPositionIds(family_lm))
+    family_lm.train()
+    assert packs_like_padding(family_lm) and family_lm.training  # the probe leaves the mode as it found it

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from coati.plugins.mesh import TrainerMesh
@@ -21,20 +22,24 @@ def one_rank_sum(totals, summed=(), maxima=()):
     return totals  # one rank: the group's totals are its own
 
 
-def test_the_learner_alone_trains_the_consumers_first_step(tiny_dir, monkeypatch):
+@pytest.mark.parametrize("packing", ["auto", "on"])  # padded rows (sdpa), packed rows
+def test_the_learner_alone_trains_the_consumers_first_step(tiny_dir, monkeypatch, packing):
     from transformers import AutoModelForCausalLM
 
-    consumer, _, _ = build(tiny_dir, monkeypatch, [1, 2, 3, 0], 1, "-lr", "1e-2", "--lr-scheduler", "cosine")
+    consumer, _, _ = build(tiny_dir, monkeypatch, [1, 2, 3, 0], 1, "-lr", "1e-2", "--lr-scheduler", "cosine",
+                           "--packing", packing)
+    assert consumer.learner.micro_batching.kind == {"auto": "padded", "on": "packed"}[packing]
     want = consumer.step()  # whole groups: the first 4 groups of the round, in draw order
     config = consumer.config
     policy = TrainedModel.build(ACTOR, config.parallel, AutoModelForCausalLM.from_pretrained(tiny_dir),
                                 config.algo.learning_rate, None, mesh=TrainerMesh.build(config.parallel.parallel_dims),
-                                optim=config.algo.optim)
+                                optim=config.algo.optim, probe_packing=config.batch.packing != "off")
     context = StepContext(config, 0, 1, 0, consumer.pad_id, policy.plugin, one_rank_sum, add_role=None)
     algorithm = GroupAlgorithm(context)
     policy.loss_fn = algorithm.objective.loss
     state = TrainState()
     learner = Learner.for_run(config, state, {ACTOR: policy}, algorithm, context)
+    assert learner.micro_batching == consumer.learner.micro_batching  # as the consumer's
     learner.planned_steps = config.groups_per_sync // config.batch.train_batch_size
     groups = [make_group(correct, 0) for correct in (1, 2, 3, 0)]
     got = learner.train_step(StepWork(share=groups, kept=groups, padding=0, info={}, staleness=[0] * 4, prompts=4,
@@ -65,3 +70,24 @@ def test_train_state_reads_a_checkpoint_written_before_it():
     assert saved["counters"] == old["counters"] and saved["round"] is None
     state.load_state_dict(saved, restore_rng=False)  # another layout: the counters, not the RNG
     assert not torch.equal(torch.rand(3), want[0])
+
+
+def test_micro_batching_is_chosen_once_by_plugin_model_and_flag():
+    from coati.trainer.learner import choose_micro_batching
+
+    dense = choose_micro_batching("auto", True, True, "sdpa", 1536, 16)  # auto: a varlen kernel only
+    assert (dense.kind, dense.size) == ("padded", 1536) and "sdpa attention spans a whole packed row" in dense.line()
+    forced = choose_micro_batching("on", True, True, "sdpa", 1536, 16)
+    assert (forced.kind, forced.size) == ("packed", 512)  # dense attention: rows of at most 512 tokens
+    assert forced.line().endswith("at most 512 tokens a row")
+    assert choose_micro_batching("on", True, True, "eager", 300, 16).size == 300  # a budget under the bound
+    varlen = choose_micro_batching("auto", True, True, "flash_attention_2", 1536, 16)
+    assert (varlen.kind, varlen.size, varlen.why) == ("packed", 1536, "")
+    off = choose_micro_batching("off", True, True, "flash_attention_2", 1536, 16)
+    assert (off.kind, off.size, off.why) == ("padded", 1536, "")
+    cannot = choose_micro_batching("auto", True, False, "flash_attention_2", 1536, 16, "the model's attention crosses")
+    assert cannot.kind == "padded" and cannot.line().endswith("; the model's attention crosses")
+    with pytest.raises(ValueError, match="^--packing on: the model's attention crosses.*--packing auto or off$"):
+        choose_micro_batching("on", True, False, "sdpa", 1536, 16, "the model's attention crosses")
+    rows = choose_micro_batching("auto", False, True, "sdpa", 1536, 8)  # pipeline stages: rows, whatever --packing
+    assert (rows.kind, rows.size) == ("rows", 8)
