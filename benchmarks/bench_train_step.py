@@ -11,6 +11,8 @@ of coati/trainer/objective.py through the single-process plugin, then the optimi
 - ``packed``: micro-batches of real tokens, each one packed row without padding (``--packing on``:
   coati/plugins/packing.py; at most 512 tokens a row under sdpa), the LM head only at the positions the loss
   reads;
+- ``shared``: the token budget with each group's prompt run once for its samples (``--shared-prompts``:
+  coati/plugins/shared_prompts.py), whole groups a micro-batch;
 - ``budget-bf16``: the token budget under bf16 autocast (``--precision bf16``; fp32 master weights).
 
 Each variant is timed ``--repeats`` times, round-robin (so a slow spell of a shared machine hits all alike); the
@@ -34,7 +36,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-PROMPTS, SAMPLES, RESPONSE_TOKENS, MICRO_ROWS, MAX_TOKENS = 8, 8, (4, 32), 16, 64 + 32
+PROMPTS, SAMPLES, RESPONSE_TOKENS, MICRO_ROWS, MAX_TOKENS = 8, 8, tuple(int(n) for n in os.environ.get("BENCH_RESPONSES", "4,32").split(",")), 16, 64 + 32
 
 
 def smollm2_dir() -> str:
@@ -84,10 +86,22 @@ def micro_batches(batch, variant: str, attention: str | None):
 
     if variant == "padded":
         return split_micro_batches(batch, MICRO_ROWS)
+    if variant == "shared":
+        return [with_logits_window(m) for m in token_budget_micro_batches(batch, MICRO_ROWS * MAX_TOKENS, shared=True)]
     if variant == "packed":
         budget = packed_row_tokens(attention, MICRO_ROWS * MAX_TOKENS)
         return [with_logits_window(m) for m in token_budget_micro_batches(batch, budget, packed=True)]
     return [with_logits_window(m) for m in token_budget_micro_batches(batch, MICRO_ROWS * MAX_TOKENS)]
+
+
+def shared_tokens(micro) -> int:
+    """Tokens a shared-prompt micro-batch's two passes compute: distinct prompts x the longest, rows x the longest
+    response."""
+    from coati.algorithm.batch import row_lengths
+
+    prompts = micro["prompt_length"]
+    return (len(set(micro["prompt_group"].tolist())) * int(prompts.max())
+            + len(prompts) * int((row_lengths(micro) - prompts).max()))
 
 
 def synchronize(device) -> None:
@@ -170,8 +184,10 @@ def main() -> None:
     for variant in variants:
         step = statistics.median(times[variant])
         padded = real_tokens if variant == "packed" else sum(m["input_ids"].numel() for m in shapes[variant])
+        computed = sum(shared_tokens(m) for m in shapes[variant]) if variant == "shared" else padded
         rows.append({"variant": variant, "step_s": round(step, 2), "micro_batches": len(shapes[variant]),
-                     "padding": round(1 - real_tokens / padded, 3), "tokens_per_s": round(real_tokens / step, 1),
+                     "padding": round(1 - real_tokens / padded, 3), "computed_tokens": computed,
+                     "tokens_per_s": round(real_tokens / step, 1),
                      "model_gflops": round(6 * params * real_tokens / step / 1e9, 1)})
     base_step = rows[0]["step_s"]
     for row in rows:

@@ -24,6 +24,7 @@ import torch
 
 from coati.plugins.base import LOGITS_TO_KEEP
 from coati.plugins.packing import PACK_ROWS
+from coati.plugins.shared_prompts import SHARED_PROMPTS
 
 
 class ResponseGroup(Protocol):
@@ -45,10 +46,11 @@ def collate(groups: list[ResponseGroup], pad_id: int) -> dict[str, torch.Tensor]
     ``logits[:, :-1]``; ``old_logprobs`` sits at the same positions. ``policy_version[b]``: the weights version
     that sampled row ``b`` (the weight-delivery check compares it with the trainer's).
     """
-    rows, spans, logprobs, masks, versions = [], [], [], [], []
-    for group in groups:
+    rows, spans, logprobs, masks, versions, owners = [], [], [], [], [], []
+    for number, group in enumerate(groups):
         for index, (response, logp) in enumerate(zip(group.responses, group.logprobs)):
             versions.append(group.policy_version)
+            owners.append(number)
             rows.append(group.prompt_ids + response)
             spans.append((len(group.prompt_ids), len(response)))
             logprobs.append(logp)
@@ -69,6 +71,8 @@ def collate(groups: list[ResponseGroup], pad_id: int) -> dict[str, torch.Tensor]
         "action_mask": action_mask,
         "old_logprobs": old_logprobs,
         "policy_version": torch.tensor(versions, dtype=torch.long),  # the weights that sampled each row
+        "prompt_length": torch.tensor([prompt for prompt, _ in spans], dtype=torch.long),
+        "prompt_group": torch.tensor(owners, dtype=torch.long),  # rows of one group share its prompt
     }
 
 
@@ -173,34 +177,87 @@ def _greedy_runs(lengths: list[int], budget: int, packed: bool = False) -> list[
     return runs
 
 
-def budget_order(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The batch's row indices longest first (ties in row order): the order token-budget micro-batches take."""
-    lengths = row_lengths(batch)
-    return torch.tensor(sorted(range(len(lengths)), key=lambda row: (-int(lengths[row]), row)), dtype=torch.long)
+def _shared_runs(prompts: list[int], responses: list[int], groups: list[int], budget: int) -> list[tuple[int, int]]:
+    """Consecutive runs [start, end) of rows in shared-prompt order (each group's rows together) within ``budget``
+    tokens of the two passes: distinct prompts x the longest prompt, plus rows x the longest response. Whole groups
+    while they fit; a group over the budget alone is cut by rows (a row over it goes alone)."""
+
+    def cost(start: int, end: int) -> int:
+        return (len(set(groups[start:end])) * max(prompts[start:end])
+                + (end - start) * max(responses[start:end]))
+
+    spans, start = [], 0
+    for row in range(1, len(groups) + 1):
+        if row == len(groups) or groups[row] != groups[start]:
+            spans.append((start, row))
+            start = row
+    runs, current = [], None
+    for first, last in spans:
+        if current is not None and cost(current[0], last) <= budget:
+            current = (current[0], last)
+            continue
+        if current is not None:
+            runs.append(current)
+        current = None
+        if cost(first, last) <= budget:
+            current = (first, last)
+            continue
+        row = first
+        while row < last:  # the group alone is over the budget: by rows
+            end = row + 1
+            while end < last and cost(row, end + 1) <= budget:
+                end += 1
+            runs.append((row, end))
+            row = end
+    if current is not None:
+        runs.append(current)
+    return runs
 
 
-def micro_batch_count(batch: dict[str, torch.Tensor], budget: int, packed: bool = False) -> int:
+def budget_order(batch: dict[str, torch.Tensor], shared: bool = False) -> torch.Tensor:
+    """The batch's row indices longest first (ties in row order): the order token-budget micro-batches take; with
+    ``shared``, whole groups (``prompt_group``) longest first, each group's rows longest first."""
+    lengths = row_lengths(batch).tolist()
+    if not shared:
+        return torch.tensor(sorted(range(len(lengths)), key=lambda row: (-lengths[row], row)), dtype=torch.long)
+    groups = batch["prompt_group"].tolist()
+    longest: dict[int, int] = {}
+    for row, group in enumerate(groups):
+        longest[group] = max(longest.get(group, 0), lengths[row])
+    return torch.tensor(sorted(range(len(lengths)), key=lambda row: (-longest[groups[row]], groups[row],
+                                                                      -lengths[row], row)), dtype=torch.long)
+
+
+def _runs(batch: dict[str, torch.Tensor], order: torch.Tensor, budget: int, packed: bool, shared: bool):
+    lengths = row_lengths(batch)[order]
+    if not shared:
+        return _greedy_runs(lengths.tolist(), budget, packed)
+    prompts = batch["prompt_length"][order]
+    return _shared_runs(prompts.tolist(), (lengths - prompts).tolist(), batch["prompt_group"][order].tolist(), budget)
+
+
+def micro_batch_count(batch: dict[str, torch.Tensor], budget: int, packed: bool = False,
+                      shared: bool = False) -> int:
     """How many micro-batches ``token_budget_micro_batches`` makes of ``batch`` at most ``budget`` tokens each."""
-    lengths = row_lengths(batch)[budget_order(batch)].tolist()
-    return len(_greedy_runs(lengths, budget, packed))
+    return len(_runs(batch, budget_order(batch, shared), budget, packed, shared))
 
 
 def token_budget_micro_batches(batch: dict[str, torch.Tensor], budget: int, count: int | None = None,
-                               packed: bool = False) -> list[dict[str, torch.Tensor]]:
+                               packed: bool = False, shared: bool = False) -> list[dict[str, torch.Tensor]]:
     """Micro-batches of ``batch`` of at most ``budget`` tokens each, rows longest first, each cut to its widest row
     (``take_rows``); a row longer than the budget goes alone. Tokens are padded ones (rows x widest row), or with
     ``packed`` real ones: each micro-batch then names ``PACK_ROWS``, its forward running its rows as one packed
-    row (coati.plugins.packing).
+    row (coati.plugins.packing); or with ``shared`` those of a shared-prompt forward's two passes, whole groups
+    kept together: each micro-batch names ``SHARED_PROMPTS`` (coati.plugins.shared_prompts).
 
     ``count`` (>= the count the budget gives, <= the rows): exactly that many, the runs with the most rows split in
     half until there are; data-parallel ranks must make the same number of forward/backward calls.
     """
-    order = budget_order(batch)
-    lengths = row_lengths(batch)[order].tolist()
-    runs = _greedy_runs(lengths, budget, packed)
+    order = budget_order(batch, shared)
+    runs = _runs(batch, order, budget, packed, shared)
     if count is not None:
-        if not len(runs) <= count <= len(lengths):
-            raise ValueError(f"{count} micro-batches of {len(lengths)} rows: the budget of {budget} tokens needs "
+        if not len(runs) <= count <= len(order):
+            raise ValueError(f"{count} micro-batches of {len(order)} rows: the budget of {budget} tokens needs "
                              f"{len(runs)}")
         while len(runs) < count:
             index = max(range(len(runs)), key=lambda i: (runs[i][1] - runs[i][0], -i))
@@ -208,7 +265,8 @@ def token_budget_micro_batches(batch: dict[str, torch.Tensor], budget: int, coun
             middle = start + (end - start + 1) // 2
             runs[index : index + 1] = [(start, middle), (middle, end)]
     micro_batches = [take_rows(batch, order[start:end]) for start, end in runs]
-    if packed:
-        micro_batches = [{**micro, PACK_ROWS: torch.ones(micro["input_ids"].shape[0], dtype=torch.long)}
+    key = PACK_ROWS if packed else SHARED_PROMPTS if shared else None
+    if key:
+        micro_batches = [{**micro, key: torch.ones(micro["input_ids"].shape[0], dtype=torch.long)}
                          for micro in micro_batches]
     return micro_batches

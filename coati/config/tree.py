@@ -57,10 +57,13 @@ class RLConfig:
     @property
     def engine_adapters(self):
         """The LoRA settings the inference engines build their adapters with: a weight version is then the
-        adapter tensors alone. None without LoRA, or when the engine takes full weights only (each version is
-        merged into full weights first: ``merges_adapters``)."""
+        adapter tensors alone. None without LoRA, with --lora-sync merged (coati/config/lora_sync.py decides
+        ``auto`` as a run starts) or when the engine takes full weights only (each version is merged into full
+        weights first: ``merges_adapters``)."""
         lora = self.model.lora
-        return lora if lora.enabled and self.parallel.backend_spec.takes_adapters_of_rank(lora.lora_rank) else None
+        if not lora.enabled or lora.lora_sync == "merged":
+            return None
+        return lora if self.parallel.backend_spec.takes_adapters_of_rank(lora.lora_rank) else None
 
     @property
     def merges_adapters(self) -> bool:

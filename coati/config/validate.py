@@ -10,6 +10,7 @@ import math
 
 from coati.config.algo import ALGOS
 from coati.config.data import DataConfig
+from coati.config.lora_sync import lora_sync_choice
 from coati.config.errors import ConfigError, require
 from coati.config.health import parse_health
 from coati.config.layout import ParallelConfig
@@ -50,6 +51,12 @@ def validate(config: RLConfig) -> None:
     require(b.packing != "on" or config.parallel.plugin_spec.packs_rows,
             f"--packing on: the {config.parallel.plugin_name} plugin cannot pack samples (pipeline stages and "
             "ColossalAI's hybrid plugin run forwards of their own); use --packing auto or off")
+    require(b.shared_prompts != "on" or (config.parallel.plugin_spec.shares_prompts
+                                         and not config.algo.optim.gradient_checkpointing),
+            f"--shared-prompts on: the {config.parallel.plugin_name} plugin"
+            + (" with --gradient-checkpointing" if config.parallel.plugin_spec.shares_prompts else "")
+            + " cannot run a group's prompt once (it needs the single-process plugin, whose two forwards keep a KV "
+              "cache); use --shared-prompts auto or off")
     require(b.num_generations >= 2 or config.algo.uses_critic,
             "-g/--num-generations must be at least 2: group advantages compare samples within a group "
             "(-a PPO's critic allows -g 1)")
@@ -67,6 +74,8 @@ def validate(config: RLConfig) -> None:
     _validate_weight_sync(p)
     _validate_colocation(config)
     p.check_lora(config.model.lora)
+    if config.model.lora.enabled:  # --lora-sync adapters with an engine that cannot take them: one line now
+        lora_sync_choice(config.model.lora.lora_sync, p.backend_spec, config.model.lora.lora_rank, False)
     require(p.vllm_kv_cache_gb > 0, f"--vllm-kv-cache-gb must be > 0, got {p.vllm_kv_cache_gb}")
     require(0 < p.vllm_gpu_memory_utilization <= 1,
             f"--vllm-gpu-memory-utilization must lie in (0, 1], got {p.vllm_gpu_memory_utilization}")

@@ -257,11 +257,17 @@ def micro_batch_rows(config) -> int:
 
 
 def _packing(config) -> str:
-    """What --packing makes of the micro-batches (the trainer's start line says what it found in the model)."""
+    """What --shared-prompts and --packing make of the micro-batches (the trainer's start line says what it found
+    in the model)."""
     packing, p = config.batch.packing, config.parallel
     padded = "padded: rows longest first, as many as fit with their longest"
     if p.pipeline_parallel_size > 1:
         return "-tmbs / -pp rows each (pipeline stages split a batch evenly)"
+    b = config.batch
+    if b.shared_prompts != "off" and p.plugin_spec.shares_prompts and not config.algo.optim.gradient_checkpointing:
+        return ("shared prompts: whole groups a micro-batch, each group's prompt run once for its samples (both "
+                "passes' tokens within the budget), where the model gives the padded logits (checked as training "
+                "starts; " + ("refused" if b.shared_prompts == "on" else "else " + padded.split(":")[0]) + ")")
     if packing == "off" or not p.plugin_spec.packs_rows:
         return padded + (f" ({p.plugin_name} runs a forward of its own)" if packing != "off" else "")
     if packing == "auto":
@@ -462,6 +468,7 @@ def build_plan(config, cluster: str | None = None) -> tuple:
     when the flags or the cluster description are wrong or the bundles cannot be placed."""
     from coati.cluster.connect import cluster_address
     from coati.config.colocation import choose_colocation
+    from coati.config.lora_sync import choose_lora_sync
 
     shape = model_shape(config)
     p = config.parallel
@@ -472,12 +479,13 @@ def build_plan(config, cluster: str | None = None) -> tuple:
         nodes = (running_cluster(address, source, config.run.ray_dir) if address
                  else this_machine(p.num_trainers + p.num_inferencers))
     config, line = choose_colocation(config, sum(node.gpus for node in nodes))
+    config, lora_line = choose_lora_sync(config, sum(node.gpus for node in nodes))
     fit = fit_memory(config, shape, nodes)
     config = fit.config
     actors, unit = place(config, nodes)
     assign_threads(config, actors, nodes)
     estimate(config, shape, actors, unit, nodes)
-    return config, [text for text in (line, fit.line) if text], shape, actors, unit, nodes
+    return config, [text for text in (line, lora_line, fit.line) if text], shape, actors, unit, nodes
 
 
 def dry_run(config, cluster: str | None = None) -> tuple[list[str], str | None]:

@@ -24,6 +24,7 @@ from coati.cluster.supervision import PRODUCER_OPTIONS, ActorStuck, Supervisor
 from coati.cluster.trainer_group import TrainerGroup, join_trainer_group, start_trainer_group
 from coati.cluster.weight_store import WeightStore
 from coati.config.colocation import choose_colocation
+from coati.config.lora_sync import choose_lora_sync
 from coati.config.tree import RLConfig
 from coati.launcher.eval_schedule import EvalSchedule
 from coati.launcher.delivery import DeliveryCheck, WeightsNotDelivered
@@ -41,7 +42,7 @@ from coati.launcher.checkpoints import (
 from coati.launcher.stop import RunInterrupted, StopRequest
 from coati.trainer.consumer import Consumer
 from coati.utils.checkpoint import prune_checkpoints
-from coati.utils.machine import usable_cores
+from coati.utils.machine import bf16_cpu_line, cpu_flags, usable_cores
 from coati.utils.metrics import MetricsLogger
 from coati.utils.run_files import RolloutWriter
 from rewards.correctness import accuracy_text
@@ -90,8 +91,12 @@ def run(config: RLConfig, log=print, start_lines: tuple[str, ...] = ()) -> RunRe
             config, line = choose_colocation(config, ray.cluster_resources().get("GPU", 0))
             if line:
                 log(line)
-            if config.merges_adapters:
-                log(_merged_adapters_line(config))
+            config, line = choose_lora_sync(config, ray.cluster_resources().get("GPU", 0))
+            if line:
+                log(line)
+            line = bf16_cpu_line(config.parallel.precision, ray.cluster_resources().get("GPU", 0), cpu_flags())
+            if line:
+                log(line)
             # before any actor: a cluster too small for the flags is one ClusterError line
             reservation = reserve(config)
             try:
@@ -318,13 +323,6 @@ def _rounds_to_run(config, consumers, producers, log) -> int:
     if rounds == 0:
         raise RuntimeError("no full inference batch of prompts fits -mpt; raise -mpt/--max-prompt-tokens or lower -ibs")
     return rounds, [info["engine_precision"] for info in infos.values() if "engine_precision" in info]
-
-
-def _merged_adapters_line(config: RLConfig) -> str:
-    spec, rank = config.parallel.backend_spec, config.model.lora.lora_rank
-    why = f"takes adapters up to rank {spec.max_adapter_rank}" if spec.takes_adapters else "takes full weights"
-    return (f"--lora-rank {rank} with -b {spec.name}: this engine {why}, so each weight version is the adapters "
-            "merged into the base (a full-size sync)")
 
 
 def _evaluator_threads(cores: dict[str, int], node: str, reservation, concurrent: bool) -> int:

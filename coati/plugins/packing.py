@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch
 
 PACK_ROWS = "pack_rows"  # a micro-batch key ([B], all 1): its forward runs packed (``packed_logits``)
+
+
 def packed_layout(attention_mask: torch.Tensor, keep: int, action_mask: torch.Tensor | None = None):
     """(position ids [T], logits positions [K], slot map [B, keep]) of right-padded rows packed into one row.
 
@@ -40,11 +42,10 @@ def packed_layout(attention_mask: torch.Tensor, keep: int, action_mask: torch.Te
     if action_mask is not None:
         scored = torch.nn.functional.pad(action_mask.ne(0), (0, 1))  # [B, L]: column L-1 predicts nothing
         read &= scored[:, width - keep:]
-    if not read.any():  # nothing scored (e.g. a data-parallel placeholder): one position keeps shapes valid
-        read[0, 0] = True
-    flat = starts.unsqueeze(1) + columns.unsqueeze(0)
-    positions = flat[read]
     slots = torch.zeros(rows, keep, dtype=torch.long)
+    if not read.any():  # nothing scored (e.g. a data-parallel placeholder): the first position keeps shapes valid
+        return position_ids, torch.zeros(1, dtype=torch.long), slots
+    positions = (starts.unsqueeze(1) + columns.unsqueeze(0))[read]
     slots[read] = torch.arange(len(positions))
     return position_ids, positions, slots
 

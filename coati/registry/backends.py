@@ -23,6 +23,9 @@ class BackendSpec:
     colocates: bool = True  # can run inside a trainer rank (--colocate)
     takes_adapters: bool = False  # loads LoRA adapter tensors in place (else each version is merged first)
     max_adapter_rank: int | None = None  # the highest LoRA rank it takes (None: any); higher ranks are merged
+    # Measured on a CPU: its generation with LoRA adapters / with full weights (None: not measured). --lora-sync
+    # auto merges versions where this is large (coati/config/lora_sync.py).
+    cpu_adapter_slowdown: float | None = None
     # The default engine of a user's model (-m without -b; coati/config/engine.py): the row of highest preference
     # whose offer here serves the model and the run. offer: "module:function" (the model's architectures) ->
     # EngineOffer, read without importing the engine; None: always installed, serves every causal LM.
@@ -41,6 +44,8 @@ BACKENDS: dict[str, BackendSpec] = {spec.name: spec for spec in (
                 preflight="coati.rollout.vllm_backend:check_vllm_usable", tensor_parallel=True,
                 kv_cache_budget=True, cpu_runtime_bytes=2.0 * GiB, sleeps=True, takes_adapters=True,
                 max_adapter_rank=512,  # vLLM's largest max_lora_rank
+                # SmolLM2-135M, 64 samples of the real-model demo, rank 16: 17-20 s with adapters, 2.7 s without
+                cpu_adapter_slowdown=6.5,
                 # the faster engine for a user's model (docs/results.md, The default engine)
                 preference=1, offer="coati.rollout.vllm_backend:vllm_offer"),
 )}

@@ -38,6 +38,9 @@ class PluginSpec:
     reads_dcp_in: tuple[str, ...] = ALL_PRECISIONS  # precisions in which it reads a torch DCP trainer state
     trains_adapters: bool = False  # trains LoRA adapters on a frozen base
     packs_rows: bool = True  # runs the model's own forward on ragged micro-batches (--packing: one packed row)
+    # runs two forwards (prompts, then responses on their KV cache) before one backward (--shared-prompts); DDP's
+    # reducer expects one, and the sharded plugins were not tried
+    shares_prompts: bool = False
     launch: str | None = None  # "module:function" run once per rank after the process group exists
 
     def reads_state(self, state_format: str, precision: str) -> bool:
@@ -68,7 +71,7 @@ PLUGINS: dict[str, PluginSpec] = {spec.name: spec for spec in (
     # address the plain HF modules (ColossalAI 0.5.0's HybridParallel LoRA is pipeline-only and untested here).
     PluginSpec("single", "torch", lambda n, tp, pp, zero: _plain(n, tp, pp, zero) and n == 1,
                "coati.plugins.torch_single:SingleProcessPlugin", distributed=False, full_module=True,
-               trains_adapters=True),
+               trains_adapters=True, shares_prompts=True),
     PluginSpec("torch-ddp", "torch", lambda n, tp, pp, zero: _plain(n, tp, pp, zero) and n > 1,
                "coati.plugins.torch_native:TorchNativePlugin", variant="ddp", full_module=True, trains_adapters=True),
     PluginSpec("torch-fsdp2", "torch", lambda n, tp, pp, zero: tp == 1 and pp == 1 and zero > 0,

@@ -79,7 +79,8 @@ class Consumer(TrainerRank):
         # policy's plugin also serves the objective's reference)
         self.roles[ACTOR] = TrainedModel.build(ACTOR, p, model, config.algo.learning_rate, None, model_config,
                                                mesh=self.mesh, optim=config.algo.optim, lora=config.model.lora,
-                                               probe_packing=config.batch.packing != "off")
+                                               probe_packing=config.batch.packing != "off",
+                                               probe_sharing=config.batch.shared_prompts != "off")
         self.plugin = self.roles[ACTOR].plugin
         if config.algo.learner_chunk_size > 0 and self.plugin.is_weight_sender:
             from coati.trainer.own_rounds import LearnerRounds
@@ -123,7 +124,8 @@ class Consumer(TrainerRank):
         self.roles[name] = TrainedModel.build(name, self.config.parallel, model, learning_rate, loss_fn, mesh=self.mesh,
                                               optim=self.config.algo.optim, lora=self.config.model.lora,
                                               trained_modules=trained_modules,
-                                              probe_packing=self.config.batch.packing != "off")
+                                              probe_packing=self.config.batch.packing != "off",
+                                              probe_sharing=self.config.batch.shared_prompts != "off")
         return self.roles[name]
 
     def set_total_groups(self, total: int | None) -> None:

@@ -120,7 +120,8 @@ class Learner:
 @dataclass(frozen=True)
 class MicroBatching:
     """How an RL rank cuts a minibatch into micro-batches: ``rows`` of ``size`` each (pipeline schedules), or by a
-    token budget of ``size`` tokens, ``padded`` (rows x their longest) or ``packed`` (real tokens, one row each)."""
+    token budget of ``size`` tokens, ``padded`` (rows x their longest), ``packed`` (real tokens, one row each) or
+    ``shared`` (whole groups, each prompt run once: both passes' padded tokens)."""
     kind: str
     size: int
     why: str = ""
@@ -129,19 +130,29 @@ class MicroBatching:
         """The trainer's one line on it, for the start of a run."""
         what = {"rows": f"{self.size} rows each (-tmbs per pipeline stage)",
                 "padded": f"at most {self.size} padded tokens each, rows longest first",
-                "packed": f"at most {self.size} tokens each, the samples packed into one row without padding"}[self.kind]
+                "packed": f"at most {self.size} tokens each, the samples packed into one row without padding",
+                "shared": f"at most {self.size} tokens each, whole groups, each group's prompt run once for its "
+                          "samples (--shared-prompts)"}[self.kind]
         return f"trainer micro-batches: {what}" + (f"; {self.why}" if self.why else "")
 
 
 def choose_micro_batching(packing: str, ragged: bool, packs: bool, attention: str | None, budget: int,
-                          rows: int, model_note: str = "") -> MicroBatching:
+                          rows: int, model_note: str = "", sharing: str = "off", shares: bool = False,
+                          sharing_note: str = "") -> MicroBatching:
     """The micro-batching of an RL run (pure): ``packing`` is --packing; ``ragged``, whether every role's plugin
     takes micro-batches of any shape; ``packs``, whether every role's plugin and model pack (``TrainedModel``);
-    ``model_note``, why not. --packing on where it cannot pack raises ValueError. ``auto`` packs under a
+    ``model_note``, why not; ``sharing``, ``shares`` and ``sharing_note`` the same of --shared-prompts, which goes
+    first (it saves the most: a group's prompt computed once, not G times). --packing/--shared-prompts on where
+    it cannot raises ValueError. ``auto`` packs under a
     variable-length attention kernel only: under dense attention (sdpa/eager) a packed step was slower than the
     padded one on a CPU (docs/results.md: its attention and its smaller matmuls cost more than the padding saved)."""
     if not ragged:
         return MicroBatching("rows", rows)
+    if sharing == "on" and not shares:
+        raise ValueError(f"--shared-prompts on: {sharing_note or 'this run cannot share prompts'}; use "
+                         "--shared-prompts auto or off")
+    if sharing != "off" and shares:
+        return MicroBatching("shared", budget)
     if packing == "on" and not packs:
         raise ValueError(f"--packing on: {model_note or 'this run cannot pack samples'}; use --packing auto or off")
     if packing == "off":
@@ -167,15 +178,21 @@ def rollout_micro_batches(config, roles: dict[str, TrainedModel]) -> tuple[Split
     note = "" if packs else (
         "the model's attention crosses packed samples (a two-sample forward differed from the padded one)"
         if config.parallel.plugin_spec.packs_rows else f"the {config.parallel.plugin_name} plugin runs a forward of its own")
+    shares = all(role.shares_prompts for role in roles.values())
+    sharing_note = "" if shares else (
+        "the model's logits differed when its prompts ran once (a KV-cache forward checked before training)"
+        if config.parallel.plugin_spec.shares_prompts and not config.algo.optim.gradient_checkpointing
+        else "it needs the single-process plugin without --gradient-checkpointing")
     attention = roles[ACTOR].attention
     choice = choose_micro_batching(config.batch.packing, ragged, packs, attention, micro_batch_tokens(config), rows,
-                                   note)
+                                   note, config.batch.shared_prompts, shares, sharing_note)
     if choice.kind == "rows":
         return (lambda batch: split_micro_batches(batch, rows)), choice
-    packed = choice.kind == "packed"
+    packed, shared = choice.kind == "packed", choice.kind == "shared"
 
     def by_tokens(batch: dict) -> list[dict]:
-        count = agree_max(micro_batch_count(batch, choice.size, packed))
-        return [with_logits_window(micro) for micro in token_budget_micro_batches(batch, choice.size, count, packed)]
+        count = agree_max(micro_batch_count(batch, choice.size, packed, shared))
+        return [with_logits_window(micro)
+                for micro in token_budget_micro_batches(batch, choice.size, count, packed, shared)]
 
     return by_tokens, choice

@@ -24,6 +24,7 @@ from coati.plugins import make_plugin
 from coati.plugins.base import LossFn, TrainerPlugin
 from coati.plugins.optim import lr_multiplier, warmup_steps
 from coati.plugins.packing import packs_like_padding
+from coati.plugins.shared_prompts import shares_like_padding
 from coati.plugins.mesh import TrainerMesh
 from coati.plugins.state import MANIFEST
 
@@ -38,20 +39,24 @@ class TrainedModel:
     learning_rate: float = 0.0  # the base rate the schedule scales
     optim: OptimConfig = OptimConfig()
     packs_rows: bool = False  # its micro-batches may run packed (plugin and model checked: coati.plugins.packing)
+    shares_prompts: bool = False  # ... with each prompt run once (coati.plugins.shared_prompts)
     attention: str | None = None  # the model's attention implementation (how wide a packed row may be)
 
     @classmethod
     def build(cls, name: str, parallel, model: torch.nn.Module, learning_rate: float, loss_fn: LossFn | None,
               model_config=None, mesh: TrainerMesh | None = None, optim: OptimConfig = OptimConfig(),
               lora: LoraConfig = LoraConfig(), trained_modules: tuple[str, ...] = (),
-              probe_packing: bool = False) -> "TrainedModel":
+              probe_packing: bool = False, probe_sharing: bool = False) -> "TrainedModel":
         """Lay ``model`` out as the group's ``parallel`` config says, on the group's ``mesh`` (collective: every
         rank builds it), with ``optim``'s weight decay and gradient checkpointing; with ``lora`` enabled only
         its adapters (and ``trained_modules``, e.g. a critic's fresh head) train. ``probe_packing``: whether its
-        micro-batches may run packed is checked first, on the whole model (``packs_like_padding``)."""
+        micro-batches may run packed is checked first, on the whole model (``packs_like_padding``); and
+        ``probe_sharing``, whether a group's prompt may run once (``shares_like_padding``)."""
         if lora.enabled:
             model = add_adapters(model, lora, trained_modules)
         packs = probe_packing and parallel.plugin_spec.packs_rows and packs_like_padding(model)
+        shares = (probe_sharing and parallel.plugin_spec.shares_prompts and not optim.gradient_checkpointing
+                  and shares_like_padding(model))
         attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
         plugin = make_plugin(parallel.plugin_name, parallel.tensor_parallel_size, parallel.pipeline_parallel_size,
                              parallel.zero_stage, parallel.precision, world_size=parallel.num_trainers,
@@ -59,7 +64,7 @@ class TrainedModel:
                              mesh=mesh)
         plugin.setup(model, learning_rate, weight_decay=optim.weight_decay,
                      gradient_checkpointing=optim.gradient_checkpointing)
-        return cls(name, plugin, loss_fn, learning_rate, optim, packs, attention)
+        return cls(name, plugin, loss_fn, learning_rate, optim, packs, shares, attention)
 
     def schedule_learning_rate(self, step: int, total_steps: int) -> float:
         """Set the learning rate of the run's 0-based step ``step`` of ``total_steps`` (the schedule is a pure

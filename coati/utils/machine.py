@@ -1,4 +1,5 @@
-"""How many CPU cores this process may use: the one count every thread budget and local cluster size starts from.
+"""How many CPU cores this process may use: the one count every thread budget and local cluster size starts from;
+and whether this CPU computes in bfloat16 natively.
 
 The cores a process may run on are its affinity mask, not the machine's core count: a Slurm allocation, a
 ``taskset`` or a cgroup cpuset gives a process fewer cores than ``os.cpu_count()`` reports, and torch threads
@@ -15,3 +16,28 @@ def usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return max(1, len(os.sched_getaffinity(0)))
     return max(1, os.cpu_count() or 1)
+
+
+# Instruction sets that make bfloat16 matmuls native on x86 CPUs (oneDNN uses them); without them torch converts,
+# and bf16 ran slower than fp32 (docs/results.md: 0.26x fp32's matmul rate, a training step 3x fp32's).
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
+    """This CPU's feature flags (empty where /proc/cpuinfo is not there)."""
+    try:
+        with open(cpuinfo, encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def bf16_cpu_line(precision: str, cluster_gpus: float, flags: set[str]) -> str | None:
+    """The start line for --precision bf16 trained on a CPU without native bfloat16 (None otherwise; pure)."""
+    if precision != "bf16" or cluster_gpus > 0 or not flags or flags & set(BF16_CPU_FLAGS):
+        return None
+    return ("--precision bf16 on a CPU without AVX512-BF16 or AMX: bf16 matmuls run below fp32's rate here (a "
+            "training step measured 3x fp32's on such a CPU); --precision fp32 is faster")

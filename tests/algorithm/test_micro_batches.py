@@ -173,6 +173,8 @@ def test_packed_layout_by_hand():
     _, positions, slots = packed_layout(mask, keep=4)  # no action mask: every position with a next token
     assert positions.tolist() == [0, 1, 2, 4]
     assert slots.tolist() == [[0, 1, 2, 0], [3, 0, 0, 0]]
+    _, positions, slots = packed_layout(mask, keep=3, action_mask=torch.zeros(2, 3))  # nothing scored
+    assert positions.tolist() == [0] and not slots.any()
 
 
 @pytest.fixture(scope="module", params=["qwen2", "llama"])
@@ -227,3 +229,38 @@ def test_a_model_whose_attention_crosses_samples_cannot_pack(family_lm):
     assert not packs_like_padding(NoPositionIds(family_lm))
     family_lm.train()
     assert packs_like_padding(family_lm) and family_lm.training  # the probe leaves the mode as it found it
+
+
+def test_shared_prompt_runs_keep_groups_together():
+    batch = step_batch(50, "token_level", seed=2)  # 4 groups of 2 samples
+    micro = token_budget_micro_batches(batch, budget=40, shared=True)
+    assert all(m["shared_prompts"].tolist() == [1] * m["input_ids"].shape[0] for m in micro)
+    seen = [sorted(set(m["prompt_group"].tolist())) for m in micro]
+    assert sorted(g for groups in seen for g in groups) == [0, 1, 2, 3]  # no group split over two micro-batches
+    for m in micro:  # the two passes' tokens stay within the budget (or one row alone)
+        prompts, lengths = m["prompt_length"], row_lengths(m)
+        cost = len(set(m["prompt_group"].tolist())) * int(prompts.max()) + len(prompts) * int((lengths - prompts).max())
+        assert cost <= 40 or len(prompts) == 1
+    assert micro_batch_count(batch, 40, shared=True) == len(micro)
+
+
+@pytest.mark.parametrize("objective_name,loss_variation", [("ppo_clip", "token_level"), ("gspo", "sample_level")])
+def test_shared_prompt_micro_batches_give_the_padded_loss_and_gradients(family_lm, objective_name, loss_variation):
+    """Qwen2 and Llama: each distinct prompt run once, its samples' responses on its KV cache, give the unbatched
+    padded pass's loss and gradients (the prompt's gradient is the sum over its samples, as the copies' was)."""
+    from coati.plugins.shared_prompts import shares_like_padding
+
+    assert shares_like_padding(family_lm)
+    config = SimpleNamespace(
+        algo=SimpleNamespace(loss=PolicyLossConfig(objective=objective_name, loss_variation=loss_variation,
+                                                   kl_loss_coef=0.05), ppo_epochs=1),
+        sampling=SimpleNamespace(temperature=0.9), batch=SimpleNamespace(train_microbatch_size=8))
+    objective = PolicyObjective(config)
+    batch = step_batch(family_lm.config.vocab_size, loss_variation, seed=1)
+    whole_loss, whole_grads = loss_and_grads(family_lm, objective, [batch])
+    micro = [with_logits_window(m) for m in token_budget_micro_batches(batch, budget=40, shared=True)]
+    assert len(micro) >= 2 and any(m["input_ids"].shape[0] >= 2 for m in micro)
+    loss, grads = loss_and_grads(family_lm, objective, micro)
+    assert loss == pytest.approx(whole_loss, rel=1e-5, abs=1e-6)
+    for got, expected in zip(grads, whole_grads):
+        assert torch.allclose(got, expected, rtol=1e-4, atol=1e-6)

@@ -62,6 +62,9 @@ def run_cli(argv, capsys):
      "pipeline parallelism supports zero stage 0 or 1 only"),
     (["-zero", "4"], "-zero/--zero-stage must be 0, 1, 2 or 3"),
     (["-t", "2", "-pp", "2", "--packing", "on"], "--packing on: the torch-pp plugin cannot pack samples"),
+    (["-t", "2", "--shared-prompts", "on"], "--shared-prompts on: the torch-ddp plugin cannot run a group's prompt"),
+    (["--shared-prompts", "on", "--gradient-checkpointing"],
+     "--shared-prompts on: the single plugin with --gradient-checkpointing cannot"),
     (["-t", "3", "-tp", "3"], "tp_size 3 does not divide the model's 4 attention heads"),  # the demo model's
     (["-t", "3", "-pp", "3"], "pp_size 3 does not divide the model's 2 decoder layers"),
 ])

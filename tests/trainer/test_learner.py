@@ -22,18 +22,19 @@ def one_rank_sum(totals, summed=(), maxima=()):
     return totals  # one rank: the group's totals are its own
 
 
-@pytest.mark.parametrize("packing", ["auto", "on"])  # padded rows (sdpa), packed rows
-def test_the_learner_alone_trains_the_consumers_first_step(tiny_dir, monkeypatch, packing):
+@pytest.mark.parametrize("flags,kind", [((), "shared"), (("--shared-prompts", "off"), "padded"),
+                                        (("--shared-prompts", "off", "--packing", "on"), "packed")])
+def test_the_learner_alone_trains_the_consumers_first_step(tiny_dir, monkeypatch, flags, kind):
     from transformers import AutoModelForCausalLM
 
-    consumer, _, _ = build(tiny_dir, monkeypatch, [1, 2, 3, 0], 1, "-lr", "1e-2", "--lr-scheduler", "cosine",
-                           "--packing", packing)
-    assert consumer.learner.micro_batching.kind == {"auto": "padded", "on": "packed"}[packing]
+    consumer, _, _ = build(tiny_dir, monkeypatch, [1, 2, 3, 0], 1, "-lr", "1e-2", "--lr-scheduler", "cosine", *flags)
+    assert consumer.learner.micro_batching.kind == kind
     want = consumer.step()  # whole groups: the first 4 groups of the round, in draw order
     config = consumer.config
     policy = TrainedModel.build(ACTOR, config.parallel, AutoModelForCausalLM.from_pretrained(tiny_dir),
                                 config.algo.learning_rate, None, mesh=TrainerMesh.build(config.parallel.parallel_dims),
-                                optim=config.algo.optim, probe_packing=config.batch.packing != "off")
+                                optim=config.algo.optim, probe_packing=config.batch.packing != "off",
+                                probe_sharing=config.batch.shared_prompts != "off")
     context = StepContext(config, 0, 1, 0, consumer.pad_id, policy.plugin, one_rank_sum, add_role=None)
     algorithm = GroupAlgorithm(context)
     policy.loss_fn = algorithm.objective.loss
@@ -89,5 +90,11 @@ def test_micro_batching_is_chosen_once_by_plugin_model_and_flag():
     assert cannot.kind == "padded" and cannot.line().endswith("; the model's attention crosses")
     with pytest.raises(ValueError, match="^--packing on: the model's attention crosses.*--packing auto or off$"):
         choose_micro_batching("on", True, False, "sdpa", 1536, 16, "the model's attention crosses")
+    shared = choose_micro_batching("auto", True, True, "flash_attention_2", 1536, 16, sharing="auto", shares=True)
+    assert (shared.kind, shared.size) == ("shared", 1536) and "each group's prompt run once" in shared.line()
+    assert choose_micro_batching("on", True, True, "sdpa", 1536, 16, sharing="auto", shares=False).kind == "packed"
+    with pytest.raises(ValueError, match="^--shared-prompts on: it needs the single-process plugin"):
+        choose_micro_batching("auto", True, True, "sdpa", 1536, 16, sharing="on", shares=False,
+                              sharing_note="it needs the single-process plugin")
     rows = choose_micro_batching("auto", False, True, "sdpa", 1536, 8)  # pipeline stages: rows, whatever --packing
     assert (rows.kind, rows.size) == ("rows", 8)
