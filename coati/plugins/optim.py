@@ -52,12 +52,7 @@ def make_adamw(model: torch.nn.Module, learning_rate: float, betas: tuple[float,
               {"params": [p for n, p in named if not decays(n, p)], "weight_decay": 0.0}]
     import torch  # here: config/ reads LR_SCHEDULES without importing torch
 
-    # On a CPU torch's default AdamW loops over the tensors one at a time: 5.3 s a step for SmolLM2-135M on 2
-    # cores, against 0.69 s fused (docs/results.md). Fused for plain CPU tensors; elsewhere torch's default.
-    params = [p for _, p in named]
-    fused = bool(params) and all(p.device.type == "cpu" and type(p.data) is torch.Tensor for p in params)
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=learning_rate, betas=betas,
-                             **({"fused": True} if fused else {}))
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=learning_rate, betas=betas)
 
 
 def set_learning_rate(optimizer, learning_rate: float) -> None:

@@ -22,8 +22,8 @@ def one_rank_sum(totals, summed=(), maxima=()):
     return totals  # one rank: the group's totals are its own
 
 
-@pytest.mark.parametrize("flags,kind", [((), "shared"), (("--shared-prompts", "off"), "padded"),
-                                        (("--shared-prompts", "off", "--packing", "on"), "packed")])
+@pytest.mark.parametrize("flags,kind", [((), "padded"), (("--shared-prompts", "auto"), "shared"),
+                                        (("--packing", "on"), "packed")])
 def test_the_learner_alone_trains_the_consumers_first_step(tiny_dir, monkeypatch, flags, kind):
     from transformers import AutoModelForCausalLM
 
