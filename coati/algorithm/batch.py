@@ -10,7 +10,8 @@ the whole batch, so the micro-batches' losses add up to the batch's whatever the
 Logits only where a loss reads them (``logits_window``): a micro-batch's logits are needed from its first response
 position on, so a model that can (HF's ``logits_to_keep``) runs its LM head on the last ``logits_window`` positions
 only; ``window_token_logprobs`` reads either width and returns [B, L-1] with zeros before the window (positions
-every loss masks out).
+every loss masks out). A forward that computes the scored positions alone (``scored_positions``: where the action
+mask is set) gives them as [T, V]; ``logits_token_logprobs`` reads all three layouts.
 
 ``collate`` reads a group by what it carries (``ResponseGroup``: the producers' ``RolloutGroup`` is one), so
 this floor needs nothing from the rooms above it.
@@ -111,6 +112,52 @@ def window_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, tempera
     width = window_width(logits, input_ids)
     logprobs = token_logprobs(logits, input_ids[:, input_ids.shape[1] - width:], temperature)
     return left_pad_positions(logprobs, input_ids.shape[1] - 1)
+
+
+def scored_positions(action_mask: torch.Tensor) -> torch.Tensor:
+    """Flat indices into [B, L-1] of the positions a loss reads (``action_mask`` != 0), row by row: a forward that
+    computes logits there only (coati.plugins.shared_prompts) returns them as [T, V] rows in this order."""
+    return action_mask.ne(0).flatten().nonzero().squeeze(1)
+
+
+def at_scored_positions(values: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
+    """[T] values of the scored positions as [B, L-1], zeros elsewhere (positions every loss masks out)."""
+    flat = values.new_zeros(action_mask.numel()).index_copy(0, scored_positions(action_mask), values)
+    return flat.view(action_mask.shape)
+
+
+def scored_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, action_mask: torch.Tensor,
+                          temperature: float = 1.0) -> torch.Tensor:
+    """``token_logprobs`` of logits of the scored positions only ([T, V], ``scored_positions``'s order): [B, L-1]."""
+    positions = scored_positions(action_mask)
+    if logits.shape[0] != positions.numel():
+        raise ValueError(f"logits of {logits.shape[0]} positions for {positions.numel()} scored ones")
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    targets = input_ids[:, 1:].reshape(-1)[positions]
+    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return at_scored_positions(logprobs, action_mask)
+
+
+def logits_token_logprobs(logits: torch.Tensor, micro_batch: dict[str, torch.Tensor],
+                          temperature: float = 1.0) -> torch.Tensor:
+    """[B, L-1] token logprobs of a micro-batch from whatever logits its forward gave: every position or a window
+    of the last ones ([B, k, V]: ``window_token_logprobs``), or the scored positions only ([T, V])."""
+    if logits.dim() == 2:
+        return scored_token_logprobs(logits, micro_batch["input_ids"], micro_batch["action_mask"], temperature)
+    return window_token_logprobs(logits, micro_batch["input_ids"], temperature)
+
+
+def logits_token_entropy(logits: torch.Tensor, micro_batch: dict[str, torch.Tensor],
+                         temperature: float = 1.0) -> torch.Tensor:
+    """[B, L-1] next-token entropy (no gradient: a metric) from the same layouts as ``logits_token_logprobs``."""
+    from coati.algorithm.loss import token_entropy
+
+    entropy = token_entropy(logits, temperature)
+    if logits.dim() == 2:
+        return at_scored_positions(entropy, micro_batch["action_mask"])
+    return left_pad_positions(entropy, micro_batch["input_ids"].shape[1] - 1)
 
 
 def logits_window(micro_batch: dict[str, torch.Tensor]) -> int | None:

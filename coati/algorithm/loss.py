@@ -217,7 +217,8 @@ ENTROPY_CHUNK_BYTES = 64 * 2**20  # float32 logits per slice of token_entropy's 
 
 def token_entropy(logits: torch.Tensor, temperature: float = 1.0,
                   chunk_bytes: int = ENTROPY_CHUNK_BYTES) -> torch.Tensor:
-    """Entropy of the next-token distribution at every position of ``logits[:, :-1]``: shape [B, L-1].
+    """Entropy of the next-token distribution at every position of ``logits[:, :-1]``: shape [B, L-1]; of logits
+    of scored positions only ([T, V]: coati.algorithm.batch.scored_positions), shape [T].
 
     Aligned with ``token_logprobs`` (and so with ``action_mask``); computed in float32, no gradient. It is a
     metric taken beside the loss, so it works through the logits a slice of about ``chunk_bytes`` (as float32)
@@ -225,16 +226,18 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0,
     logits at the forward's peak (measured: 2-2.5x the float32 logits above what the loss itself holds), the
     largest tensors of a step at real vocabulary sizes.
     """
-    rows, positions, vocab = logits.shape[0], logits.shape[1] - 1, logits.shape[-1]
+    scored = logits.dim() == 2
+    grid = logits.unsqueeze(0) if scored else logits[:, :-1]
+    rows, positions, vocab = grid.shape
     out = torch.empty(rows, positions, dtype=torch.float32, device=logits.device)
     with torch.no_grad():
         for row_slice, position_slice in _entropy_slices(rows, positions, 4 * vocab, chunk_bytes):
-            piece = logits[row_slice, position_slice].float()
+            piece = grid[row_slice, position_slice].float()
             if temperature != 1.0:
                 piece = piece / temperature
             log_p = torch.log_softmax(piece, dim=-1)
             out[row_slice, position_slice] = -(log_p.exp() * log_p).sum(dim=-1)
-    return out
+    return out[0] if scored else out
 
 
 def _entropy_slices(rows: int, positions: int, position_bytes: int, chunk_bytes: int):

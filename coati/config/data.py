@@ -24,6 +24,12 @@ class ModelConfig:
     gguf_file: str | None = option(None, GGUF_FILE_HELP)
     is_embedded_demo: bool = False
     lora: LoraConfig = LoraConfig()  # adapters instead of full fine-tuning (--lora-rank)
+    # an RL run's only (the SFT/RM stages have no engine): LoraConfig is shared with them
+    lora_sync: str = option(
+        "auto", "with --lora-rank: how a weight version reaches the inference engines: adapters (the adapter "
+                "tensors alone, loaded in place), merged (merged into the base, full weights each version), or auto: "
+                "by what each costs (coati/config/lora_sync.py; the start line says which and why)",
+        choices=("auto", "adapters", "merged"))
 
 
 @dataclass(frozen=True)

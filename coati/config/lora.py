@@ -29,12 +29,6 @@ class LoraConfig:
             "projection of the attention and MLP blocks, not the LM head)",
         kind=str, repeat=True, metavar="NAME")
 
-    lora_sync: str = option(
-        "auto", "how a LoRA weight version reaches the inference engines: adapters (the adapter tensors alone, loaded "
-                "in place), merged (merged into the base, full weights each version), or auto: by what each costs "
-                "(coati/config/lora_sync.py; the start line says which and why)",
-        choices=("auto", "adapters", "merged"))
-
     @property
     def enabled(self) -> bool:
         return self.lora_rank > 0

@@ -50,9 +50,9 @@ def choose_lora_sync(config: RLConfig, cluster_gpus: float) -> tuple[RLConfig, s
     lora = config.model.lora
     if not lora.enabled:
         return config, None
-    sync, why = lora_sync_choice(lora.lora_sync, config.parallel.backend_spec, lora.lora_rank, cluster_gpus > 0)
-    chosen = dataclasses.replace(config, model=dataclasses.replace(config.model,
-                                                                   lora=dataclasses.replace(lora, lora_sync=sync)))
+    sync, why = lora_sync_choice(config.model.lora_sync, config.parallel.backend_spec, lora.lora_rank,
+                                 cluster_gpus > 0)
+    chosen = dataclasses.replace(config, model=dataclasses.replace(config.model, lora_sync=sync))
     what = ("the adapter tensors alone" if sync == "adapters"
             else "the adapters merged into the base (full weights, a full-size sync)")
     return chosen, f"--lora-rank {lora.lora_rank}: each weight version is {what}: {why}"

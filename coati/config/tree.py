@@ -61,7 +61,7 @@ class RLConfig:
         ``auto`` as a run starts) or when the engine takes full weights only (each version is merged into full
         weights first: ``merges_adapters``)."""
         lora = self.model.lora
-        if not lora.enabled or lora.lora_sync == "merged":
+        if not lora.enabled or self.model.lora_sync == "merged":
             return None
         return lora if self.parallel.backend_spec.takes_adapters_of_rank(lora.lora_rank) else None
 

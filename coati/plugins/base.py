@@ -58,14 +58,15 @@ def takes_logits_to_keep(model: torch.nn.Module) -> bool:
 
 def causal_lm_logits(model: torch.nn.Module, micro_batch: MicroBatch) -> torch.Tensor:
     """The logits of a micro-batch: of its last ``LOGITS_TO_KEEP`` positions where it names them and the model
-    can, else of every position (the loss reads either: coati.algorithm.batch.window_token_logprobs); computed
-    from its rows packed into one where it names ``PACK_ROWS`` (coati.plugins.packing), with each distinct prompt
-    run once where it names ``SHARED_PROMPTS`` (coati.plugins.shared_prompts)."""
+    can, else of every position; computed from its rows packed into one where it names ``PACK_ROWS``
+    (coati.plugins.packing); with each distinct prompt run once where it names ``SHARED_PROMPTS``
+    (coati.plugins.shared_prompts), at the positions its loss reads only ([T, V]). A loss reads every layout
+    through coati.algorithm.batch.logits_token_logprobs."""
     keep = micro_batch.get(LOGITS_TO_KEEP)
     if PACK_ROWS in micro_batch:
         return packed_logits(model, micro_batch, None if keep is None else int(keep[0]), takes_logits_to_keep(model))
-    if SHARED_PROMPTS in micro_batch:
-        return shared_prompt_logits(model, micro_batch, None if keep is None else int(keep[0]))
+    if SHARED_PROMPTS in micro_batch:  # [T, V]: the scored positions only
+        return shared_prompt_logits(model, micro_batch)
     kwargs = {"logits_to_keep": int(keep[0])} if keep is not None and takes_logits_to_keep(model) else {}
     return model(input_ids=micro_batch["input_ids"], attention_mask=micro_batch["attention_mask"], **kwargs).logits
 

@@ -2,14 +2,16 @@
 
 A GRPO group is one prompt and G responses, and the padded forward computes the prompt in every row: with the
 real-model demo's 44-token prompts and 11-30-token responses that is most of a step's work. Here a micro-batch
-runs in two passes: its distinct prompts (left-padded, one row each) with a KV cache, then every row's response
-on that cache, the cache's rows repeated for the samples that share them. Gradients flow back through the cache
-into the one prompt pass, so they add up over the samples as the padded forward's copies would; the loss and
-its gradients are the padded forward's within float rounding (tests/algorithm/test_micro_batches.py).
+runs its distinct prompts (left-padded, one row each) with a KV cache, then the rows' responses on that cache, the
+cache's rows repeated for the samples that share them. The responses run in chunks of like length
+(``response_chunks``), so one long response does not widen every row. Gradients flow back through the cache into
+the one prompt pass, so they add up over the samples as the padded forward's copies would; the loss and its
+gradients are the padded forward's within float rounding (tests/algorithm/test_micro_batches.py).
 
-The logits come back as the padded forward's ``[B, k, V]`` window: the last prompt position's logits (which
-predict the first response token, the same for every sample of a prompt) and the response positions'. Slots no
-loss reads repeat a real position's logits and are masked out by every loss.
+The logits come back at the positions the loss reads only (``[T, V]``, where the action mask is set, row by row:
+coati.algorithm.batch.scored_positions): the last prompt position's (which predict the first response token, the
+same for every sample of a prompt) and the response positions'. The log-softmax, its backward and the entropy
+then run on those alone, not on a padded window.
 
 A micro-batch names ``SHARED_PROMPTS``; it carries ``prompt_length`` and ``prompt_group`` (``collate``: which
 rows share a prompt). Whether a model runs this alike is checked before training (``shares_like_padding``):
@@ -19,9 +21,12 @@ batched generation.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 SHARED_PROMPTS = "shared_prompts"  # a micro-batch key ([B], all 1): its forward runs the prompts once
+PASS_TOKENS = 256  # a response pass's fixed cost, in token positions (benchmarks/bench_train_step.py)
 
 
 def shared_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: torch.Tensor,
@@ -61,26 +66,73 @@ def window_slots(prompt_length: torch.Tensor, width: int, keep: int, response_wi
     return (columns - (prompt_length.unsqueeze(1) - 1)).clamp(0, response_width)
 
 
-def shared_prompt_logits(model: torch.nn.Module, micro_batch: dict[str, torch.Tensor], keep: int | None,
-                         pad_id: int = 0) -> torch.Tensor:
-    """``[B, keep, V]`` logits of a right-padded micro-batch computed with each distinct prompt run once."""
+def response_chunks(lengths: list[int], pass_tokens: int) -> list[list[int]]:
+    """The response pass's rows as chunks (pure): every chunk is as wide as its longest response, so one wide
+    response no longer widens every row; each further chunk costs ``pass_tokens`` (a pass's fixed cost in token
+    positions). Rows longest first, cut where the padded tokens plus the passes' cost is least (ties: fewer
+    chunks); each chunk's rows longest first."""
+    order = sorted(range(len(lengths)), key=lambda row: (-lengths[row], row))
+    widths = [max(1, lengths[row]) for row in order]
+    best, cut = [0] + [None] * len(order), [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):
+        for start in range(end):  # rows start..end-1, as wide as the first of them
+            cost = best[start] + (end - start) * widths[start] + pass_tokens
+            if best[end] is None or cost < best[end]:
+                best[end], cut[end] = cost, start
+    chunks, end = [], len(order)
+    while end:
+        chunks.append(order[cut[end]:end])
+        end = cut[end]
+    return chunks[::-1]
+
+
+def _cache_rows(cache, rows: torch.Tensor):
+    """A copy of the prompt pass's cache holding ``rows`` of it (indexing keeps the autograd graph: each chunk's
+    gradient flows back into the one prompt pass); the original is left as it was for the next chunk."""
+    chunk = copy.copy(cache)
+    chunk.layers = [copy.copy(layer) for layer in cache.layers]
+    chunk.batch_select_indices(rows)
+    return chunk
+
+
+def shared_prompt_logits(model: torch.nn.Module, micro_batch: dict[str, torch.Tensor], pad_id: int = 0,
+                         pass_tokens: int | None = None) -> torch.Tensor:
+    """``[T, V]`` logits of a right-padded micro-batch at the positions its loss reads (where its action mask is
+    set, row by row: coati.algorithm.batch.scored_positions), computed with each distinct prompt run once and the
+    responses in chunks of like length (``response_chunks``; ``pass_tokens`` None: ``PASS_TOKENS``)."""
     input_ids = micro_batch["input_ids"]
     device = input_ids.device
-    keep = keep or input_ids.shape[1]
+    prompt_length = micro_batch["prompt_length"].cpu()
     layout = {name: value.to(device) for name, value in shared_layout(
-        input_ids.cpu(), micro_batch["attention_mask"].cpu(), micro_batch["prompt_length"].cpu(),
-        micro_batch["prompt_group"].cpu(), pad_id).items()}
+        input_ids.cpu(), micro_batch["attention_mask"].cpu(), prompt_length, micro_batch["prompt_group"].cpu(),
+        pad_id).items()}
     prompt_positions = (layout["prompt_mask"].cumsum(dim=1) - 1).clamp(min=0)
     first = model(input_ids=layout["prompts"], attention_mask=layout["prompt_mask"], position_ids=prompt_positions,
                   use_cache=True, logits_to_keep=1)
-    cache = first.past_key_values
-    cache.batch_select_indices(layout["owner"])
-    second = model(input_ids=layout["responses"], attention_mask=layout["full_mask"],
-                   position_ids=layout["positions"], past_key_values=cache, use_cache=True)
-    logits = torch.cat([first.logits[layout["owner"]], second.logits], dim=1)  # [B, 1 + R, V]
-    slots = window_slots(micro_batch["prompt_length"].cpu(), input_ids.shape[1], keep,
-                         layout["responses"].shape[1]).to(device)
-    return logits.gather(1, slots.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+    prompt_width = layout["prompts"].shape[1]
+    response_mask = layout["full_mask"][:, prompt_width:].cpu()
+    owner = layout["owner"].cpu()
+    positions = input_ids.shape[1] - 1
+    # all the logits computed, flat: each prompt's last position (it predicts its samples' first response token),
+    # then each chunk's response positions; ``places`` [B, L-1] says where each position's logits are
+    pieces, offset = [first.logits[:, -1]], first.logits.shape[0]
+    places = torch.empty(input_ids.shape[0], positions, dtype=torch.long)
+    pass_tokens = PASS_TOKENS if pass_tokens is None else pass_tokens
+    for chunk in response_chunks(response_mask.sum(dim=1).tolist(), pass_tokens):
+        rows = torch.tensor(chunk, dtype=torch.long)
+        width = max(1, int(response_mask[rows].sum(dim=1).max()))
+        index = rows.to(device)
+        out = model(input_ids=layout["responses"][index, :width],
+                    attention_mask=layout["full_mask"][index, :prompt_width + width],
+                    position_ids=layout["positions"][index, :width],
+                    past_key_values=_cache_rows(first.past_key_values, layout["owner"][index]), use_cache=True)
+        pieces.append(out.logits.flatten(0, 1))  # [rows x width, V]
+        slots = window_slots(prompt_length[rows], positions, positions, width)
+        responses = offset + torch.arange(len(chunk)).unsqueeze(1) * width + slots - 1
+        places[rows] = torch.where(slots == 0, owner[rows].unsqueeze(1), responses)
+        offset += len(chunk) * width
+    scored = micro_batch["action_mask"].cpu().ne(0).flatten()
+    return torch.cat(pieces).index_select(0, places.flatten()[scored].to(device))
 
 
 @torch.no_grad()
@@ -92,18 +144,19 @@ def shares_like_padding(model: torch.nn.Module, tolerance: float = 1e-3) -> bool
     mask = ids.ne(0).long()
     micro = {"input_ids": ids, "attention_mask": mask, "prompt_length": torch.tensor([3, 3, 2]),
              "prompt_group": torch.tensor([0, 0, 1])}
+    # the positions whose next token is a response token: those a loss reads (the action mask)
+    read = torch.zeros(3, 5, dtype=torch.bool)
+    for row, (start, end) in enumerate(((2, 4), (2, 3), (1, 5))):
+        read[row, start:end] = True
+    micro["action_mask"] = read.float()
     was_training = model.training
     model.eval()
     try:
-        padded = model(input_ids=ids, attention_mask=mask).logits.float()
-        shared = shared_prompt_logits(model, micro, None).float()
+        padded = model(input_ids=ids, attention_mask=mask).logits.float()[:, :-1][read]
+        shared = shared_prompt_logits(model, micro).float()
     except (TypeError, ValueError, RuntimeError, AttributeError):
         return False
     finally:
         model.train(was_training)
-    # the positions from each row's last prompt token to its last token but one: those a loss reads
-    read = torch.zeros_like(mask, dtype=torch.bool)
-    for row, (start, end) in enumerate(((2, 5), (2, 4), (1, 6))):
-        read[row, start:end] = True
-    scale = max(1.0, float(padded[read].abs().max()))
-    return float((shared[read] - padded[read]).abs().max()) <= tolerance * scale
+    scale = max(1.0, float(padded.abs().max()))
+    return shared.shape == padded.shape and float((shared - padded).abs().max()) <= tolerance * scale

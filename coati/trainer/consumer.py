@@ -35,9 +35,9 @@ from coati.plugins.dist import all_reduce_stats
 from coati.rollout.rollout_log import rollout_log_due, rollout_records
 from coati.trainer.critic_algorithm import CriticAlgorithm
 from coati.trainer.group_algorithm import GroupAlgorithm
-from coati.trainer.learner import Learner
+from coati.trainer.learner import Learner, packing_checked
 from coati.trainer.rank import TrainerRank
-from coati.trainer.roles import ACTOR, TrainedModel
+from coati.trainer.roles import ACTOR, TrainedModel, attention_of
 from coati.trainer.rollout_feed import RolloutFeed
 from coati.trainer.step_algorithm import StepAlgorithm, StepContext
 from coati.trainer.train_state import TrainState
@@ -79,7 +79,7 @@ class Consumer(TrainerRank):
         # policy's plugin also serves the objective's reference)
         self.roles[ACTOR] = TrainedModel.build(ACTOR, p, model, config.algo.learning_rate, None, model_config,
                                                mesh=self.mesh, optim=config.algo.optim, lora=config.model.lora,
-                                               probe_packing=config.batch.packing != "off",
+                                               probe_packing=packing_checked(config, attention_of(model)),
                                                probe_sharing=config.batch.shared_prompts != "off")
         self.plugin = self.roles[ACTOR].plugin
         if config.algo.learner_chunk_size > 0 and self.plugin.is_weight_sender:
@@ -124,7 +124,7 @@ class Consumer(TrainerRank):
         self.roles[name] = TrainedModel.build(name, self.config.parallel, model, learning_rate, loss_fn, mesh=self.mesh,
                                               optim=self.config.algo.optim, lora=self.config.model.lora,
                                               trained_modules=trained_modules,
-                                              probe_packing=self.config.batch.packing != "off",
+                                              probe_packing=packing_checked(self.config, attention_of(model)),
                                               probe_sharing=self.config.batch.shared_prompts != "off")
         return self.roles[name]
 

@@ -153,18 +153,26 @@ def choose_micro_batching(packing: str, ragged: bool, packs: bool, attention: st
                          "--shared-prompts auto or off")
     if sharing != "off" and shares:
         return MicroBatching("shared", budget)
-    if packing == "on" and not packs:
-        raise ValueError(f"--packing on: {model_note or 'this run cannot pack samples'}; use --packing auto or off")
     if packing == "off":
         return MicroBatching("padded", budget)
-    if not packs:
-        return MicroBatching("padded", budget, model_note)
     row = packed_row_tokens(attention, budget)
-    if packing == "auto" and row < budget:
+    if packing == "auto" and row < budget:  # decided before any check of the model (packing_checked)
         return MicroBatching("padded", budget, f"not packed: {attention} attention spans a whole packed row, which "
                              "made a step slower than padded rows (--packing on packs anyway)")
+    if packing == "on" and not packs:
+        raise ValueError(f"--packing on: {model_note or 'this run cannot pack samples'}; use --packing auto or off")
+    if not packs:
+        return MicroBatching("padded", budget, model_note)
     why = "" if row == budget else f"{attention} attention spans a whole packed row: at most {row} tokens a row"
     return MicroBatching("packed", row, why)
+
+
+def packing_checked(config, attention: str | None) -> bool:
+    """Whether a model of ``attention`` is checked for packing before training (``packs_like_padding``, a forward
+    on two samples): only where ``choose_micro_batching`` may pack, --packing on or auto under a kernel that spans
+    a whole budget's row."""
+    packing, budget = config.batch.packing, micro_batch_tokens(config)
+    return packing == "on" or (packing == "auto" and packed_row_tokens(attention, budget) == budget)
 
 
 def rollout_micro_batches(config, roles: dict[str, TrainedModel]) -> tuple[Split, MicroBatching]:

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from coati.algorithm.batch import left_pad_positions, split_micro_batches, window_token_logprobs, with_logits_window
-from coati.algorithm.loss import aggregate, masked_max, token_entropy
+from coati.algorithm.batch import (logits_token_entropy, logits_token_logprobs, split_micro_batches,
+                                   with_logits_window)
+from coati.algorithm.loss import aggregate, masked_max
 from coati.algorithm.policy_losses import LossInputs
 from coati.algorithm.registry import get_policy_loss
 from coati.plugins.base import causal_lm_logits
@@ -48,7 +49,7 @@ class FrozenReference:
         for micro in split_micro_batches(batch, self.micro_batch_size):
             micro = to_device(with_logits_window(micro), device)
             logits = causal_lm_logits(self.model, micro)
-            chunks.append(window_token_logprobs(logits, micro["input_ids"], self.temperature).cpu())
+            chunks.append(logits_token_logprobs(logits, micro, self.temperature).cpu())
         return torch.cat(chunks)
 
 
@@ -61,7 +62,7 @@ class AdaptersOffReference:
 
     def logprobs(self, batch: dict) -> torch.Tensor:
         def on_cpu(logits, micro):
-            return window_token_logprobs(logits, micro["input_ids"], self.temperature).cpu()
+            return logits_token_logprobs(logits, micro, self.temperature).cpu()
 
         with self.plugin.adapters_off():
             micro_batches = [with_logits_window(micro)
@@ -109,7 +110,7 @@ class PolicyObjective:
         return prox
 
     def loss(self, logits: torch.Tensor, micro_batch: dict) -> tuple[torch.Tensor, dict]:
-        logprobs = window_token_logprobs(logits, micro_batch["input_ids"], self.temperature)
+        logprobs = logits_token_logprobs(logits, micro_batch, self.temperature)
         normaliser = float(micro_batch["normaliser"][0])
         inputs = LossInputs(logprobs, micro_batch["old_logprobs"], micro_batch["advantages"],
                             micro_batch["action_mask"], normaliser, ref_logprobs=micro_batch.get("ref_logprobs"),
@@ -117,6 +118,6 @@ class PolicyObjective:
         loss, stats = self.policy_loss(inputs, self.loss_config)
         if self.epoch == 0 and self.delivery_version is not None:
             stats["delivery_gap"] = delivery_gap(inputs, micro_batch["policy_version"] == self.delivery_version)
-        entropy = left_pad_positions(token_entropy(logits, self.temperature), logprobs.shape[1])
+        entropy = logits_token_entropy(logits, micro_batch, self.temperature)
         stats["entropy"] = aggregate(entropy, micro_batch["action_mask"], self.loss_config.loss_variation, normaliser)
         return loss, stats

@@ -57,7 +57,7 @@ class TrainedModel:
         packs = probe_packing and parallel.plugin_spec.packs_rows and packs_like_padding(model)
         shares = (probe_sharing and parallel.plugin_spec.shares_prompts and not optim.gradient_checkpointing
                   and shares_like_padding(model))
-        attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+        attention = attention_of(model)
         plugin = make_plugin(parallel.plugin_name, parallel.tensor_parallel_size, parallel.pipeline_parallel_size,
                              parallel.zero_stage, parallel.precision, world_size=parallel.num_trainers,
                              model_config=model_config if model_config is not None else getattr(model, "config", None),
@@ -85,6 +85,11 @@ class TrainedModel:
 
     def close(self) -> None:
         self.plugin.close()
+
+
+def attention_of(model: torch.nn.Module) -> str | None:
+    """The model's attention implementation (transformers' config names it), or None."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None)
 
 
 def role_state_dir(trainer_state: str, name: str) -> str:

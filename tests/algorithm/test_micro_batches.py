@@ -244,11 +244,27 @@ def test_shared_prompt_runs_keep_groups_together():
     assert micro_batch_count(batch, 40, shared=True) == len(micro)
 
 
-@pytest.mark.parametrize("objective_name,loss_variation", [("ppo_clip", "token_level"), ("gspo", "sample_level")])
-def test_shared_prompt_micro_batches_give_the_padded_loss_and_gradients(family_lm, objective_name, loss_variation):
-    """Qwen2 and Llama: each distinct prompt run once, its samples' responses on its KV cache, give the unbatched
-    padded pass's loss and gradients (the prompt's gradient is the sum over its samples, as the copies' was)."""
-    from coati.plugins.shared_prompts import shares_like_padding
+def test_response_chunks_by_hand():
+    from coati.plugins.shared_prompts import response_chunks
+
+    lengths = [3, 9, 2, 9, 4]  # longest first: rows 1, 3 (9), 4 (4), 0 (3), 2 (2)
+    assert response_chunks(lengths, 0) == [[1, 3], [4], [0], [2]]  # no cost a pass: no padding (ties: fewer)
+    assert response_chunks(lengths, 5) == [[1, 3], [4, 0, 2]]  # 18 + 12 + 2 x 5 = 40, the least
+    assert response_chunks(lengths, 100) == [[1, 3, 4, 0, 2]]  # one pass, 45 + 100
+    assert response_chunks([0, 0], 0) == [[0, 1]]  # an empty response still takes one position
+
+
+@pytest.mark.parametrize("objective_name,loss_variation,pass_tokens", [
+    ("ppo_clip", "token_level", 256), ("gspo", "sample_level", 256), ("ppo_clip", "token_level", 0)])
+def test_shared_prompt_micro_batches_give_the_padded_loss_and_gradients(family_lm, objective_name, loss_variation,
+                                                                         pass_tokens, monkeypatch):
+    """Qwen2 and Llama: each distinct prompt run once, its samples' responses on its KV cache (in one pass, or in
+    chunks of like length), give the unbatched padded pass's loss and gradients (the prompt's gradient is the sum
+    over its samples, as the copies' was)."""
+    from coati.plugins import shared_prompts
+    from coati.plugins.shared_prompts import response_chunks, shares_like_padding
+
+    monkeypatch.setattr(shared_prompts, "PASS_TOKENS", pass_tokens)
 
     assert shares_like_padding(family_lm)
     config = SimpleNamespace(
@@ -260,6 +276,8 @@ def test_shared_prompt_micro_batches_give_the_padded_loss_and_gradients(family_l
     whole_loss, whole_grads = loss_and_grads(family_lm, objective, [batch])
     micro = [with_logits_window(m) for m in token_budget_micro_batches(batch, budget=40, shared=True)]
     assert len(micro) >= 2 and any(m["input_ids"].shape[0] >= 2 for m in micro)
+    chunks = [len(response_chunks((row_lengths(m) - m["prompt_length"]).tolist(), pass_tokens)) for m in micro]
+    assert max(chunks) == 1 if pass_tokens else max(chunks) >= 2  # one response pass, or several
     loss, grads = loss_and_grads(family_lm, objective, micro)
     assert loss == pytest.approx(whole_loss, rel=1e-5, abs=1e-6)
     for got, expected in zip(grads, whole_grads):

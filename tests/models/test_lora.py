@@ -281,3 +281,17 @@ def test_a_consumers_weight_version_is_adapters_or_merged_weights(demo_assets, b
     ids = _ids(seed=8)
     assert torch.allclose(_logprobs(plain, ids), _logprobs(consumer.plugin.model, ids), atol=1e-5)
     consumer.shutdown()
+
+
+def test_lora_sync_is_a_flag_of_rl_runs_only():
+    """--lora-sync says how versions reach the engines: the SFT/RM stages, which have none, do not take it."""
+    from coati.config.stage import RMConfig, SFTConfig
+    from coati.config.tree import RLConfig
+    from coati.utils.dataclass_cli import options
+
+    def flags(cls):
+        return {flag for opt in options(cls) for flag in opt.flags}
+
+    assert {"--lora-rank", "--lora-sync"} <= flags(RLConfig)
+    for stage in (SFTConfig, RMConfig):
+        assert "--lora-rank" in flags(stage) and "--lora-sync" not in flags(stage)

@@ -10,8 +10,8 @@ import torch
 
 from coati.plugins.mesh import TrainerMesh
 from coati.trainer.group_algorithm import GroupAlgorithm
-from coati.trainer.learner import Learner
-from coati.trainer.roles import ACTOR, TrainedModel
+from coati.trainer.learner import Learner, packing_checked
+from coati.trainer.roles import ACTOR, TrainedModel, attention_of
 from coati.trainer.step_algorithm import StepContext
 from coati.trainer.step_data import StepWork
 from coati.trainer.train_state import TrainState
@@ -31,9 +31,10 @@ def test_the_learner_alone_trains_the_consumers_first_step(tiny_dir, monkeypatch
     assert consumer.learner.micro_batching.kind == kind
     want = consumer.step()  # whole groups: the first 4 groups of the round, in draw order
     config = consumer.config
-    policy = TrainedModel.build(ACTOR, config.parallel, AutoModelForCausalLM.from_pretrained(tiny_dir),
-                                config.algo.learning_rate, None, mesh=TrainerMesh.build(config.parallel.parallel_dims),
-                                optim=config.algo.optim, probe_packing=config.batch.packing != "off",
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    policy = TrainedModel.build(ACTOR, config.parallel, model, config.algo.learning_rate, None,
+                                mesh=TrainerMesh.build(config.parallel.parallel_dims), optim=config.algo.optim,
+                                probe_packing=packing_checked(config, attention_of(model)),
                                 probe_sharing=config.batch.shared_prompts != "off")
     context = StepContext(config, 0, 1, 0, consumer.pad_id, policy.plugin, one_rank_sum, add_role=None)
     algorithm = GroupAlgorithm(context)
@@ -98,3 +99,18 @@ def test_micro_batching_is_chosen_once_by_plugin_model_and_flag():
                               sharing_note="it needs the single-process plugin")
     rows = choose_micro_batching("auto", False, True, "sdpa", 1536, 8)  # pipeline stages: rows, whatever --packing
     assert (rows.kind, rows.size) == ("rows", 8)
+    # auto under dense attention is decided without checking the model: an unchecked model is no reason given
+    assert "sdpa attention spans" in choose_micro_batching("auto", True, False, "sdpa", 1536, 16, "unchecked").why
+
+
+@pytest.mark.parametrize("packing,attention,budget,checked", [
+    ("off", "flash_attention_2", 1536, False), ("auto", "sdpa", 1536, False), ("auto", "eager", 1536, False),
+    ("auto", "flash_attention_2", 1536, True), ("auto", "sdpa", 300, True), ("on", "sdpa", 1536, True)])
+def test_the_model_is_checked_for_packing_only_where_it_may_pack(packing, attention, budget, checked):
+    from types import SimpleNamespace
+
+    from coati.config.batch_defaults import micro_batch_tokens
+
+    config = SimpleNamespace(batch=SimpleNamespace(packing=packing, train_microbatch_tokens=budget))
+    assert micro_batch_tokens(config) == budget
+    assert packing_checked(config, attention) is checked
