@@ -96,8 +96,8 @@ def run_coati(seed: int, steps: int, eval_every: int) -> dict:
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
         done = subprocess.run([sys.executable, os.path.join(REPO, "rl_example.py"), "--demo", "smollm2",
-                               "--max-steps", str(steps), "-ed", "", "-si", str(eval_every), "--seed", str(seed),
-                               "--save-dir", out, "--no-progress"],
+                               "--max-steps", str(steps), "-ed", "", "-ei", "0", "-si", str(eval_every),
+                               "--seed", str(seed), "--save-dir", out, "--no-progress"],
                               capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"})
         wall = time.perf_counter() - start
         if done.returncode:

@@ -3,7 +3,8 @@
 Every trainer group (the RL run's consumers, an SFT/RM stage's trainers) starts the same way:
 
 1. ``start_trainer_group``: one actor per rank, with that rank's Ray options (a placement-group bundle, or a
-   plain CPU/GPU request) and its torch thread budget, created as ``actor_class(**kwargs, rank=, num_threads=)``;
+   plain CPU/GPU request; a CPU rank's process starts with the allocator settings of coati.utils.machine) and its
+   torch thread budget, created as ``actor_class(**kwargs, rank=, num_threads=)``;
 2. ``join_trainer_group``: rank 0 names the rendezvous (its node's address in the Ray cluster and a port,
    ``rendezvous_address``), then every rank's ``setup(address, port)`` runs at once (they join together).
 
@@ -17,7 +18,7 @@ import socket
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from coati.utils.machine import usable_cores
+from coati.utils.machine import CPU_TRAINER_MALLOC_ENV, usable_cores
 
 
 def rendezvous_address(port: int | None = None) -> tuple[str, int]:
@@ -71,8 +72,19 @@ def start_trainer_group(actor_class, world_size: int, kwargs: dict, threads: Seq
     import ray
 
     remote = ray.remote(actor_class)
-    return TrainerGroup([remote.options(**options(rank)).remote(**kwargs, rank=rank, num_threads=threads[rank])
+    return TrainerGroup([remote.options(**with_cpu_allocator(options(rank))).remote(**kwargs, rank=rank,
+                                                                                    num_threads=threads[rank])
                          for rank in range(world_size)])
+
+
+def with_cpu_allocator(options: dict) -> dict:
+    """A rank's Ray options with the allocator settings of a CPU trainer (``CPU_TRAINER_MALLOC_ENV``) when it is
+    given no GPU; a GPU rank's as they are."""
+    if options.get("num_gpus"):
+        return options
+    runtime_env = dict(options.get("runtime_env") or {})
+    runtime_env["env_vars"] = {**CPU_TRAINER_MALLOC_ENV, **runtime_env.get("env_vars", {})}
+    return {**options, "runtime_env": runtime_env}
 
 
 def join_trainer_group(group: TrainerGroup, gather: Callable | None = None) -> list:

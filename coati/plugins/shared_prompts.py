@@ -26,7 +26,7 @@ import copy
 import torch
 
 SHARED_PROMPTS = "shared_prompts"  # a micro-batch key ([B], all 1): its forward runs the prompts once
-PASS_TOKENS = 256  # a response pass's fixed cost, in token positions (benchmarks/bench_train_step.py)
+PASS_TOKENS = 128  # a response pass's fixed cost, in token positions (benchmarks/bench_train_step.py: 32-128 alike)
 
 
 def shared_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: torch.Tensor,
@@ -58,12 +58,11 @@ def shared_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_
             "positions": prompt_length.unsqueeze(1) + torch.arange(response_width).unsqueeze(0)}
 
 
-def window_slots(prompt_length: torch.Tensor, width: int, keep: int, response_width: int) -> torch.Tensor:
-    """[B, keep]: for each slot of the padded window (columns L - keep .. L - 1) its place among [the last prompt
-    position, the response positions]: column c of row b is place c - (prompt_length[b] - 1), clamped into range
-    (slots outside it are ones no loss reads)."""
-    columns = torch.arange(width - keep, width).unsqueeze(0)
-    return (columns - (prompt_length.unsqueeze(1) - 1)).clamp(0, response_width)
+def response_places(prompt_length: torch.Tensor, positions: int, response_width: int) -> torch.Tensor:
+    """[B, positions]: each row's logits positions 0 .. positions - 1 as places among [the last prompt position,
+    the response positions]: position t of row b is place t - (prompt_length[b] - 1), clamped into range (the
+    positions outside it are ones no loss reads)."""
+    return (torch.arange(positions).unsqueeze(0) - (prompt_length.unsqueeze(1) - 1)).clamp(0, response_width)
 
 
 def response_chunks(lengths: list[int], pass_tokens: int) -> list[list[int]]:
@@ -127,7 +126,7 @@ def shared_prompt_logits(model: torch.nn.Module, micro_batch: dict[str, torch.Te
                     position_ids=layout["positions"][index, :width],
                     past_key_values=_cache_rows(first.past_key_values, layout["owner"][index]), use_cache=True)
         pieces.append(out.logits.flatten(0, 1))  # [rows x width, V]
-        slots = window_slots(prompt_length[rows], positions, positions, width)
+        slots = response_places(prompt_length[rows], positions, width)
         responses = offset + torch.arange(len(chunk)).unsqueeze(1) * width + slots - 1
         places[rows] = torch.where(slots == 0, owner[rows].unsqueeze(1), responses)
         offset += len(chunk) * width

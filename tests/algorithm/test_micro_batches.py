@@ -76,6 +76,28 @@ def test_window_logprobs_are_the_full_ones_from_the_window_on():
     assert torch.equal(window_token_logprobs(logits, ids), full)
 
 
+def test_logits_of_the_scored_positions_only_give_the_full_logprobs_and_entropy_there():
+    from coati.algorithm.batch import logits_token_entropy, logits_token_logprobs, scored_positions
+    from coati.algorithm.loss import token_entropy
+
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 6, 11, generator=generator)
+    ids = torch.randint(0, 11, (2, 6), generator=generator)
+    mask = torch.tensor([[0, 1, 1, 0, 0], [0, 0, 1, 1, 1]], dtype=torch.float32)
+    assert scored_positions(mask).tolist() == [1, 2, 7, 8, 9]  # row by row, in [B, L-1]
+    scored = logits[:, :-1][mask.bool()]  # [T, V], the layout a shared-prompt forward gives
+    micro = {"input_ids": ids, "action_mask": mask}
+    read = mask.bool()
+    full = token_logprobs(logits, ids, temperature=0.7)
+    got = logits_token_logprobs(scored, micro, temperature=0.7)
+    assert got.shape == full.shape and torch.allclose(got[read], full[read]) and not got[~read].any()
+    entropy = logits_token_entropy(scored, micro, temperature=0.7)
+    assert torch.allclose(entropy[read], token_entropy(logits, 0.7)[read]) and not entropy[~read].any()
+    assert torch.equal(logits_token_logprobs(logits, micro), token_logprobs(logits, ids))  # [B, L, V] as before
+    with pytest.raises(ValueError, match="logits of 4 positions for 5 scored ones"):
+        logits_token_logprobs(scored[:4], micro)
+
+
 @pytest.fixture(scope="module")
 def tiny_lm():
     from coati.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
@@ -252,6 +274,14 @@ def test_response_chunks_by_hand():
     assert response_chunks(lengths, 5) == [[1, 3], [4, 0, 2]]  # 18 + 12 + 2 x 5 = 40, the least
     assert response_chunks(lengths, 100) == [[1, 3, 4, 0, 2]]  # one pass, 45 + 100
     assert response_chunks([0, 0], 0) == [[0, 1]]  # an empty response still takes one position
+
+
+def test_response_places_by_hand():
+    from coati.plugins.shared_prompts import response_places
+
+    # place 0: the last prompt position (it predicts the first response token); place p: response position p - 1
+    places = response_places(torch.tensor([3, 2]), positions=5, response_width=2)
+    assert places.tolist() == [[0, 0, 0, 1, 2], [0, 0, 1, 2, 2]]
 
 
 @pytest.mark.parametrize("objective_name,loss_variation,pass_tokens", [

@@ -118,6 +118,21 @@ LAYOUTS = [
 ]
 
 
+def test_cpu_trainer_ranks_start_with_an_allocator_that_keeps_freed_memory(local_ray):
+    """A CPU rank's process starts with glibc's tunables that keep freed memory in the heap (each step's large
+    tensors then reuse it instead of page-faulting it in again); a GPU rank's options stay as they were."""
+    from coati.cluster.trainer_group import start_trainer_group, with_cpu_allocator
+    from coati.utils.machine import CPU_TRAINER_MALLOC_ENV
+    from tests.trainer.environ_probe import EnvironProbe
+
+    group = start_trainer_group(EnvironProbe, 2, {}, [1, 1], lambda rank: {"num_cpus": 0})
+    try:
+        assert group.call("environ", list(CPU_TRAINER_MALLOC_ENV)) == [CPU_TRAINER_MALLOC_ENV] * 2
+    finally:
+        group.kill()
+    assert with_cpu_allocator({"num_cpus": 1, "num_gpus": 1}) == {"num_cpus": 1, "num_gpus": 1}
+
+
 @pytest.fixture(scope="module")
 def single_run(local_ray, tiny_model_dir):
     return train(tiny_model_dir, [], rollouts(), tbs=4)
