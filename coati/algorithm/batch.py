@@ -83,12 +83,17 @@ def split_micro_batches(batch: dict[str, torch.Tensor], size: int) -> list[dict[
     return [{k: v[start : start + size] for k, v in batch.items()} for start in range(0, total, size)]
 
 
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log p(input_ids[:, t+1] | prefix) for every t: shape [B, L-1], computed in float32."""
-    logits = logits[:, :-1].float()
+def target_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log p(targets) under ``logits`` ([..., V] and [...]), computed in float32."""
+    logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
-    return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log p(input_ids[:, t+1] | prefix) for every t: shape [B, L-1], computed in float32."""
+    return target_logprobs(logits[:, :-1], input_ids[:, 1:], temperature)
 
 
 def window_width(logits: torch.Tensor, input_ids: torch.Tensor) -> int:
@@ -132,12 +137,8 @@ def scored_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, action_
     positions = scored_positions(action_mask)
     if logits.shape[0] != positions.numel():
         raise ValueError(f"logits of {logits.shape[0]} positions for {positions.numel()} scored ones")
-    logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
     targets = input_ids[:, 1:].reshape(-1)[positions]
-    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return at_scored_positions(logprobs, action_mask)
+    return at_scored_positions(target_logprobs(logits, targets, temperature), action_mask)
 
 
 def logits_token_logprobs(logits: torch.Tensor, micro_batch: dict[str, torch.Tensor],

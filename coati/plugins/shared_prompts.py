@@ -102,24 +102,24 @@ def shared_prompt_logits(model: torch.nn.Module, micro_batch: dict[str, torch.Te
     input_ids = micro_batch["input_ids"]
     device = input_ids.device
     prompt_length = micro_batch["prompt_length"].cpu()
-    layout = {name: value.to(device) for name, value in shared_layout(
-        input_ids.cpu(), micro_batch["attention_mask"].cpu(), prompt_length, micro_batch["prompt_group"].cpu(),
-        pad_id).items()}
+    on_cpu = shared_layout(input_ids.cpu(), micro_batch["attention_mask"].cpu(), prompt_length,
+                           micro_batch["prompt_group"].cpu(), pad_id)
+    layout = {name: value.to(device) for name, value in on_cpu.items()}
     prompt_positions = (layout["prompt_mask"].cumsum(dim=1) - 1).clamp(min=0)
     first = model(input_ids=layout["prompts"], attention_mask=layout["prompt_mask"], position_ids=prompt_positions,
                   use_cache=True, logits_to_keep=1)
     prompt_width = layout["prompts"].shape[1]
-    response_mask = layout["full_mask"][:, prompt_width:].cpu()
-    owner = layout["owner"].cpu()
+    lengths = on_cpu["full_mask"][:, prompt_width:].sum(dim=1).tolist()
+    owner = on_cpu["owner"]
     positions = input_ids.shape[1] - 1
     # all the logits computed, flat: each prompt's last position (it predicts its samples' first response token),
     # then each chunk's response positions; ``places`` [B, L-1] says where each position's logits are
     pieces, offset = [first.logits[:, -1]], first.logits.shape[0]
     places = torch.empty(input_ids.shape[0], positions, dtype=torch.long)
     pass_tokens = PASS_TOKENS if pass_tokens is None else pass_tokens
-    for chunk in response_chunks(response_mask.sum(dim=1).tolist(), pass_tokens):
+    for chunk in response_chunks(lengths, pass_tokens):
         rows = torch.tensor(chunk, dtype=torch.long)
-        width = max(1, int(response_mask[rows].sum(dim=1).max()))
+        width = max(1, max(lengths[row] for row in chunk))
         index = rows.to(device)
         out = model(input_ids=layout["responses"][index, :width],
                     attention_mask=layout["full_mask"][index, :prompt_width + width],
