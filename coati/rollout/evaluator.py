@@ -45,6 +45,7 @@ from coati.cluster.weight_sync import unpack_named_tensors
 from coati.config.tree import RLConfig
 from coati.config.sampling import SamplingParams
 from coati.dataset.loader import load_examples
+from coati.rollout.engine_guard import EngineFailed
 from coati.rollout.env import load_env
 from coati.rollout.episode import episode_budget, episode_system_prompt
 from coati.rollout.evaluation import held_out_row
@@ -68,7 +69,13 @@ class Evaluator:
         torch.set_num_threads(num_threads or usable_cores())
         torch.manual_seed(config.run.seed + 2000)  # its own stream for sampled evals
         # The seed offset keeps vLLM's sampling streams apart from every producer's.
-        self.backend = make_backend(config, config.parallel.num_inferencers, role="evaluator")
+        self.start_failure = None
+        try:
+            self.backend = make_backend(config, config.parallel.num_inferencers, role="evaluator",
+                                        who="the evaluator")
+        except EngineFailed as failure:  # raised at the first evaluation: a failed constructor prints a traceback
+            self.start_failure = failure
+            return
         self.scorer = RewardScorer(**config.data.scorer_options())
         self.reward_model = reward_model_scorer(config.algo.ppo.reward_model, self.backend.tokenizer,
                                                 config.batch.inference_microbatch_size,
@@ -86,6 +93,8 @@ class Evaluator:
                  params: SamplingParams) -> dict:
         """One task and decoding mode with the weights ``refs`` ([ObjectRef] of packed tensors; None: the
         initial model, only valid before any other weights were loaded)."""
+        if self.start_failure is not None:
+            raise self.start_failure
         if refs is None:
             if self.loaded is not None:
                 raise RuntimeError(f"evaluator asked for the initial weights after loading step {self.loaded[0]}'s")

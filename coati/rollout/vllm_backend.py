@@ -368,6 +368,7 @@ class VLLMBackend:
                 engine_args["distributed_executor_backend"] = "mp"
         else:
             engine_args["kv_cache_memory_bytes"] = int(options.kv_cache_gb * 2**30)
+            engine_args["enable_chunked_prefill"] = False
         self.llm = LLM(**engine_args)
         engine = self.llm.llm_engine
         self.transport = "inproc" if (type(engine.engine_core).__name__ == "InprocClient" and
