@@ -31,8 +31,16 @@ class BackendSpec:
     # EngineOffer, read without importing the engine; None: always installed, serves every causal LM.
     preference: int = 0
     offer: str | None = None
+    # Prompt tokens one engine step prefills on a CPU (None: no step budget: transformers prefills each -imbs batch
+    # whole). On a CPU vLLM never splits a prefill across steps (a seeded request's split prefill killed its engine:
+    # coati/rollout/vllm_backend.py), so a step takes at least one whole sequence.
+    cpu_step_tokens: int | None = None
     # What to change when the engine fails (coati/rollout/engine_guard.py puts it in the run's one stop line).
     failure_hint: str = "Check the engine's settings (-imbs, -mpt, -mnt) against the model"
+
+    def cpu_step_budget(self, max_model_len: int) -> int | None:
+        """The prompt tokens one step of this engine prefills on a CPU, for sequences of ``max_model_len``."""
+        return None if self.cpu_step_tokens is None else max(self.cpu_step_tokens, max_model_len)
 
     def takes_adapters_of_rank(self, rank: int) -> bool:
         return self.takes_adapters and (self.max_adapter_rank is None or rank <= self.max_adapter_rank)
@@ -51,6 +59,7 @@ BACKENDS: dict[str, BackendSpec] = {spec.name: spec for spec in (
                 cpu_adapter_slowdown=6.5,
                 # the faster engine for a user's model (docs/results.md, The default engine)
                 preference=1, offer="coati.rollout.vllm_backend:vllm_offer",
+                cpu_step_tokens=4096,  # vLLM 0.32's default max_num_batched_tokens for an LLM on a CPU
                 failure_hint="Try -b transformers (the reference engine) to tell a vLLM fault from the run's "
                              "settings; or lower --vllm-kv-cache-gb / --vllm-gpu-memory-utilization, -mpt or -mnt"),
 )}

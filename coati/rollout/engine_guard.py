@@ -26,8 +26,8 @@ def failure_line(who: str, engine: str, doing: str, error: BaseException, hint: 
     message = " ".join(str(error).split()) or "(no message)"
     if len(message) > 300:
         message = message[:297] + "..."
-    where = f" Its traceback: {log_path}." if log_path else ""
-    return f"{who}'s engine ({engine}) failed {doing}: {type(error).__name__}: {message}. {hint}{where}"
+    where = f" (traceback: {log_path})" if log_path else ""
+    return f"{who}'s engine ({engine}) failed {doing}: {type(error).__name__}: {message}{where}. {hint.rstrip('.')}"
 
 
 class GuardedEngine:

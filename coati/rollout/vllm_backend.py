@@ -368,6 +368,10 @@ class VLLMBackend:
                 engine_args["distributed_executor_backend"] = "mp"
         else:
             engine_args["kv_cache_memory_bytes"] = int(options.kv_cache_gb * 2**30)
+            # vLLM rewinds a seeded request's generator when its prefill is split across steps, by an offset a CPU
+            # generator does not have ("CPU Generator does not use offset"): no split prefills, so per-request
+            # seeds stay reproducible and a sample never depends on what else the step held.
+            # vLLM then takes max(max_model_len, its CPU default) tokens a step: BackendSpec.cpu_step_budget.
             engine_args["enable_chunked_prefill"] = False
         self.llm = LLM(**engine_args)
         engine = self.llm.llm_engine

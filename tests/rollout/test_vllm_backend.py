@@ -519,3 +519,16 @@ def test_the_real_model_on_a_few_shot_round(smollm2_dir):
             [[c.token_ids for c in g] for g in first]
     finally:
         backend.close()
+
+
+@needs_vllm
+@pytest.mark.timeout(300)
+def test_the_cpu_engine_never_splits_a_prefill_and_its_budget_is_the_registry_rows(engine):
+    """What --dry-run says of the engine's step (BackendSpec.cpu_step_budget) is what the engine was given."""
+    from coati.registry.backends import backend_spec
+
+    if torch.cuda.is_available():
+        pytest.skip("the CPU engine's rule")
+    scheduler = engine.llm.llm_engine.vllm_config.scheduler_config
+    assert scheduler.enable_chunked_prefill is False
+    assert scheduler.max_num_batched_tokens == backend_spec("vllm").cpu_step_budget(128)
