@@ -66,6 +66,9 @@ class DataConfig:
     reward_type: str = option(DEFAULT_REWARD_TYPE, "how responses are checked", "-rt", choices=tuple(REWARD_TYPES))
     system_prompt: str = option("", "system prompt (default: the reward type's own; none for the embedded demo)",
                                 "-s", resolved=True)
+    prompt_template: str | None = option(
+        None, "a base model's prompt: the text it continues, {prompt} standing for the row's text and {system} for "
+              "-s, e.g. 'Q: {prompt}\\nA:' (the chat template is not used; docs/data.md, base models)")
     max_prompt_tokens: int = option(512, "longer prompts are skipped (and counted); default: 64 for the demo, "
                                          "else 512", "-mpt", resolved=True)
     code: CodeRewardConfig = CodeRewardConfig()

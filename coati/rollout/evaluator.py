@@ -47,10 +47,10 @@ from coati.config.sampling import SamplingParams
 from coati.dataset.loader import load_examples
 from coati.rollout.engine_guard import EngineFailed
 from coati.rollout.env import load_env
-from coati.rollout.episode import episode_budget, episode_system_prompt
+from coati.rollout.episode import episode_budget
 from coati.rollout.evaluation import held_out_row
-from coati.rollout.generation import tokenise_prompts
 from coati.rollout.reward_model import reward_model_scorer
+from coati.rollout.round_generator import run_prompts
 from coati.utils.actor_process import start_actor_process
 from coati.utils.machine import usable_cores
 from rewards.scorer import RewardScorer
@@ -85,9 +85,8 @@ class Evaluator:
         self.tasks = {task: self._tokenise(path) for task, path in config.data.eval_paths.items()}
 
     def _tokenise(self, path: str):
-        data = self.config.data
-        return tokenise_prompts(self.backend.tokenizer, load_examples(path, data.rows),
-                                episode_system_prompt(self.env_class, self.config), data.max_prompt_tokens)
+        return run_prompts(self.backend.tokenizer, load_examples(path, self.config.data.rows), self.env_class,
+                           self.config)
 
     def evaluate(self, step: int, version: int, refs: list | None, task: str, mode: str,
                  params: SamplingParams) -> dict:
