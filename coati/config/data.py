@@ -105,6 +105,12 @@ class DataConfig:
         return parse_weights(self.reward_weights).get(self.reward_type, 1.0) != 0
 
     @property
+    def added_reward_names(self) -> tuple[str, ...]:
+        """The names of the rewards added to the built-in one, as --reward-weights and the logs call them: each
+        --reward-fn function's, and ``remote`` for --reward-url."""
+        return (*(spec.rpartition(":")[2] for spec in self.reward_fn), *(("remote",) if self.reward_url else ()))
+
+    @property
     def rows(self) -> RowFormat:
         return RowFormat(reward_type=self.reward_type, input_key=self.input_key, label_key=self.label_key)
 

@@ -182,9 +182,8 @@ def _validate_user_rewards(d: DataConfig) -> None:
     from rewards.combine import RewardWeightsError, parse_weights, resolve_weights
     from rewards.remote import check_reward_url
 
-    names = [d.reward_type, *(spec.rpartition(":")[2] for spec in d.reward_fn), *(["remote"] if d.reward_url else [])]
     try:
-        resolve_weights(names, parse_weights(d.reward_weights))
+        resolve_weights([d.reward_type, *d.added_reward_names], parse_weights(d.reward_weights))
     except RewardWeightsError as err:
         raise ConfigError(str(err)) from None
     if d.reward_url is not None:
