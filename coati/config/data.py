@@ -69,6 +69,11 @@ class DataConfig:
     prompt_template: str | None = option(
         None, "a base model's prompt: the text it continues, {prompt} standing for the row's text and {system} for "
               "-s, e.g. 'Q: {prompt}\\nA:' (the chat template is not used; docs/data.md, base models)")
+    stop: tuple[str, ...] = option(
+        (), "end a response at this text, as at EOS (kept in the response; counts as a natural end, not a "
+            "truncation), in training and evaluation: a base model never emits EOS after its answer, e.g. --stop "
+            "$'\\nQ:'; repeatable (a YAML list); added to the -rt type's own stops", kind=str, repeat=True,
+        metavar="STR")
     max_prompt_tokens: int = option(512, "longer prompts are skipped (and counted); default: 64 for the demo, "
                                          "else 512", "-mpt", resolved=True)
     code: CodeRewardConfig = CodeRewardConfig()

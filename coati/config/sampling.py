@@ -15,12 +15,7 @@ class SamplingParams:
     top_p: float = option(1.0, "nucleus sampling", "-topp")
     max_new_tokens: int = option(16, "default: 8 for the addition demo, 16 for the code demo, 12 for the tool "
                                      "demo, else 1024", "-mnt", resolved=True)
-    # what a response ends at besides EOS (kept in its text; a natural end, not a truncation); a run's requests add
-    # its -rt type's own stops to the flag's
-    stop_strings: tuple[str, ...] = option(
-        (), "end a response at this text, as at EOS (kept in the response; counts as a natural end, not a "
-            "truncation): a base model never emits EOS after its answer, e.g. --stop $'\\nQ:'; repeatable (a YAML "
-            "list); added to the -rt type's own stops", flag="--stop", kind=str, repeat=True, metavar="STR")
+    stop_strings: tuple[str, ...] = ()  # besides EOS: the -rt type's own stops and --stop's (DataConfig.stop)
     # Sampling seed of this request (None: the engine's running RNG). Producers derive one per round, so a
     # resumed run samples what the uninterrupted one did (see coati.cluster.schedule.round_seed).
     seed: int | None = None

@@ -40,7 +40,7 @@ def validate(config: RLConfig) -> None:
     _validate_keys(d)
     _validate_user_rewards(d)
     _validate_prompt_template(d)
-    require(all(s.stop_strings), "--stop needs a text to stop at, got an empty string")
+    require(all(d.stop), "--stop needs a text to stop at, got an empty string")
     if REWARD_TYPES[d.reward_type].runs_code:
         require(d.code.workers is None or d.code.workers >= 1, "--code-workers must be at least 1")
         try:
