@@ -233,16 +233,30 @@ def check_inputs(config: RLConfig, engine: bool = True) -> tuple[str, ...]:
 
 def _prompt_format_line(config: RLConfig, train) -> str | None:
     """A tokenizer without a chat template turns chat rows and a system prompt into plain text silently: say so,
-    unless a --prompt-template says how the prompts look."""
-    if config.data.prompt_template is not None:
-        return None
-    from transformers import AutoTokenizer
-
-    if getattr(AutoTokenizer.from_pretrained(config.model.path), "chat_template", None):
+    unless a --prompt-template says how the prompts look (or the directory holds no tokenizer to ask)."""
+    if config.data.prompt_template is not None or chat_template_of(config.model.path) is not False:
         return None
     key = config.data.input_key
     chat_rows = any(isinstance(example.row, dict) and not isinstance(example.row.get(key), str) for example in train)
     return plain_text_line(config.model.path, config.data.system_prompt, chat_rows)
+
+
+def chat_template_of(model_dir: str) -> bool | None:
+    """Whether the tokenizer saved in ``model_dir`` has a chat template (None: no tokenizer there), read from its
+    files without loading it: transformers keeps the template in ``chat_template.jinja`` (or ``.json``) or in
+    ``tokenizer_config.json``."""
+    import json
+
+    if any(os.path.isfile(os.path.join(model_dir, name)) for name in ("chat_template.jinja", "chat_template.json")):
+        return True
+    config = os.path.join(model_dir, "tokenizer_config.json")
+    if not os.path.isfile(config):
+        return None
+    try:
+        with open(config) as handle:
+            return bool(json.load(handle).get("chat_template"))
+    except (OSError, ValueError):
+        return None
 
 
 def _check_positions(config: RLConfig) -> None:

@@ -42,14 +42,23 @@ def tokenise_prompts(tokenizer, examples, system_prompt: str, max_prompt_tokens:
     """([(example, prompt text, prompt ids)], number skipped because longer than ``max_prompt_tokens``);
     ``template``: a base model's prompt template (``--prompt-template``)."""
     kept, skipped = [], 0
+    start = plain_text_start(tokenizer) if template is not None or not getattr(tokenizer, "chat_template", None) \
+        else []  # a chat template writes its own special tokens
     for example in examples:
         text = build_prompt(tokenizer, example.messages, system_prompt, template)
-        ids = tokenizer(text, add_special_tokens=False).input_ids
+        ids = start + tokenizer(text, add_special_tokens=False).input_ids
         if len(ids) > max_prompt_tokens:
             skipped += 1
             continue
         kept.append((example, text, ids))
     return kept, skipped
+
+
+def plain_text_start(tokenizer) -> list[int]:
+    """The ids a tokenizer starts any text with (a base Gemma's or Llama's BOS; none for most others), which a
+    prompt that is plain text needs as its model was trained to see it."""
+    bos = tokenizer.bos_token_id
+    return [bos] if bos is not None and tokenizer("").input_ids[:1] == [bos] else []
 
 
 def rollout_groups(backend, scorer, batch, sampling, version: int, learner: bool = False,

@@ -93,7 +93,17 @@ def _convert(gguf_path: str, out_dir: str, stamp: str) -> None:
         if holder is not None and hasattr(holder, "quantization_config"):
             delattr(holder, "quantization_config")
     model.save_pretrained(out_dir)
+    if _gguf_adds_bos(gguf_path) and hasattr(tokenizer, "add_bos_token"):
+        tokenizer.add_bos_token = True  # transformers' GGUF reader drops it; a base Gemma without BOS rambles
     tokenizer.save_pretrained(out_dir)
     with open(os.path.join(out_dir, MARKER), "w") as handle:
         json.dump({"gguf": os.path.abspath(gguf_path), "fingerprint": stamp,
                    "architecture": type(model).__name__}, handle, indent=1)
+
+
+def _gguf_adds_bos(gguf_path: str) -> bool:
+    """Whether the GGUF file's tokenizer starts every text with BOS (``tokenizer.ggml.add_bos_token``)."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(gguf_path).fields.get("tokenizer.ggml.add_bos_token")
+    return bool(field is not None and field.data and field.parts[field.data[0]][0])

@@ -187,3 +187,15 @@ def test_a_base_models_template_and_stops_reach_training_and_evaluation(small):
 def test_a_bad_template_or_stop_is_one_line(small, extra, message, capsys):
     assert main([*small, *extra, "--dry-run"]) == 2
     assert message in one_error_line(capsys)
+
+
+def test_whether_a_saved_tokenizer_has_a_chat_template_is_read_from_its_files(tmp_path):
+    from coati.launcher.preflight import chat_template_of
+    from coati.models.tiny import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    tokenizer.save_pretrained(tmp_path / "plain")
+    tokenizer.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    tokenizer.save_pretrained(tmp_path / "chat")
+    assert chat_template_of(str(tmp_path / "plain")) is False and chat_template_of(str(tmp_path / "chat")) is True
+    assert chat_template_of(str(tmp_path)) is None  # no tokenizer saved there: nothing to say

@@ -86,6 +86,11 @@ def test_the_shipped_smollm2_converts_to_an_hf_directory_equal_to_the_gguf_model
     text = tokenizer.apply_chat_template([{"role": "user", "content": "Calculate 2 + 3."}], tokenize=False,
                                          add_generation_prompt=True)
     assert text.endswith("<|im_start|>assistant\n"), text  # the model's own chat template travelled
+    from coati.rollout.generation import plain_text_start
+    from coati.utils.gguf import _gguf_adds_bos
+
+    # the file's tokenizer.ggml.add_bos_token travels too (False here; a base Gemma's True gives its BOS)
+    assert _gguf_adds_bos(smollm2_gguf) is False and plain_text_start(tokenizer) == []
     ids = tokenizer(text, return_tensors="pt").input_ids
     with torch.no_grad():
         assert torch.equal(converted(ids).logits, original(ids).logits)
