@@ -28,9 +28,10 @@ import re
 import socket
 from dataclasses import dataclass, field
 
-from coati.utils.machine import usable_cores
+from coati.utils.machine import ENGINE_ACTOR_ENV, usable_cores
 
 DEFAULT_RAY_PORT = 6379
+_ENGINE_ACTOR = {"runtime_env": {"env_vars": ENGINE_ACTOR_ENV}}  # inferencers and the evaluator
 PROBE_TIMEOUT_S = 5.0
 PLACEMENT_TIMEOUT_S = 60.0  # the resources exist (checked) but other jobs may hold them
 TOKEN_HELP = ("export RAY_AUTH_MODE=token and the head's token as RAY_AUTH_TOKEN (`ray get-auth-token` on the head "
@@ -201,13 +202,13 @@ class Reservation:
         return self._options(self.trainer_group, self.trainer_bundles[rank], self.plan.trainer_bundle)
 
     def inferencer_options(self, rank: int) -> dict:
-        return self._options(self.inferencer_groups[rank], 0, self.plan.inferencer_bundle)
+        return {**self._options(self.inferencer_groups[rank], 0, self.plan.inferencer_bundle), **_ENGINE_ACTOR}
 
     def evaluator_options(self) -> dict:
         """A bundle on GPU clusters; on CPU clusters no slot (it shares the cores, see placement.py)."""
         if self.evaluator_group is None:
-            return {"num_cpus": 0}
-        return self._options(self.evaluator_group, 0, self.plan.inferencer_bundle)
+            return {"num_cpus": 0, **_ENGINE_ACTOR}
+        return {**self._options(self.evaluator_group, 0, self.plan.inferencer_bundle), **_ENGINE_ACTOR}
 
     def release(self) -> None:
         from ray.util.placement_group import remove_placement_group

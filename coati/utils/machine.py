@@ -49,3 +49,7 @@ def bf16_cpu_line(precision: str, cluster_gpus: float, flags: set[str]) -> str |
 # stays in the heap for the next step (the process keeps its peak). Measured on SmolLM2-135M's shared-prompt step,
 # 2 cores: 11.5-12.0 s a step against 14.5-17.5 s (docs/results.md).
 CPU_TRAINER_MALLOC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**40)}
+# Inference actors (producers, the evaluator) start with torch's C++ log at ERROR: vLLM's CPU extension warns at
+# each engine start through it ("NUMA binding: Using MEMBIND policy ..."), a line no user can act on; Python-side
+# warnings, vLLM's own among them, are filtered by what they say instead (rollout/vllm_logs.py).
+ENGINE_ACTOR_ENV = {"TORCH_CPP_LOG_LEVEL": "ERROR"}
