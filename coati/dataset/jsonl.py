@@ -90,7 +90,7 @@ def plain_text_line(model: str, system_prompt: str, chat_rows: bool) -> str | No
         return None
     parts = f"the system prompt {system_prompt[:32]!r}{'...' if len(system_prompt) > 32 else ''} and " \
         if system_prompt else ""
-    rows = "its chat-form row's messages" if chat_rows else "its row's text"
+    rows = "its row's chat messages" if chat_rows else "its row's text"
     return (f"prompts: {model} has no chat template: each prompt is {parts}{rows} as plain text, joined by "
             "newlines; a base model continues such text as it is: give --prompt-template 'Q: {prompt}\\nA:' (and "
             f"--stop) to shape its prompts{', or -s to change the system prompt' if system_prompt else ''} "

@@ -236,8 +236,8 @@ def _prompt_format_line(config: RLConfig, train) -> str | None:
     unless a --prompt-template says how the prompts look (or the directory holds no tokenizer to ask)."""
     if config.data.prompt_template is not None or chat_template_of(config.model.path) is not False:
         return None
-    key = config.data.input_key
-    chat_rows = any(isinstance(example.row, dict) and not isinstance(example.row.get(key), str) for example in train)
+    # a row of one user message is its text as it stands; a chat of several (or a system turn) loses its roles
+    chat_rows = any(len(example.messages) > 1 for example in train)
     return plain_text_line(config.model.path, config.data.system_prompt, chat_rows)
 
 

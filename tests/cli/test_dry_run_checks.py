@@ -138,8 +138,8 @@ def test_the_python_api_chooses_as_the_command_does(tiny_model_dir, tmp_path):
 
 def test_chat_rows_on_a_model_without_a_chat_template_are_one_line_before_any_actor(small, tiny_model_dir, capsys,
                                                                                      monkeypatch):
-    """The tiny model's tokenizer has no chat template; ``small``'s rows are role/content objects and the boxed
-    reward's system prompt applies: a base model would see them as raw text. Said in --dry-run and as a real
+    """The tiny model's tokenizer has no chat template and the boxed reward's system prompt applies: a base model
+    would see it and the row joined as raw text. Said in --dry-run and as a real
     start begins (the start cut short by an injected failure to place its actors), and not with a template."""
     import ray
 
@@ -150,7 +150,7 @@ def test_chat_rows_on_a_model_without_a_chat_template_are_one_line_before_any_ac
     said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("prompts: ")]
     assert len(said) == 1 and said[0].startswith(f"prompts: {tiny_model_dir} has no chat template: each prompt is "
                                                  "the system prompt "), said
-    assert "and its chat-form row's messages as plain text" in said[0] and "--prompt-template" in said[0]
+    assert "and its row's text as plain text" in said[0] and "--prompt-template" in said[0]
     placed = []
 
     def no_room(config, timeout_s=0):
@@ -199,3 +199,16 @@ def test_whether_a_saved_tokenizer_has_a_chat_template_is_read_from_its_files(tm
     tokenizer.save_pretrained(tmp_path / "chat")
     assert chat_template_of(str(tmp_path / "plain")) is False and chat_template_of(str(tmp_path / "chat")) is True
     assert chat_template_of(str(tmp_path)) is None  # no tokenizer saved there: nothing to say
+
+
+def test_chat_rows_of_several_messages_are_said_and_single_messages_are_not(small, tmp_path, capsys):
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"messages": [{"role": "system", "content": "Numbers only."},
+                                                      {"role": "user", "content": f"{i}+1="}],
+                                         "gt_answer": str(i + 1)}) + "\n" for i in range(64)))
+    data = small.index("-d") + 1
+    assert main([*small[:data], str(chats), *small[data + 1:], "-s", "", "--dry-run"]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("prompts: ")]
+    assert len(said) == 1 and "each prompt is its row's chat messages as plain text" in said[0], said
+    assert main([*small, "-s", "", "--dry-run"]) == 0  # one user message each, no system prompt: the text as is
+    assert "prompts: " not in capsys.readouterr().out

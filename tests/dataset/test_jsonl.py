@@ -86,7 +86,7 @@ def test_what_a_template_less_tokenizer_makes_of_rows_is_said():
                                                          "where the row's text goes, e.g. 'Q: {prompt}\\nA:'")
     assert plain_text_line("m", "", False) is None  # the embedded demo: plain rows, no system prompt
     assert plain_text_line("m", "", True) == (
-        "prompts: m has no chat template: each prompt is its chat-form row's messages as plain text, joined by "
+        "prompts: m has no chat template: each prompt is its row's chat messages as plain text, joined by "
         "newlines; a base model continues such text as it is: give --prompt-template 'Q: {prompt}\\nA:' (and --stop) "
         "to shape its prompts (docs/data.md, base models)")
     line = plain_text_line("m", "Answer with the number only, please.", False)
