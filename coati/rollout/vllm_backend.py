@@ -122,6 +122,25 @@ def _vllm_architectures() -> frozenset[str] | None:
         return None
 
 
+def runs_in_process(architectures, native) -> bool:
+    """Whether an engine may run in this process: vLLM serves one of ``architectures`` with its own model code
+    (``native``: its table, None when unknown). Otherwise its Transformers backend runs the HF class, which it
+    decorates in place for compilation: an HF model of that family in this process (the trainer's, a reference)
+    then fails in its forward ("has no attribute 'do_not_compile'"), so such an engine runs in a child process."""
+    return native is None or not architectures or any(name in native for name in architectures)
+
+
+def model_architectures(model_path: str) -> list[str]:
+    """The ``architectures`` of a local model directory's config.json ([] when there is none to read)."""
+    import json
+
+    try:
+        with open(os.path.join(model_path, "config.json")) as handle:
+            return list(json.load(handle).get("architectures") or [])
+    except (OSError, ValueError):
+        return []
+
+
 def check_vllm_usable(tensor_parallel_size: int) -> None:
     """The engine's preflight: the package is importable, and -ptp > 1 has that many CUDA GPUs (vLLM's CPU
     build runs one rank). One ConfigError line otherwise."""
@@ -324,6 +343,8 @@ class VLLMBackend:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory needs no hub look-ups
         if options.multiprocessing is not None:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if options.multiprocessing else "0"
+        elif not on_gpu and not runs_in_process(model_architectures(model_path), _vllm_architectures()):
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
         elif not on_gpu:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if not on_gpu and os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0":
