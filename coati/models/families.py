@@ -45,6 +45,9 @@ class Family:
     # the attention implementation the trainer loads the family with (None: transformers' default, sdpa)
     trainer_attention: str | None = None
     pad_is_eos: bool = False  # the family ships pad == eos (masks must not be built from ``ids != pad``)
+    # inference engines (coati/registry/backends.py names) that fail on this family's LoRA adapter tensors, and why
+    adapters_fail_on: tuple[str, ...] = ()
+    adapters_failure: str = ""
 
 
 FAMILIES: dict[str, Family] = {row.model_type: row for row in (
@@ -79,12 +82,36 @@ FAMILIES: dict[str, Family] = {row.model_type: row for row in (
            logit_factor=lambda config: 1.0 / config.logits_scaling, pad_is_eos=True),
     Family("glm4", "Glm4ForCausalLM", "Glm4Config",
            "attention bias; RoPE on half the head, interleaved; post-attention and post-MLP norms; fused gate_up_proj",
-           {"tie_word_embeddings": False, "partial_rotary_factor": 0.5}),
+           {"tie_word_embeddings": False, "partial_rotary_factor": 0.5},
+           adapters_fail_on=("vllm",),
+           adapters_failure="vLLM 0.32's LoRA expects separate gate/up adapters where HF's Glm4 has one fused "
+                            "gate_up_proj (IndexError in the engine)"),
     Family("cohere", "CohereForCausalLM", "CohereConfig",
            "logits x logit_scale; LayerNorm; parallel attention and MLP; interleaved RoPE; tied head",
            {"tie_word_embeddings": True, "logit_scale": 0.5, "use_qk_norm": False},
            logit_factor=lambda config: config.logit_scale),
 )}
+
+
+def model_type_of(path: str) -> str | None:
+    """The ``model_type`` of a local model directory's config.json (torch-free; None when there is none)."""
+    import json
+    import os
+
+    try:
+        with open(os.path.join(path, "config.json")) as handle:
+            return json.load(handle).get("model_type")
+    except (OSError, ValueError):
+        return None
+
+
+def adapters_refused(model_type: str | None, engine: str) -> str | None:
+    """Why ``engine`` cannot take LoRA adapter tensors of a ``model_type`` model (the conformance matrix's ``lora``
+    column), None when it can."""
+    family = FAMILIES.get(model_type)
+    if family is not None and engine in family.adapters_fail_on:
+        return f"{model_type} models: {family.adapters_failure}"
+    return None
 
 
 def family_of(config) -> Family | None:

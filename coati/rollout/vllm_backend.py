@@ -22,6 +22,11 @@ worker depends on where it lives:
               (one copy in, one copy out), removed after the update;
   ``bytes``   fallback: the same bytes inside the RPC message.
 
+Process layout on CPU. The engine runs in this process by default, except for a model vLLM serves through its
+Transformers backend (no model code of its own, e.g. OLMo2): that backend decorates transformers' class in place,
+and an HF model of the family in the same process (a colocated trainer's) would then fail, so that engine runs in a
+child process (``runs_in_process``).
+
 LoRA. With adapters (``--lora-rank``) the engine starts with vLLM's LoRA support (one adapter slot) and a
 weight version is the adapter tensors alone: every worker builds vLLM's ``LoRAModel`` from them in memory and
 puts it in the slot under one fixed adapter id, replacing the previous version (vLLM itself only loads
@@ -333,6 +338,7 @@ class VLLMBackend:
         from transformers import AutoTokenizer
 
         self.model_path, self.options, self.adapters = model_path, options, adapters
+        self._environment: str | None | bool = False  # False: nothing to restore on close
         self._lora_request = None  # set once an adapter version is loaded
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
         self.eos_id = self.tokenizer.eos_token_id
@@ -344,6 +350,9 @@ class VLLMBackend:
         if options.multiprocessing is not None:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if options.multiprocessing else "0"
         elif not on_gpu and not runs_in_process(model_architectures(model_path), _vllm_architectures()):
+            # this engine's choice only: the environment is restored on close (a later engine of a native
+            # family runs in-process again)
+            self._environment = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
         elif not on_gpu:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -516,3 +525,9 @@ class VLLMBackend:
             llm.llm_engine.engine_core.shutdown()
             self.llm = None
             torch.set_num_threads = self._set_num_threads
+        if self._environment is not False:
+            if self._environment is None:
+                os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+            else:
+                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = self._environment
+            self._environment = False

@@ -402,3 +402,43 @@ def test_the_hf_export_loads_back_with_equal_logits(family, trained, tmp_path):
         expected = model(input_ids=ids).logits
         got = trainer_model(str(tmp_path / "export")).eval()(input_ids=ids).logits
     expect(family[0], "export", torch.equal(got, expected), f"max gap {float((got - expected).abs().max()):.2e}")
+
+
+def test_a_family_whose_adapters_fail_in_vllm_gets_merged_versions_or_one_line(tmp_path):
+    """The matrix's ``lora`` failures: ``--lora-sync auto`` sends merged weights, ``adapters`` is refused."""
+    from coati.config.errors import ConfigError
+    from coati.config.lora_sync import lora_sync_choice
+    from coati.models.families import adapters_refused, model_type_of
+    from coati.registry.backends import backend_spec
+
+    failing = [name for name in FAMILIES if MATRIX[name]["lora"] == "fail"]
+    assert failing == [name for name in FAMILIES if adapters_refused(name, "vllm")]
+    path = save_family_model(failing[0], str(tmp_path / "model"))
+    refused = adapters_refused(model_type_of(path), "vllm")
+    vllm = backend_spec("vllm")
+    assert lora_sync_choice("auto", vllm, 8, engines_on_gpu=True, refused=refused)[0] == "merged"
+    with pytest.raises(ConfigError) as error:
+        lora_sync_choice("adapters", vllm, 8, engines_on_gpu=True, refused=refused)
+    assert str(error.value).count("\n") == 0 and "gate_up_proj" in str(error.value)
+    assert adapters_refused(model_type_of(path), "transformers") is None
+
+
+def test_layer_types_by_hand():
+    from coati.models.families import layer_type
+
+    assert layer_type(SimpleNamespace(layer_types=["sliding_attention", "full_attention"], sliding_window=8), 1) \
+        == "full_attention"
+    assert layer_type(SimpleNamespace(sliding_window=8), 0) == "sliding_attention"  # Mistral, Phi3: every layer
+    assert layer_type(SimpleNamespace(sliding_window=None), 0) == "full_attention"
+    assert layer_type(SimpleNamespace(), 3) == "full_attention"  # Llama: no window at all
+
+
+def test_engines_of_transformers_backend_models_run_out_of_process(tmp_path):
+    from coati.rollout.vllm_backend import model_architectures, runs_in_process
+
+    native = frozenset({"LlamaForCausalLM", "Gemma2ForCausalLM"})
+    assert runs_in_process(["LlamaForCausalLM"], native)
+    assert not runs_in_process(["Olmo2ForCausalLM"], native)  # vLLM's Transformers backend: a child process
+    assert runs_in_process(["Olmo2ForCausalLM"], None) and runs_in_process([], native)  # unknown: as before
+    path = save_family_model("olmo2", str(tmp_path / "model"))
+    assert model_architectures(path) == ["Olmo2ForCausalLM"] and model_architectures(str(tmp_path)) == []
