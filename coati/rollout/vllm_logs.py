@@ -2,7 +2,7 @@
 
 vLLM logs at WARNING what is routine for coati (INFO is off already: coati/utils/actor_process.py). Per weight
 load, the layerwise reload names each layer that received no tensor: a rotary embedding (its cos/sin cache is
-computed, never loaded) and a tied LM head (it shares the embedding's weight, and
+computed, never loaded), Gemma2/3's model (its embedding normalizer, likewise) and a tied LM head (it shares the embedding's weight, and
 ``CoatiWorkerExtension.coati_load_weights`` rebuilds what the CPU kernel derived from it); two lines per
 round, forever. Per engine, the CPU worker warns each time vLLM's own thread contexts call the
 ``torch.set_num_threads`` no-op it installed, and vLLM restates the choices coati makes on purpose (eager mode
@@ -39,6 +39,9 @@ HARMLESS = (
              lambda record, tied_head: _layer(record).endswith("RotaryEmbedding")),
     Harmless(_RELOAD, _FAILED_LOAD, "a tied LM head is the embedding's weight; the worker extension refreshes it",
              lambda record, tied_head: tied_head and _layer(record) == "ParallelLMHead"),
+    Harmless(_RELOAD, _FAILED_LOAD, "Gemma2/3's embedding normalizer, sqrt(hidden_size), is a buffer of the model "
+             "computed from the config, never loaded (tests/models/test_family_conformance.py: the engine agrees)",
+             lambda record, tied_head: _layer(record) in ("Gemma2Model", "Gemma3Model")),
     Harmless("vllm.v1.worker.cpu_worker",
              "CPU backend doesn't allow to use `torch.set_num_threads` after the thread binding, skip it.",
              "vLLM's own thread contexts calling the no-op it installed; coati sets the threads before the engine"),

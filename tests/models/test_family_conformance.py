@@ -26,6 +26,7 @@ the doc's table from the results of the run (every check must have run).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import re
@@ -143,6 +144,19 @@ def test_tiny_models_keep_their_quirks_and_are_deterministic(family, tmp_path):
     if getattr(config, "sliding_window", None) and name not in ("qwen2", "qwen3"):
         assert config.sliding_window == WINDOW
     assert (config.pad_token_id == config.eos_token_id) == FAMILIES[name].pad_is_eos
+
+
+def test_a_terminating_eos_is_scored_when_pad_is_eos(family):
+    """Rows padded with the family's pad id (the eos where pad == eos): the response's EOS stays a scored token."""
+    name, path = family
+    config = trainer_model(path).config
+    eos = config.eos_token_id
+    group = RolloutGroup(prompt_ids=[5, 6], responses=[[7, eos], [8, 9, 10, eos]], logprobs=[[-1.0, -2.0], [-1.0] * 4],
+                         rewards=[0.0, 1.0], correct=[False] * 2, format_ok=[True] * 2,
+                         finish_reasons=["stop"] * 2, policy_version=0)
+    batch = collate([group], config.pad_token_id)
+    assert batch["action_mask"].sum(dim=1).tolist() == [2.0, 4.0]
+    assert batch["input_ids"][0, 3] == eos and batch["action_mask"][0, 2] == 1  # the EOS, not padding
 
 
 def test_sdpa_gives_eager_logits(family):
@@ -264,7 +278,7 @@ def trained(family, engine, tmp_path_factory):
     model = trainer_model(path)
     sampled = SamplingParams(n=4, temperature=1.0, max_new_tokens=16)
     outputs = engine.generate(list(PROMPTS), sampled)
-    behaviour, recomputed = trainer_logprobs(model, list(PROMPTS), outputs, 1.0)
+    behaviour, recomputed = trainer_logprobs(model, list(PROMPTS), outputs, 1.0, model.config.pad_token_id)
     gap = float((behaviour - recomputed).abs().max())
     before = greedy_logprobs(engine)
     generator = torch.Generator().manual_seed(3)
@@ -302,7 +316,7 @@ def engine_gap(engine, model) -> float:
                    SamplingParams(n=4, temperature=0.7, top_k=8, top_p=0.9, max_new_tokens=16),
                    SamplingParams(temperature=0.0, max_new_tokens=16)):
         behaviour, recomputed = trainer_logprobs(model, list(PROMPTS), engine.generate(list(PROMPTS), params),
-                                                 params.logprob_temperature)
+                                                 params.logprob_temperature, model.config.pad_token_id)
         assert behaviour.numel() >= len(PROMPTS)
         gaps.append(float((behaviour - recomputed).abs().max()))
     return max(gaps)
@@ -330,7 +344,9 @@ def test_an_output_embedding_change_alone_reaches_the_engine(family, engine, tra
     try:
         with torch.no_grad():
             head.add_(0.5 * torch.randn(head.shape, generator=torch.Generator().manual_seed(4)))
-        engine.load_weights(trained.plugin.named_full_tensors())
+        with reload_warnings(engine) as warned:
+            engine.load_weights(trained.plugin.named_full_tensors())
+        assert not warned, f"a weight load left layers unloaded: {warned}"
         gap = engine_gap(engine, model)
         after = greedy_logprobs(engine)
         moved = after.shape != before.shape or not torch.allclose(after, before)
@@ -339,6 +355,27 @@ def test_an_output_embedding_change_alone_reaches_the_engine(family, engine, tra
             head.copy_(original)
         engine.load_weights(trained.plugin.named_full_tensors())
     expect(family[0], "head sync", gap < ATOL and moved, f"gap {gap:.2e}, engine changed: {moved}")
+
+
+@contextlib.contextmanager
+def reload_warnings(engine):
+    """The messages of vLLM's reload records that pass coati's filter (coati/rollout/vllm_logs.py) during the
+    block: a layer that loaded nothing, unless known harmless. In-process engines only (else always empty)."""
+    import logging
+
+    reached = []
+
+    class Reached(logging.Handler):
+        def emit(self, record):
+            if record.name == "vllm.model_executor.model_loader.reload.layerwise":
+                reached.append(record.getMessage())
+
+    handler = Reached()
+    logging.getLogger("vllm").addHandler(handler)
+    try:
+        yield reached
+    finally:
+        logging.getLogger("vllm").removeHandler(handler)
 
 
 def adapted(model):
