@@ -106,6 +106,14 @@ def test_the_doc_matrix_names_every_family_and_check():
         assert tuple(row) == CHECKS and set(row.values()) <= {"pass", "fail"}, (family, row)
 
 
+def test_pipeline_plugins_admit_only_families_whose_stages_pass():
+    from coati.registry.plugins import PLUGINS
+
+    for spec in PLUGINS.values():
+        if spec.pipeline_parallel:
+            assert all(MATRIX[family]["stages"] == "pass" for family in spec.pp_model_families), spec.name
+
+
 @pytest.fixture(scope="module", autouse=True)
 def write_matrix():
     """With COATI_WRITE_MATRIX=1, the doc's table rewritten from this run's results (every check must have run)."""
