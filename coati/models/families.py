@@ -216,14 +216,15 @@ def load_causal_lm(path: str, dtype=None, **kwargs):
 
 # -- tiny models -----------------------------------------------------------------------------------------------
 def tiny_config(model_type: str, tokenizer, num_layers: int = 2):
-    """The tiny config of ``model_type``: hidden 64, 2 query heads over 1 key/value head of ``HEAD_DIM``, the
+    """The tiny config of ``model_type``: 4 query heads over 2 key/value heads of ``HEAD_DIM`` (tensor parallelism
+    up to 2), hidden 128, the
     tokenizer's vocabulary and special ids (pad = eos where the family ships it), fp32, plus the row's fields."""
     import transformers
 
     family = FAMILIES[model_type]
     pad = tokenizer.eos_token_id if family.pad_is_eos else tokenizer.pad_token_id
-    common = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
-                  num_attention_heads=2, num_key_value_heads=1, head_dim=HEAD_DIM, max_position_embeddings=256,
+    common = dict(vocab_size=len(tokenizer), hidden_size=4 * HEAD_DIM, intermediate_size=256,
+                  num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2, head_dim=HEAD_DIM, max_position_embeddings=256,
                   pad_token_id=pad, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
                   initializer_range=0.1, torch_dtype="float32")
     config = getattr(transformers, family.config_class)(**{**common, **family.tiny})

@@ -487,3 +487,20 @@ def test_engines_of_transformers_backend_models_run_out_of_process(tmp_path):
     assert runs_in_process(["Olmo2ForCausalLM"], None) and runs_in_process([], native)  # unknown: as before
     path = save_family_model("olmo2", str(tmp_path / "model"))
     assert model_architectures(path) == ["Olmo2ForCausalLM"] and model_architectures(str(tmp_path)) == []
+
+
+def test_torch_tp_refuses_the_families_its_plan_gets_wrong_in_one_line():
+    """docs/models.md: Phi3/GLM4 (fused projections), OLMo2 (whole-projection q/k norm), Qwen3/Gemma3 (replicated
+    per-head norms) fail or train wrong under torch-tp's plan: refused before anything starts."""
+    from coati.models.families import tiny_config, tiny_tokenizer
+    from coati.parallel.dims import ParallelDims
+    from coati.plugins.validation import validate_model
+    from coati.registry.plugins import TORCH_TP_FAMILIES
+
+    for name in ("phi3", "glm4", "olmo2", "qwen3", "gemma3_text"):
+        assert name not in TORCH_TP_FAMILIES
+        with pytest.raises(ValueError) as error:
+            validate_model("torch-tp", ParallelDims(tp_size=2, world_size=2), tiny_config(name, tiny_tokenizer(name)))
+        assert str(error.value).count("\n") == 0 and f"no working policy for {name!r}" in str(error.value)
+        assert str(error.value).endswith("train it with tp_size 1")
+    validate_model("torch-tp", ParallelDims(tp_size=2, world_size=2), tiny_config("llama", tiny_tokenizer("llama")))
