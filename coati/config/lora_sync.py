@@ -22,11 +22,13 @@ if TYPE_CHECKING:
 SLOWER = 1.5  # adapter generation this many times slower than with full weights: merged versions are cheaper
 
 
-def lora_sync_choice(sync: str, spec, rank: int, engines_on_gpu: bool) -> tuple[str, str]:
+def lora_sync_choice(sync: str, spec, rank: int, engines_on_gpu: bool, refused: str | None = None) -> tuple[str, str]:
     """(``adapters`` or ``merged``, why) for --lora-sync ``sync`` with the engine ``spec`` (a BackendSpec) at
-    LoRA rank ``rank`` (pure)."""
-    takes = spec.takes_adapters_of_rank(rank)
-    limit = (f"-b {spec.name} takes adapters up to rank {spec.max_adapter_rank}" if spec.takes_adapters
+    LoRA rank ``rank`` (pure). ``refused``: why the engine fails on this model family's adapters
+    (coati.models.families.adapters_refused), None when it takes them."""
+    takes = spec.takes_adapters_of_rank(rank) and refused is None
+    limit = (f"-b {spec.name} fails on the adapters of {refused}" if refused is not None
+             else f"-b {spec.name} takes adapters up to rank {spec.max_adapter_rank}" if spec.takes_adapters
              else f"-b {spec.name} takes full weights only")
     if sync == "merged":
         return "merged", "--lora-sync merged"
@@ -44,6 +46,13 @@ def lora_sync_choice(sync: str, spec, rank: int, engines_on_gpu: bool) -> tuple[
                         "merged sends full weights")
 
 
+def family_refusal(config: RLConfig) -> str | None:
+    """Why the run's engine fails on its model family's adapters (the conformance matrix), None when it does not."""
+    from coati.models.families import adapters_refused, model_type_of
+
+    return adapters_refused(model_type_of(config.model.path), config.parallel.backend_spec.name)
+
+
 def choose_lora_sync(config: RLConfig, cluster_gpus: float) -> tuple[RLConfig, str | None]:
     """(the config with --lora-sync decided, the line that says what a version is and why; None without LoRA).
     The engines run on GPUs when the cluster has any (coati.utils.device's rule)."""
@@ -51,7 +60,7 @@ def choose_lora_sync(config: RLConfig, cluster_gpus: float) -> tuple[RLConfig, s
     if not lora.enabled:
         return config, None
     sync, why = lora_sync_choice(config.model.lora_sync, config.parallel.backend_spec, lora.lora_rank,
-                                 cluster_gpus > 0)
+                                 cluster_gpus > 0, family_refusal(config))
     chosen = dataclasses.replace(config, model=dataclasses.replace(config.model, lora_sync=sync))
     what = ("the adapter tensors alone" if sync == "adapters"
             else "the adapters merged into the base (full weights, a full-size sync)")

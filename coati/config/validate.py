@@ -10,7 +10,7 @@ import math
 
 from coati.config.algo import ALGOS
 from coati.config.data import DataConfig
-from coati.config.lora_sync import lora_sync_choice
+from coati.config.lora_sync import family_refusal, lora_sync_choice
 from coati.config.errors import ConfigError, require
 from coati.config.health import parse_health
 from coati.config.layout import ParallelConfig
@@ -88,7 +88,8 @@ def validate(config: RLConfig) -> None:
     _validate_colocation(config)
     p.check_lora(config.model.lora)
     if config.model.lora.enabled:  # --lora-sync adapters with an engine that cannot take them: one line now
-        lora_sync_choice(config.model.lora_sync, p.backend_spec, config.model.lora.lora_rank, False)
+        lora_sync_choice(config.model.lora_sync, p.backend_spec, config.model.lora.lora_rank, False,
+                         family_refusal(config))
     require(p.vllm_kv_cache_gb > 0, f"--vllm-kv-cache-gb must be > 0, got {p.vllm_kv_cache_gb}")
     require(0 < p.vllm_gpu_memory_utilization <= 1,
             f"--vllm-gpu-memory-utilization must lie in (0, 1], got {p.vllm_gpu_memory_utilization}")

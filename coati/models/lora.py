@@ -168,13 +168,14 @@ def config_dir(path: str) -> str:
 def load_adapted(path: str, dtype=torch.float32, base: str | None = None) -> torch.nn.Module:
     """The base model (``base``, else the one the adapter names) with the adapter directory ``path`` on it."""
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
+
+    from coati.models.families import load_causal_lm
 
     base = base or adapter_base(path)
     if not os.path.isdir(base):
         raise FileNotFoundError(f"{path} is a LoRA adapter whose base model {base or '(not named)'} is not a "
                                 "directory here: pass the base model's directory (--base)")
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
+    model = load_causal_lm(base, dtype=dtype)
     return PeftModel.from_pretrained(model, path)
 
 

@@ -21,25 +21,18 @@ import torch
 
 def pipeline_causal_lm_forward(self, input_ids=None, attention_mask=None, hidden_states=None, stage_manager=None,
                                stage_index=None, shard_config=None, **unused):
-    """One pipeline stage of a Llama-family causal LM: a dict of hidden states, or the logits on the last stage."""
-    from transformers.masking_utils import create_causal_mask
+    """One pipeline stage of a decoder causal LM: a dict of hidden states, or the logits on the last stage (the
+    family's head shaping applied: coati.models.families.decoder_stage)."""
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
-    model = self.model
-    if stage_manager.is_first_stage():
-        hidden_states = model.embed_tokens(input_ids)
-    position_ids = torch.arange(hidden_states.shape[1], device=hidden_states.device).unsqueeze(0)
-    mask = create_causal_mask(config=model.config, inputs_embeds=hidden_states, attention_mask=attention_mask,
-                              past_key_values=None, position_ids=position_ids)
-    position_embeddings = model.rotary_emb(hidden_states, position_ids)
+    from coati.models.families import decoder_stage
+
+    first, last = stage_manager.is_first_stage(), stage_manager.is_last_stage()
     start, end = stage_index
-    for layer in model.layers[start:end]:
-        hidden_states = layer(hidden_states, attention_mask=mask, position_ids=position_ids,
-                              position_embeddings=position_embeddings)
-    if not stage_manager.is_last_stage():
-        return {"hidden_states": hidden_states}
-    logits = self.lm_head(model.norm(hidden_states))
-    return CausalLMOutputWithPast(logits=logits)
+    layers = {index: self.model.layers[index] for index in range(start, end)}
+    out = decoder_stage(self.model, layers, input_ids if first else hidden_states, attention_mask, first, last,
+                        self.lm_head if last else None)
+    return CausalLMOutputWithPast(logits=out) if last else {"hidden_states": out}
 
 
 def _qwen2_policy_cls():

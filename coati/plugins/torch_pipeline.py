@@ -4,8 +4,9 @@ Ranks form a ``(dp, pp)`` grid, ``rank = dp_rank * pp + stage`` (the trainer mes
 decoder layers (stage 0 also the embedding, the last stage also the final norm and the LM head), built by
 ``DecoderStage`` with the HF parameter names. The micro-batches of one ``forward_backward`` call are the
 pipeline's micro-batches; ``loss_fn`` runs on the last stage (its statistics are broadcast to every stage),
-and every stage receives each micro-batch's ``attention_mask`` (it builds its own causal mask and rotary
-embeddings, as ``Qwen2Model.forward`` does in transformers 5.19).
+and every stage receives each micro-batch's ``attention_mask`` (it builds its own causal masks and rotary
+embeddings, as the family's HF model forward does in transformers 5.19, and the last stage's logits go through the
+family's head shaping: coati.models.families.decoder_stage).
 
 Tied embeddings (Qwen2 small models): the first and last stages each keep a copy; their gradients are
 summed over a first/last process group before the optimizer step, so the copies stay identical; the copy
@@ -40,7 +41,7 @@ def stage_bounds(num_layers: int, num_stages: int, stage: int) -> tuple[int, int
 
 
 class DecoderStage(torch.nn.Module):
-    """Layers ``[start, end)`` of a Llama-family causal LM (plus embedding / head on the first / last stage).
+    """Layers ``[start, end)`` of a decoder causal LM (plus embedding / head on the first / last stage).
 
     Parameter names match the full HF model (``model.layers.3.mlp.up_proj.weight``...).
     """
@@ -52,6 +53,7 @@ class DecoderStage(torch.nn.Module):
         self.precision = precision
         self.first, self.last = first, last
         inner = torch.nn.Module()
+        inner.config = model.config  # not a module: decoder_stage reads the family's fields from it
         inner.layers = torch.nn.ModuleDict({str(i): model.model.layers[i] for i in range(start, end)})
         inner.rotary_emb = model.model.rotary_emb
         if first:
@@ -67,19 +69,11 @@ class DecoderStage(torch.nn.Module):
             return self._layers(x, attention_mask)
 
     def _layers(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        from transformers.masking_utils import create_causal_mask
+        from coati.models.families import decoder_stage
 
-        hidden = self.model.embed_tokens(x) if self.first else x
-        position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
-        mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask,
-                                  past_key_values=None, position_ids=position_ids)
-        position_embeddings = self.model.rotary_emb(hidden, position_ids)
-        for layer in self.model.layers.values():
-            hidden = layer(hidden, attention_mask=mask, position_ids=position_ids,
-                           position_embeddings=position_embeddings)
-        if self.last:
-            return self.lm_head(self.model.norm(hidden))
-        return hidden
+        layers = {int(index): layer for index, layer in self.model.layers.items()}
+        return decoder_stage(self.model, layers, x, attention_mask, self.first, self.last,
+                             self.lm_head if self.last else None)
 
 
 class TorchPipelinePlugin(TrainerPlugin):

@@ -68,8 +68,11 @@ def validate_model(plugin: str, layout: ParallelDims, config) -> None:
             raise ValueError(f"tp_size {tp} does not divide the MLP width {inter}")
         families = plugin_spec(plugin).tp_model_families
         if families is not None and family not in families:
+            others = [name for name, spec in PLUGINS.items() if name != plugin and spec.tensor_parallel
+                      and (spec.tp_model_families is None or family in spec.tp_model_families)]
             raise ValueError(f"{plugin} tensor parallelism has no working policy for {family!r} models "
-                             f"here (supported: {', '.join(families)}); use torch-tp")
+                             f"here (supported: {', '.join(families)}); "
+                             + (f"use {' or '.join(others)}" if others else "train it with tp_size 1"))
     if pp > 1:
         families = plugin_spec(plugin).pp_model_families
         if family not in families:

@@ -50,6 +50,19 @@ class PluginSpec:
         return state_format == self.state_format
 
 
+# torch-pp's stages run coati.models.families.decoder_stage: the families whose pipelined step equals one process's
+# (tests/plugins/test_equivalence.py) and whose stage forward gives the model's logits (the conformance matrix)
+TORCH_PP_FAMILIES = ("qwen2", "llama", "gemma2", "granite", "cohere", "gemma3_text", "mistral", "qwen3", "phi3",
+                     "olmo2", "glm4")
+
+
+# torch-tp's plan (coati.plugins.torch_native: q/k/v/gate/up column-wise, o/down row-wise, the rest replicated) is
+# right for these only: Phi3 and GLM4 fuse qkv_proj / gate_up_proj (no q_proj, gate_proj to shard), OLMo2 norms q and k
+# over the whole projection, and per-head q/k norms (Qwen3, Gemma3) are replicated weights whose gradient each rank
+# sees only for its own heads (docs/models.md)
+TORCH_TP_FAMILIES = ("qwen2", "llama")
+
+
 def _colossal(name: str, serves, **capabilities) -> PluginSpec:
     # pipeline stages: our own shardformer policy for Qwen2 under transformers 5 (plugins/colossal_policies.py)
     defaults = {"state_format": COLOSSAL, "reads_dcp_in": (), "pp_model_families": ("qwen2",),
@@ -77,10 +90,10 @@ PLUGINS: dict[str, PluginSpec] = {spec.name: spec for spec in (
     PluginSpec("torch-fsdp2", "torch", lambda n, tp, pp, zero: tp == 1 and pp == 1 and zero > 0,
                "coati.plugins.torch_native:TorchNativePlugin", variant="fsdp2", trains_adapters=True),
     PluginSpec("torch-tp", "torch", lambda n, tp, pp, zero: tp > 1, "coati.plugins.torch_native:TorchNativePlugin",
-               variant="tp", tensor_parallel=True),
+               variant="tp", tensor_parallel=True, tp_model_families=TORCH_TP_FAMILIES),
     PluginSpec("torch-pp", "torch", lambda n, tp, pp, zero: tp == 1 and pp > 1,
                "coati.plugins.torch_pipeline:TorchPipelinePlugin", pipeline_parallel=True, pipeline_max_zero=0,
-               packs_rows=False),
+               packs_rows=False, pp_model_families=TORCH_PP_FAMILIES),
     _colossal("colossalai-ddp", lambda n, tp, pp, zero: _plain(n, tp, pp, zero), reads_dcp_in=("fp32",),
               trains_adapters=True),
     _colossal("colossalai-zero", lambda n, tp, pp, zero: tp == 1 and pp == 1 and zero > 0, zero_stages=(1, 2),

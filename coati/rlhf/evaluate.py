@@ -141,8 +141,7 @@ def _no_load_bars():
 def run(plan: Plan) -> dict:
     """Load the reward model (first: a bad one fails before the policy is loaded) and the policy, evaluate every
     mode, write the summary and the samples; the summary."""
-    from transformers import AutoModelForCausalLM
-
+    from coati.models.families import load_causal_lm
     from coati.models.lora import is_adapter_dir, load_adapted
     from coati.utils.device import model_placement
 
@@ -159,7 +158,7 @@ def run(plan: Plan) -> dict:
         if is_adapter_dir(inputs.model):  # a LoRA checkpoint: its base with the adapter merged in
             policy = load_adapted(inputs.model, placement.dtype).merge_and_unload().to(placement.device)
         else:
-            policy = AutoModelForCausalLM.from_pretrained(inputs.model, dtype=placement.dtype).to(placement.device)
+            policy = load_causal_lm(inputs.model, dtype=placement.dtype).to(placement.device)
     backend = TransformersBackend(policy, plan.tokenizer, config.micro_batch_size)
     scorer = RewardScorer(config.reward_type) if any(has_answer(e) for e, _, _ in plan.batch) else None
     modes, records = {}, []

@@ -62,10 +62,12 @@ class TransformersBackend:
         """``placement``: a ``coati.utils.device.ModelPlacement`` (where the caller's role puts the model; the
         CPU in float32 when not given). ``adapters``: the run's LoRA settings (``RLConfig.engine_adapters``) when
         weight versions are adapter tensors: the engine carries the same adapters and loads those alone."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
+
+        from coati.models.families import load_causal_lm
 
         dtype, device = (torch.float32, "cpu") if placement is None else (placement.dtype, placement.device)
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+        model = load_causal_lm(model_path, dtype=dtype)
         if adapters is not None:
             from coati.models.lora import add_adapters
 

@@ -22,6 +22,11 @@ worker depends on where it lives:
               (one copy in, one copy out), removed after the update;
   ``bytes``   fallback: the same bytes inside the RPC message.
 
+Process layout on CPU. The engine runs in this process by default, except for a model vLLM serves through its
+Transformers backend (no model code of its own, e.g. OLMo2): that backend decorates transformers' class in place,
+and an HF model of the family in the same process (a colocated trainer's) would then fail, so that engine runs in a
+child process (``runs_in_process``).
+
 LoRA. With adapters (``--lora-rank``) the engine starts with vLLM's LoRA support (one adapter slot) and a
 weight version is the adapter tensors alone: every worker builds vLLM's ``LoRAModel`` from them in memory and
 puts it in the slot under one fixed adapter id, replacing the previous version (vLLM itself only loads
@@ -120,6 +125,25 @@ def _vllm_architectures() -> frozenset[str] | None:
             return served_architectures(handle.read())
     except (OSError, SyntaxError, IndexError, TypeError):
         return None
+
+
+def runs_in_process(architectures, native) -> bool:
+    """Whether an engine may run in this process: vLLM serves one of ``architectures`` with its own model code
+    (``native``: its table, None when unknown). Otherwise its Transformers backend runs the HF class, which it
+    decorates in place for compilation: an HF model of that family in this process (the trainer's, a reference)
+    then fails in its forward ("has no attribute 'do_not_compile'"), so such an engine runs in a child process."""
+    return native is None or not architectures or any(name in native for name in architectures)
+
+
+def model_architectures(model_path: str) -> list[str]:
+    """The ``architectures`` of a local model directory's config.json ([] when there is none to read)."""
+    import json
+
+    try:
+        with open(os.path.join(model_path, "config.json")) as handle:
+            return list(json.load(handle).get("architectures") or [])
+    except (OSError, ValueError):
+        return []
 
 
 def check_vllm_usable(tensor_parallel_size: int) -> None:
@@ -315,6 +339,7 @@ class VLLMBackend:
         from transformers import AutoTokenizer
 
         self.model_path, self.options, self.adapters = model_path, options, adapters
+        self._environment: str | None | bool = False  # False: nothing to restore on close
         self._lora_request = None  # set once an adapter version is loaded
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
         self.eos_id = self.tokenizer.eos_token_id
@@ -325,6 +350,11 @@ class VLLMBackend:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory needs no hub look-ups
         if options.multiprocessing is not None:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if options.multiprocessing else "0"
+        elif not on_gpu and not runs_in_process(model_architectures(model_path), _vllm_architectures()):
+            # this engine's choice only: the environment is restored on close (a later engine of a native
+            # family runs in-process again)
+            self._environment = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
         elif not on_gpu:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if not on_gpu and os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0":
@@ -501,3 +531,9 @@ class VLLMBackend:
             llm.llm_engine.engine_core.shutdown()
             self.llm = None
             torch.set_num_threads = self._set_num_threads
+        if self._environment is not False:
+            if self._environment is None:
+                os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+            else:
+                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = self._environment
+            self._environment = False

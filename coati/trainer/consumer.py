@@ -68,13 +68,16 @@ class Consumer(TrainerRank):
         feed, the learner and the weight publisher around them."""
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+        from coati.models.families import load_options
+
         config, p = self.config, self.config.parallel
         torch.manual_seed(config.run.seed)  # the same on every rank: any fresh parameter starts identical
         self.tokenizer = AutoTokenizer.from_pretrained(config.model.path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         model_config = AutoConfig.from_pretrained(config.model.path)
         self.join_group(p, master_address or "127.0.0.1", master_port or 29506)
-        model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=p.model_placement("policy").dtype)
+        model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=p.model_placement("policy").dtype,
+                                                     **load_options(model_config))
         # the policy's loss function is the algorithm's objective, built below once this plugin exists (a LoRA
         # policy's plugin also serves the objective's reference)
         self.roles[ACTOR] = TrainedModel.build(ACTOR, p, model, config.algo.learning_rate, None, model_config,

@@ -30,10 +30,10 @@ def load_reference(config, policy_plugin):
     scoring = config.batch.train_microbatch_size, config.sampling.temperature
     if config.model.lora.enabled:
         return AdaptersOffReference(policy_plugin, *scoring)
-    from transformers import AutoModelForCausalLM
+    from coati.models.families import load_causal_lm
 
     placement = config.parallel.model_placement("reference")
-    model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=placement.dtype).to(placement.device)
+    model = load_causal_lm(config.model.path, dtype=placement.dtype).to(placement.device)
     return FrozenReference(model.eval().requires_grad_(False), *scoring)
 
 

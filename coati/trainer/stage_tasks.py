@@ -48,9 +48,9 @@ class SFTTask:
 
     @staticmethod
     def load_model(path: str):
-        from transformers import AutoModelForCausalLM
+        from coati.models.families import load_causal_lm
 
-        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        return load_causal_lm(path, dtype=torch.float32)
 
     def tokenise(self, examples) -> tuple[list, int]:
         """([(prompt ids, completion ids + EOS)], number skipped as longer than max_length)."""

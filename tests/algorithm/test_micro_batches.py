@@ -117,7 +117,7 @@ def test_hf_causal_lms_take_logits_to_keep_and_a_critic_does_not(tiny_lm):
     assert critic(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.shape[1] == 4
 
 
-def step_batch(vocab: int, loss_variation: str, seed: int = 0) -> dict[str, torch.Tensor]:
+def step_batch(vocab: int, loss_variation: str, seed: int = 0, pad_id: int = 0) -> dict[str, torch.Tensor]:
     """Eight samples of differing prompt and response lengths, one sample loss-masked, as group_algorithm makes
     them: advantages, action mask x sample mask, the whole batch's normaliser, reference logprobs."""
     generator = torch.Generator().manual_seed(seed)
@@ -130,7 +130,7 @@ def step_batch(vocab: int, loss_variation: str, seed: int = 0) -> dict[str, torc
                                    logprobs=[(-torch.rand(len(r), generator=generator) * 3).tolist() for r in responses],
                                    rewards=[0.0, 1.0], correct=[False, True], format_ok=[False] * 2,
                                    finish_reasons=["stop"] * 2, policy_version=0))
-    batch = collate(groups, pad_id=0)
+    batch = collate(groups, pad_id=pad_id)
     samples = batch["input_ids"].shape[0]
     batch["advantages"] = torch.randn(samples, generator=generator)
     batch["sample_mask"] = torch.ones(samples)

@@ -33,8 +33,18 @@ LOSS_CONFIG = PolicyLossConfig(clip_eps_low=0.2, clip_eps_high=0.28, loss_variat
 
 
 def tiny_model(arch: str = "qwen2", seed: int = 1, num_layers: int = 2):
+    """The tiny Qwen2 or Llama of coati.models.tiny; another ``arch`` names a family of coati.models.families (its
+    tiny model, loaded with the trainer's attention implementation)."""
     from coati.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
 
+    if arch not in ("qwen2", "llama"):
+        from coati.models.families import build_family_model, tiny_tokenizer, trainer_attention
+
+        tokenizer = tiny_tokenizer(arch)
+        model = build_family_model(arch, tokenizer, seed=seed)
+        if trainer_attention(model.config):
+            model.set_attn_implementation(trainer_attention(model.config))
+        return model, tokenizer
     tokenizer = build_char_tokenizer()
     return build_tiny_model(TinyModelSpec(arch=arch, num_layers=num_layers), tokenizer, seed=seed), tokenizer
 

@@ -96,3 +96,19 @@ def test_llama_layouts_match_single_process(tmp_path):
     if has_colossalai:
         layouts.append("colossalai-zero:zero=2:arch=llama")
     check(run_group(layouts, 2, str(tmp_path), timeout_s=240), reference)
+
+
+@pytest.mark.e2e
+def test_torch_pipeline_stages_of_every_family_match_single_process(tmp_path):
+    """torch-pp's stages run coati.models.families.decoder_stage (per-layer masks, the family's embedding and head
+    shaping, tied weights over the stage ends): each family torch-pp admits trains its step as one process does
+    (the families' tiny models of coati/models/families.py, each against its own single-process reference)."""
+    from coati.registry.plugins import TORCH_PP_FAMILIES
+
+    families = [family for family in TORCH_PP_FAMILIES if family not in ("qwen2", "llama")]  # those two: above
+    (tmp_path / "ref").mkdir()
+    references = run_group([f"single:arch={family}" for family in families], 1, str(tmp_path / "ref"), timeout_s=240)
+    results = run_group([f"torch-pp:pp=2:arch={family}" for family in families], 2, str(tmp_path), timeout_s=400)
+    for family in families:
+        check({f"torch-pp:pp=2:arch={family}": results[f"torch-pp:pp=2:arch={family}"]},
+              references[f"single:arch={family}"])

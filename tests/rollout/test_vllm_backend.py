@@ -121,13 +121,14 @@ def prompt_ids(tokenizer) -> list[list[int]]:
     return [tokenizer(text, add_special_tokens=False).input_ids for text in PROMPTS]
 
 
-def trainer_logprobs(model, prompts, outputs, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(behaviour, recomputed) logprobs of every generated token, recomputed as the trainer does it."""
+def trainer_logprobs(model, prompts, outputs, temperature: float, pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(behaviour, recomputed) logprobs of every generated token, recomputed as the trainer does it (rows padded
+    with ``pad_id``)."""
     groups = [RolloutGroup(prompt_ids=p, responses=[c.token_ids for c in cs], logprobs=[c.logprobs for c in cs],
                            rewards=[0.0] * len(cs), correct=[False] * len(cs),
                            format_ok=[False] * len(cs), finish_reasons=[c.finish_reason for c in cs],
                            policy_version=0) for p, cs in zip(prompts, outputs)]
-    batch = collate(groups, 0)
+    batch = collate(groups, pad_id)
     with torch.no_grad():
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     recomputed = token_logprobs(logits, batch["input_ids"], temperature=temperature)
