@@ -26,16 +26,16 @@ from typing import Callable
 import torch
 
 from coati.algorithm.advantage import compute_advantages, group_accuracy_in_range, overlong_penalty, topk_sample_mask
-from coati.algorithm.registry import registrar
+from coati.utils.user_parts import registrar
 
 REWARD_SHAPERS: dict[str, Callable] = {}
 SAMPLE_MASKS: dict[str, Callable] = {}
 GROUP_FILTERS: dict[str, Callable] = {}
 
 
-register_reward_shaper = registrar(REWARD_SHAPERS, "reward shaper")
-register_sample_mask = registrar(SAMPLE_MASKS, "sample mask")
-register_group_filter = registrar(GROUP_FILTERS, "group filter")
+register_reward_shaper = registrar(REWARD_SHAPERS, "reward shaper", f"{__name__}:REWARD_SHAPERS")
+register_sample_mask = registrar(SAMPLE_MASKS, "sample mask", f"{__name__}:SAMPLE_MASKS")
+register_group_filter = registrar(GROUP_FILTERS, "group filter", f"{__name__}:GROUP_FILTERS")
 
 
 @dataclass(frozen=True)
