@@ -1,6 +1,7 @@
 """A user's own policy loss trains in the trainer's Ray actors, as docs/algorithms.md shows it: registered in a
 script's ``__main__`` and run through ``coati.run`` (no flag: the row travels by value), and from a file with
-``coati train --plugins`` (with an advantage estimator of the same file). The loss adds a statistic of its own,
+``coati train --plugins`` (with an advantage estimator of the same file, in the trainer ranks, and an environment,
+in the producers' and the evaluator's episodes). The loss adds a statistic of its own,
 ``my_clip_tokens``: it reaches metrics.jsonl only from the trainer ranks' calls of that function.
 
 Both runs: the demo's tiny model, 8 prompts x 2 samples a step, 4 steps, 16 held-out prompts.
@@ -59,7 +60,8 @@ def test_a_scripts_own_policy_loss_trains_through_coati_run(demo_assets, tmp_pat
 
 def test_a_plugin_file_through_the_command_line(demo_assets, tmp_path):
     argv = ["--plugins", os.path.join(ROOT, "examples", "parts", "my_parts.py"),
-            "--grpo-config", '{"objective": "my_clip", "advantage": "centred"}', "--max-steps", "4",
+            "--grpo-config", '{"objective": "my_clip", "advantage": "centred"}', "--env", "boxed_once",
+            "--max-steps", "4",
             "-sd", str(tmp_path / "runs"), "-ed", json.dumps({"addition": head(demo_assets.eval_path,
                                                                                tmp_path / "eval.jsonl", 16)})]
     for key, value in SMALL.items():
@@ -68,3 +70,5 @@ def test_a_plugin_file_through_the_command_line(demo_assets, tmp_path):
     result, rows = run_cli(argv + ["--no-progress"], demo_assets)
     trained = [row for row in rows if row.get("kind") == "train"]
     assert result.steps == 4 and len(trained) == 4 and all(row["my_clip_tokens"] > 0 for row in trained)
+    evals = [row for row in rows if row.get("kind") == "eval"]
+    assert {row["step"] for row in evals} == {0, 4}, evals  # the evaluator ran the plugin's episodes

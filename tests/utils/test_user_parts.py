@@ -170,3 +170,30 @@ def test_plugins_is_a_yaml_list(tmp_path, plugin_file):
         """))
     config = config_for("--config", str(config_file))
     assert config.parts.plugins == (path,) and config.algo.loss.objective == name
+
+
+def test_every_command_refuses_a_bad_entry_before_anything_starts(tmp_path, capsys):
+    from coati.config.stage import SFTConfig, validate
+    from coati.rlhf.evaluate import main as evaluate
+
+    missing = str(tmp_path / "missing.py")
+    with pytest.raises(ConfigError, match=r"^--plugins .*missing\.py: no such file"):
+        validate(SFTConfig(parts=UserParts((missing,))))
+    assert evaluate(["--plugins", missing]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --plugins {missing}: no such file")
+
+
+def test_an_actors_start_puts_the_shipped_rows_back():
+    from coati.utils.actor_process import start_actor_process
+
+    @register_policy_loss("actor_loss")
+    def actor_loss(inputs, config):
+        return 1.0, {}
+
+    try:
+        parts = config_for("--grpo-config", '{"objective": "actor_loss"}').parts
+        del POLICY_LOSSES["actor_loss"]  # as in a fresh worker process
+        start_actor_process(parts)
+        assert POLICY_LOSSES["actor_loss"](None, None) == (1.0, {})
+    finally:
+        POLICY_LOSSES.pop("actor_loss", None)
