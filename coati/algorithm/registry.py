@@ -74,6 +74,15 @@ LOSS_AGGREGATIONS: dict[str, LossAggregation] = {agg.name: agg for agg in (
     LossAggregation("sample_sum_norm", "coati.algorithm.loss:masked_sum", "coati.algorithm.loss:count_token_slots"),
 )}
 
+# The group stages (coati/algorithm/pipeline.py), each name -> a pure function over [groups, G] tensors:
+# reward shapers fn(rewards, data, settings, max_new_tokens) -> rewards; sample masks fn(rewards, data, settings)
+# -> bool keep; group filters fn(data, settings) -> bool [groups] keep. The preset's settings turn on the shipped
+# ones; GroupConfig's reward_shapers / sample_masks / group_filters add any by name.
+REWARD_SHAPERS: dict[str, str | Callable] = {"overlong": "coati.algorithm.pipeline:shape_overlong"}
+SAMPLE_MASKS: dict[str, str | Callable] = {"topk": "coati.algorithm.pipeline:mask_topk",
+                                           "truncated": "coati.algorithm.pipeline:mask_truncated"}
+GROUP_FILTERS: dict[str, str | Callable] = {"accuracy_range": "coati.algorithm.pipeline:filter_accuracy_range"}
+
 # name -> fn(logprobs, ref_logprobs) -> per-token estimate of KL(pi || ref), the loss's KL term (kl_estimator)
 KL_ESTIMATORS: dict[str, str | Callable] = {
     "k1": "coati.algorithm.loss:kl_k1",
@@ -137,6 +146,17 @@ def get_policy_loss(name: str) -> Callable:
     if name not in POLICY_LOSSES:
         raise ValueError(f"unknown objective {name!r}; choose one of {tuple(POLICY_LOSSES)}")
     fn = POLICY_LOSSES[name]
+    return resolve(fn) if isinstance(fn, str) else fn
+
+
+register_reward_shaper = registrar(REWARD_SHAPERS, "reward shaper", f"{__name__}:REWARD_SHAPERS")
+register_sample_mask = registrar(SAMPLE_MASKS, "sample mask", f"{__name__}:SAMPLE_MASKS")
+register_group_filter = registrar(GROUP_FILTERS, "group filter", f"{__name__}:GROUP_FILTERS")
+
+
+def group_stage(table: dict, name: str) -> Callable:
+    """The function of a group stage's row (REWARD_SHAPERS, SAMPLE_MASKS, GROUP_FILTERS)."""
+    fn = table[name]
     return resolve(fn) if isinstance(fn, str) else fn
 
 
