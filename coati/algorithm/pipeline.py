@@ -73,11 +73,14 @@ class GroupStages:
     def from_config(cls, settings) -> "GroupStages":
         """The stages a group config (``config.algo.groups``) turns on: the shipped ones by their settings, then
         those it names (``reward_shapers``, ``sample_masks``, ``group_filters``: a user's own, by registered name)."""
-        return cls(shapers=(("overlong",) if settings.soft_over_length_punishment else ()) + settings.reward_shapers,
+        def named(key: str) -> tuple[str, ...]:  # settings of any shape: a stand-in without the keys names none
+            return tuple(getattr(settings, key, ()))
+
+        return cls(shapers=(("overlong",) if settings.soft_over_length_punishment else ()) + named("reward_shapers"),
                    advantage=settings.advantage,
                    masks=(("topk",) if settings.topk_samples is not None else ())
-                   + (("truncated",) if settings.filter_truncated_response else ()) + settings.sample_masks,
-                   filters=(("accuracy_range",) if settings.filter_range is not None else ()) + settings.group_filters)
+                   + (("truncated",) if settings.filter_truncated_response else ()) + named("sample_masks"),
+                   filters=(("accuracy_range",) if settings.filter_range is not None else ()) + named("group_filters"))
 
     def run(self, data: GroupTensors, settings, max_new_tokens: int):
         """(shaped rewards, advantages, float 0/1 sample loss mask), each [groups, G]."""
