@@ -10,9 +10,11 @@ anything:
   first, the driver included (before the config is validated, so their names validate). Their rows register
   themselves in each process, as coati's do. A file on every node at the same path, or a module installed there.
 - rows registered anywhere else in the driver (the user's script, its ``__main__``, which a worker cannot import):
-  every registration is noted here (``registrar`` / ``note_row``); as a run starts, ``ship`` pickles the rows
-  still registered, by value (cloudpickle: their code travels, not a module name), into the config the actors
-  receive, and each actor puts them back into the same tables (``install``) after importing the plugins.
+  every registration is noted here (``registrar`` / ``note_row``); building the run's config (coati/config/cli.py,
+  for the command line and ``coati.run`` / ``coati.build_config`` alike) pickles the rows still registered then,
+  by value (cloudpickle: their code travels, not a module name), into ``RLConfig.parts``, which every actor
+  receives; each actor puts them back into the same tables (``install``) after importing the plugins. Such a
+  row is registered before the config is built anyway: the config's names are validated against the tables.
 
 Rows registered by coati's own packages and by ``--plugins`` modules are never shipped: each process has them.
 """
@@ -74,7 +76,7 @@ PLUGINS_HELP = ("your own parts: a .py file or an importable module (e.g. my_par
 @dataclass(frozen=True)
 class UserParts:
     plugins: tuple[str, ...] = option((), PLUGINS_HELP, kind=str, repeat=True, metavar="FILE.py|MODULE")
-    # the driver's own rows (ship), filled in as a run starts; None: none shipped
+    # the driver's own rows (ship), filled in when the run's config is built; None: none shipped
     shipped: ShippedRows | None = field(default=None, compare=False)
 
     def __post_init__(self):  # files by their absolute paths: an actor's working directory is not the driver's
