@@ -130,6 +130,9 @@ def _import_one(entry: str):
         if not os.path.isfile(entry):
             raise UserPartsError(f"--plugins {entry}: no such file (give a .py file's path, or a module name such as "
                                  "my_pkg.parts that `python -c 'import my_pkg.parts'` imports)")
+        imported = _module_of_file(entry)
+        if imported is not None:  # the script imported it itself: running it again would register twice
+            return imported
         # a stable name per file, in sys.modules, so that its classes and functions pickle and dataclasses work
         name = "coati_user_parts_" + re.sub(r"\W", "_", os.path.abspath(entry))
         spec = importlib.util.spec_from_file_location(name, entry)
@@ -151,6 +154,16 @@ def _import_one(entry: str):
         raise UserPartsError(_failure(entry, err)) from None
     except Exception as err:
         raise UserPartsError(_failure(entry, err)) from None
+
+
+def _module_of_file(path: str):
+    """The module already imported from the file at ``path``, if any."""
+    path = os.path.realpath(path)
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None)
+        if file and os.path.realpath(file) == path:
+            return module
+    return None
 
 
 def _module_of(obj) -> str:

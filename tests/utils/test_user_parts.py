@@ -1,6 +1,7 @@
 """A user's own parts: --plugins imported once per process, one line for a bad entry, and the rows a driver's own
 code registered shipped by value and put back into the same tables (as an actor does)."""
 
+import sys
 import textwrap
 import threading
 
@@ -197,3 +198,20 @@ def test_an_actors_start_puts_the_shipped_rows_back():
         assert POLICY_LOSSES["actor_loss"](None, None) == (1.0, {})
     finally:
         POLICY_LOSSES.pop("actor_loss", None)
+
+
+def test_a_plugin_file_the_script_imported_itself_is_not_run_twice(tmp_path, monkeypatch):
+    """`import my_parts` in a script, then `coati.run(plugins=["my_parts.py"])`: its rows register once."""
+    import importlib
+
+    (tmp_path / "own_parts.py").write_text(PLUGIN.format(name="own_loss"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        module = importlib.import_module("own_parts")
+        assert import_user_parts([str(tmp_path / "own_parts.py")]) == [module] and module.IMPORTS == 1
+    finally:
+        from coati.rollout.env import ENVS
+
+        POLICY_LOSSES.pop("own_loss", None)
+        ENVS.pop("own_loss_env", None)
+        sys.modules.pop("own_parts", None)
