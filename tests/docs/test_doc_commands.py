@@ -126,7 +126,7 @@ def check_flags_in_help(command: str, argv: list[str]) -> None:
 
 
 @pytest.mark.parametrize("page,command,argv", COMMANDS, ids=[f"{p}:{c}:{' '.join(a)[:60]}" for p, c, a in COMMANDS])
-def test_doc_command_parses_and_validates(page, command, argv, monkeypatch, tmp_path):
+def test_doc_command_parses_and_validates(page, command, argv, monkeypatch, tmp_path, registries_restored):
     argv = stand_in_files(argv, tmp_path)
     monkeypatch.chdir(tmp_path)
     if command in ("train", "ppo"):

@@ -58,7 +58,7 @@ def test_a_scripts_own_policy_loss_trains_through_coati_run(demo_assets, tmp_pat
     assert float(done.stdout.strip().splitlines()[-1]) == rows[-1]["my_clip_tokens"]
 
 
-def test_a_plugin_file_through_the_command_line(demo_assets, tmp_path):
+def test_a_plugin_file_through_the_command_line(demo_assets, tmp_path, registries_restored):
     argv = ["--plugins", os.path.join(ROOT, "examples", "parts", "my_parts.py"),
             "--grpo-config", '{"objective": "my_clip", "advantage": "centred"}', "--env", "boxed_once",
             "--max-steps", "4",

@@ -47,7 +47,7 @@ def plugin_file(tmp_path):
     ENVS.pop(f"{name}_env", None)
 
 
-def test_a_plugin_file_is_imported_once_and_its_names_validate(plugin_file, monkeypatch, tmp_path):
+def test_a_plugin_file_is_imported_once_and_its_names_validate(plugin_file, monkeypatch, tmp_path, registries_restored):
     path, name = plugin_file
     monkeypatch.chdir(tmp_path)
     config = config_for("--plugins", "my_parts.py", "--grpo-config", f'{{"objective": "{name}"}}',
@@ -62,7 +62,7 @@ def test_a_plugin_file_is_imported_once_and_its_names_validate(plugin_file, monk
     assert config.parts.shipped is None  # the plugin's rows are imported by every process, not shipped
 
 
-def test_a_module_name_is_imported(tmp_path, monkeypatch):
+def test_a_module_name_is_imported(tmp_path, monkeypatch, registries_restored):
     package = tmp_path / "my_pkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
@@ -162,7 +162,7 @@ def test_a_shipment_that_cannot_be_loaded_is_one_line():
         UserParts(shipped=bad).load()
 
 
-def test_plugins_is_a_yaml_list(tmp_path, plugin_file):
+def test_plugins_is_a_yaml_list(tmp_path, plugin_file, registries_restored):
     path, name = plugin_file
     config_file = tmp_path / "run.yaml"
     config_file.write_text(textwrap.dedent(f"""\
