@@ -59,10 +59,10 @@ def run(config=None, /, log=print, **options) -> RunSummary:
         config, engine = _built(config, None, options)
     elif options:
         raise TypeError("run(config, ...): pass options either in an RLConfig or as keywords, not both")
-    check_inputs(config)
+    lines = check_inputs(config)
     started = not ray.is_initialized()
     try:
-        result = run_rl(config, log=log, start_lines=(engine,) if engine else ())
+        result = run_rl(config, log=log, start_lines=(engine, *lines) if engine else lines)
     finally:
         if started:
             ray.shutdown()

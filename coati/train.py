@@ -46,9 +46,9 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", description
         config, engine = choose_engine(config_from_args(args, demo, given=parser.given))
         if dry_run or dry_run_cluster:
             # a described cluster's engines are not this machine's: its vLLM is not asked for here
-            check_inputs(config, engine=not dry_run_cluster)
-            return print_plan(config, dry_run_cluster, engine)
-        check_inputs(config)
+            lines = check_inputs(config, engine=not dry_run_cluster)
+            return print_plan(config, dry_run_cluster, (engine, *lines) if engine else lines)
+        lines = check_inputs(config)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", description
     from coati.rollout.evaluation import held_out_line
 
     try:
-        result = run(config, start_lines=(engine,) if engine else ())
+        result = run(config, start_lines=(engine, *lines) if engine else lines)
     except RunInterrupted as stopped:  # SIGINT/SIGTERM: one line, 130/143
         print(stopped.line(prog), file=sys.stderr)
         return stopped.exit_code
@@ -208,9 +208,10 @@ def real_model_demo_defaults(argv: list[str] | None) -> dict:
         raise ConfigError(str(err)) from None
 
 
-def print_plan(config, cluster: str | None, engine: str | None = None) -> int:
-    """``--dry-run``: the plan's lines (after ``engine``, the line that names the default engine chosen); 1 with
-    the one error line when it cannot fit or the cluster cannot be joined, 2 for bad input."""
+def print_plan(config, cluster: str | None, start_lines: tuple[str, ...] = ()) -> int:
+    """``--dry-run``: the plan's lines (after ``start_lines``, those the run would show as it starts: the default
+    engine chosen, what the prompts become); 1 with the one error line when it cannot fit or the cluster cannot be
+    joined, 2 for bad input."""
     from coati.cluster.connect import ClusterError
     from coati.launcher.plan import PlanError, dry_run
 
@@ -222,7 +223,7 @@ def print_plan(config, cluster: str | None, engine: str | None = None) -> int:
     except ClusterError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    print("\n".join([engine, *lines] if engine else lines))
+    print("\n".join([*start_lines, *lines]))
     if error:
         print(f"error: {error}", file=sys.stderr)
         return 1

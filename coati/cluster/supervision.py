@@ -40,6 +40,11 @@ class RunStopped(RuntimeError):
     """An actor the run cannot do without died; the message is the one line to show."""
 
 
+class OneLineFailure(RuntimeError):
+    """A failure inside an actor that says in its message, in one line, what failed and what to change (e.g. an
+    inference engine's: rollout/engine_guard.py); the driver shows that line instead of the actor's traceback."""
+
+
 class ActorStuck(RunStopped):
     """An actor did not answer within its wait's bound; the message is the one line to show."""
 
@@ -133,8 +138,8 @@ class Supervisor:
         marked it dead, which may take a few seconds on a loaded machine."""
         if not isinstance(error, (ray.exceptions.RayActorError, ray.exceptions.RayTaskError)):
             return error
-        stop = _reward_stop(error)
-        if stop is not None:  # a user reward raised, or the reward server stayed down: its own line says it
+        stop = _own_line(error)
+        if stop is not None:  # a user reward or an engine raised, or the reward server stayed down: its line says it
             return RunStopped(f"{stop}; the run stopped. {resume_hint(self.run_dir)}")
         dead = self._find_dead(getattr(error, "actor_id", None))
         if dead is None:
@@ -196,13 +201,14 @@ class Supervisor:
         self.in_flight, self.generation = [], []
 
 
-def _reward_stop(error: Exception):
-    """The user-reward or reward-server error inside an actor's failure, if that is what it is."""
+def _own_line(error: Exception):
+    """The failure inside an actor's error that carries its own line, if that is what it is: a user reward's, the
+    reward server's, or any ``OneLineFailure`` (an engine's)."""
     from rewards.remote import RemoteRewardError
     from rewards.user import RewardFnError
 
     cause = getattr(error, "cause", None)
-    return cause if isinstance(cause, (RewardFnError, RemoteRewardError)) else None
+    return cause if isinstance(cause, (RewardFnError, RemoteRewardError, OneLineFailure)) else None
 
 
 def resume_hint(run_dir: str) -> str:

@@ -144,8 +144,9 @@ def _situation(values: dict, demo) -> tuple[bool, dict, dict, dict]:
     eval_paths = parse_eval_datasets(values["eval_dataset"])
     if not eval_paths and embedded and not user_data:
         eval_paths = {demo_task: demo.eval_path}
-    if values["system_prompt"] is None:
-        values["system_prompt"] = "" if embedded else default_system_prompt(reward_type)
+    if values["system_prompt"] is None:  # a prompt template carries its own instructions
+        values["system_prompt"] = "" if embedded or values["prompt_template"] is not None else \
+            default_system_prompt(reward_type)
     if values["project"] is None:
         values["project"] = "demo" if embedded else run_name(values["model"])
     grpo_overrides = parse_grpo_config(values["grpo_config"])
@@ -238,6 +239,7 @@ def config_from_values(values: dict, demo=None, given: set[str] | None = None) -
     _batches(values, situation)
     max_new_tokens = values["max_new_tokens"]
     stops = REWARD_TYPES[values["reward_type"]].stop_strings if values["reward_type"] in REWARD_TYPES else ()
+    stops = tuple(dict.fromkeys((*stops, *(values["stop"] or ()))))
     flags = {key: values[knob.dest] for key, knob in grpo_keys(AlgoConfig).items() if knob.is_flag}
     # the parts built from their flags alone (parallel, batch, run) are constructed from the values directly
     config = construct(

@@ -75,6 +75,12 @@ class RewardOptions:
         None, "a response counts as correct (accuracy) when its weighted reward is >= this, unless a reward part "
               "gives its own verdict (default: the built-in -rt verdict while its weight is not 0; docs/rewards.md)")
 
+    @property
+    def added_reward_names(self) -> tuple[str, ...]:
+        """The names of the rewards added to the built-in one, as --reward-weights and the logs call them: each
+        --reward-fn function's, and ``remote`` for --reward-url."""
+        return (*(spec.rpartition(":")[2] for spec in self.reward_fn), *(("remote",) if self.reward_url else ()))
+
     def reward_options(self) -> dict:
         """RewardScorer's keyword arguments for the user's rewards (functions, server, weights, threshold)."""
         return {"reward_fns": self.reward_fn, "reward_url": self.reward_url, "reward_weights": self.reward_weights,
@@ -100,6 +106,14 @@ class DataConfig(RewardOptions):
     reward_type: str = option(DEFAULT_REWARD_TYPE, "how responses are checked", "-rt", choices=tuple(REWARD_TYPES))
     system_prompt: str = option("", "system prompt (default: the reward type's own; none for the embedded demo)",
                                 "-s", resolved=True)
+    prompt_template: str | None = option(
+        None, "a base model's prompt: the text it continues, {prompt} standing for the row's text and {system} for "
+              "-s, e.g. 'Q: {prompt}\\nA:' (the chat template is not used; docs/data.md, base models)")
+    stop: tuple[str, ...] = option(
+        (), "end a response at this text, as at EOS (kept in the response; counts as a natural end, not a "
+            "truncation), in training and evaluation: a base model never emits EOS after its answer, e.g. --stop "
+            "$'\\nQ:'; repeatable (a YAML list); added to the -rt type's own stops", kind=str, repeat=True,
+        metavar="STR")
     max_prompt_tokens: int = option(512, "longer prompts are skipped (and counted); default: 64 for the demo, "
                                          "else 512", "-mpt", resolved=True)
     code: CodeRewardConfig = CodeRewardConfig()

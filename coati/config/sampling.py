@@ -15,7 +15,7 @@ class SamplingParams:
     top_p: float = option(1.0, "nucleus sampling", "-topp")
     max_new_tokens: int = option(16, "default: 8 for the addition demo, 16 for the code demo, 12 for the tool "
                                      "demo, else 1024", "-mnt", resolved=True)
-    stop_strings: tuple[str, ...] = ()
+    stop_strings: tuple[str, ...] = ()  # besides EOS: the -rt type's own stops and --stop's (DataConfig.stop)
     # Sampling seed of this request (None: the engine's running RNG). Producers derive one per round, so a
     # resumed run samples what the uninterrupted one did (see coati.cluster.schedule.round_seed).
     seed: int | None = None

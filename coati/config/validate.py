@@ -16,10 +16,21 @@ from coati.config.health import parse_health
 from coati.config.layout import ParallelConfig
 from coati.config.run import RunConfig
 from coati.config.tree import RLConfig
+from coati.dataset.jsonl import SYSTEM_SLOT, prompt_template_problem
 from coati.config.validate_algo import validate_algo
 from coati.registry.backends import BACKENDS
 from coati.registry.weight_sync import DEFAULT_WEIGHT_SYNC, WEIGHT_SYNCS
 from rewards import REWARD_TYPES
+
+
+def _validate_prompt_template(d: DataConfig) -> None:
+    if d.prompt_template is None:
+        return
+    problem = prompt_template_problem(d.prompt_template)
+    require(problem is None, problem or "")
+    require(not d.system_prompt or SYSTEM_SLOT in d.prompt_template,
+            f"-s/--system-prompt is given but --prompt-template {d.prompt_template!r} has no {SYSTEM_SLOT}: put "
+            f"{SYSTEM_SLOT} where it goes, or leave -s out")
 
 
 def validate(config: RLConfig) -> None:
@@ -28,6 +39,8 @@ def validate(config: RLConfig) -> None:
     require(d.reward_type in REWARD_TYPES, f"unknown reward type {d.reward_type!r}; choose one of {', '.join(REWARD_TYPES)}")
     _validate_keys(d)
     check_reward_options(d, d.reward_type)
+    _validate_prompt_template(d)
+    require(all(d.stop), "--stop needs a text to stop at, got an empty string")
     if REWARD_TYPES[d.reward_type].runs_code:
         require(d.code.workers is None or d.code.workers >= 1, "--code-workers must be at least 1")
         try:
@@ -170,9 +183,8 @@ def check_reward_options(d, reward_type: str) -> None:
     from rewards.combine import RewardWeightsError, parse_weights, resolve_weights
     from rewards.remote import check_reward_url
 
-    names = [reward_type, *(spec.rpartition(":")[2] for spec in d.reward_fn), *(["remote"] if d.reward_url else [])]
     try:
-        resolve_weights(names, parse_weights(d.reward_weights))
+        resolve_weights([reward_type, *d.added_reward_names], parse_weights(d.reward_weights))
     except RewardWeightsError as err:
         raise ConfigError(str(err)) from None
     if d.reward_url is not None:

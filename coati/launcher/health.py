@@ -72,13 +72,15 @@ class EqualRewards:
     metrics) for ``steps`` steps in a row: every group-relative advantage is 0 and the policy learns nothing. Fires
     once per streak, with the built-in reward's reasons counted over the streak and concrete things to try.
     ``reward_type``: the -rt name; ``builtin_weighted``: its weight is not 0; ``user_rewards``: --reward-fn or
-    --reward-url given; ``group_size`` (-g) and ``temperature`` (-temp) as set."""
+    --reward-url given (``user_reward_names``: their names, which the warning names when the built-in reward does
+    not count); ``group_size`` (-g) and ``temperature`` (-temp) as set."""
     steps: int
     reward_type: str
     builtin_weighted: bool
     user_rewards: bool
     group_size: int
     temperature: float
+    user_reward_names: tuple[str, ...] = ()
     name: str = "equal_rewards"
     _first: int | None = None
     _count: int = 0
@@ -103,10 +105,17 @@ class EqualRewards:
         reasons = _percentages(self._reasons) if self._reasons else "not recorded"
         # at weight 0 the built-in reasons explain nothing of the reward: say whose they are
         whose = "Reasons" if self.builtin_weighted else f"The built-in {self.reward_type} verdicts (weighted 0)"
+        yours = f"{self._yours()} gave every sample of a prompt the same score. " \
+            if self.user_reward_names and not self.builtin_weighted else ""
         text = (f"warning: steps {self._first}-{step}: every group's rewards are equal (all {values}): nothing to "
-                f"learn. {whose}: {reasons}. Try: {'; '.join(self.suggestions())}")
+                f"learn. {yours}{whose}: {reasons}. Try: {'; '.join(self.suggestions())}")
         return HealthWarning(self.name, self._first, step, text,
                              {"values": sorted(self._values), "reasons": dict(self._reasons.most_common())})
+
+    def _yours(self) -> str:
+        names = ", ".join("the reward server (--reward-url)" if name == "remote" else name
+                          for name in self.user_reward_names)
+        return f"your reward{'s' if len(self.user_reward_names) > 1 else ''} {names}"
 
     def suggestions(self) -> list[str]:
         if self.builtin_weighted and set(self._reasons) == {"ok"}:
@@ -118,6 +127,9 @@ class EqualRewards:
                         "(docs/rewards.md)")
         if not self.user_rewards:
             tips.append(f"your own graded reward: --reward-fn file.py:fn --reward-weights {self.reward_type}:0")
+        elif self.user_reward_names:  # the flags are given: what to change is the reward they name
+            tips.append(f"a version of {self._yours()} that scores the samples of a prompt apart (the rollout logs, "
+                        "-rsd DIR, show each part's score per sample)")
         else:
             tips.append("a reward of your own (--reward-fn, --reward-url) that scores the samples of a prompt apart "
                         "(rollout logs, -rsd, show each part)")
@@ -453,7 +465,7 @@ def run_monitors(config) -> RunHealth:
             steps=config.run.equal_reward_steps, reward_type=d.reward_type,
             builtin_weighted=d.builtin_reward_counts,
             user_rewards=bool(d.reward_fn or d.reward_url), group_size=config.batch.num_generations,
-            temperature=config.sampling.temperature))
+            temperature=config.sampling.temperature, user_reward_names=d.added_reward_names))
     lr, mnt = algo.learning_rate, config.sampling.max_new_tokens
     kl_flag, kl_coef = (("--kl-coef", algo.ppo.kl_reward_coef) if algo.uses_critic
                         else ("-kl", algo.loss.kl_loss_coef))

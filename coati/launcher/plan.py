@@ -278,6 +278,22 @@ def _packing(config) -> str:
             "keep packed samples apart")
 
 
+def generation_line(config, unit: str) -> str:
+    """A round's prompt tokens per generator against what one step of its engine prefills."""
+    p, b, d = config.parallel, config.batch, config.data
+    samples = b.inference_batch_size * b.num_generations
+    tokens = samples * d.max_prompt_tokens
+    line = (f"generation: a round prefills up to {tokens:,} prompt tokens per generator ({b.inference_batch_size} "
+            f"prompts (-ibs) x {b.num_generations} samples (-g) x -mpt {d.max_prompt_tokens}); ")
+    budget = p.backend_spec.cpu_step_budget(d.max_prompt_tokens + config.sampling.max_new_tokens)
+    if unit == "CPU" and budget is not None:
+        return line + (f"{p.backend} takes {budget:,} a step, never splitting a prompt (so seeded samples repeat): "
+                       f"at least {-(-tokens // budget)} prefill step(s)")
+    if budget is None:
+        return line + f"{p.backend} prefills each call of -imbs {b.inference_microbatch_size} samples whole"
+    return line + f"{p.backend} on a GPU: its own batched-token budget, prefills split across steps"
+
+
 def render(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: list[Node]) -> list[str]:
     p, b = config.parallel, config.batch
     gpu_text = f"{nodes[0].gpus} GPUs of {nodes[0].memory / 1e9:.0f} GB" if unit == "GPU" else \
@@ -292,6 +308,7 @@ def render(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: lis
               + f"), planned as {micro_batch_rows(config)} rows of the longest sequence; " + _packing(config)
               + ("; gradient checkpointing keeps each layer's input only" if config.algo.optim.gradient_checkpointing
                  else "")),
+             generation_line(config, unit),
              f"{'actor':<16} {'node':>4}  {'where':<14} {'thr':>3}  {'GiB':>6}  memory (GiB)"]
     for actor in actors:
         where = f"GPU {','.join(map(str, actor.units))}" if actor.units else "1 CPU slot"

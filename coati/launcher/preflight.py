@@ -12,6 +12,7 @@ import os
 from coati.config.errors import ConfigError, require
 from coati.config.ppo import PPOConfig
 from coati.config.tree import RLConfig
+from coati.dataset.jsonl import plain_text_line
 from coati.registry import resolve
 from rewards import reward_type
 
@@ -169,9 +170,10 @@ def check_user_rewards(config: RLConfig, first) -> None:
             "filter_range")
 
 
-def check_inputs(config: RLConfig, engine: bool = True) -> None:
+def check_inputs(config: RLConfig, engine: bool = True) -> tuple[str, ...]:
     """Checks that open files: the model directory and every dataset (parsed in full, line by line); with
-    ``engine``, the inference engine this machine would start."""
+    ``engine``, the inference engine this machine would start. Returns the lines to show as the run starts (and in
+    --dry-run): what the rows' prompts become for a model without a chat template."""
     if engine:
         check_engine(config)
     from coati.dataset.loader import DatasetError, load_examples
@@ -225,6 +227,22 @@ def check_inputs(config: RLConfig, engine: bool = True) -> None:
              f"{config.data.train_path} has {len(train)} prompts: each of the {sources} {generators} needs at "
              f"least -ibs={config.batch.inference_batch_size}; lower -ibs or add data")
     _check_positions(config)
+    line = _prompt_format_line(config, train)
+    return (line,) if line else ()
+
+
+def _prompt_format_line(config: RLConfig, train) -> str | None:
+    """A tokenizer without a chat template turns chat rows and a system prompt into plain text silently: say so,
+    unless a --prompt-template says how the prompts look."""
+    if config.data.prompt_template is not None:
+        return None
+    from transformers import AutoTokenizer
+
+    if getattr(AutoTokenizer.from_pretrained(config.model.path), "chat_template", None):
+        return None
+    key = config.data.input_key
+    chat_rows = any(isinstance(example.row, dict) and not isinstance(example.row.get(key), str) for example in train)
+    return plain_text_line(config.model.path, config.data.system_prompt, chat_rows)
 
 
 def _check_positions(config: RLConfig) -> None:

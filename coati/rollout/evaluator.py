@@ -45,11 +45,12 @@ from coati.cluster.weight_sync import unpack_named_tensors
 from coati.config.tree import RLConfig
 from coati.config.sampling import SamplingParams
 from coati.dataset.loader import load_examples
+from coati.rollout.engine_guard import EngineFailed
 from coati.rollout.env import load_env
-from coati.rollout.episode import episode_budget, episode_system_prompt
+from coati.rollout.episode import episode_budget
 from coati.rollout.evaluation import held_out_row
-from coati.rollout.generation import tokenise_prompts
 from coati.rollout.reward_model import reward_model_scorer
+from coati.rollout.round_generator import run_prompts
 from coati.utils.actor_process import start_actor_process
 from coati.utils.machine import usable_cores
 from rewards.scorer import RewardScorer
@@ -68,7 +69,13 @@ class Evaluator:
         torch.set_num_threads(num_threads or usable_cores())
         torch.manual_seed(config.run.seed + 2000)  # its own stream for sampled evals
         # The seed offset keeps vLLM's sampling streams apart from every producer's.
-        self.backend = make_backend(config, config.parallel.num_inferencers, role="evaluator")
+        self.start_failure = None
+        try:
+            self.backend = make_backend(config, config.parallel.num_inferencers, role="evaluator",
+                                        who="the evaluator")
+        except EngineFailed as failure:  # raised at the first evaluation: a failed constructor prints a traceback
+            self.start_failure = failure
+            return
         self.scorer = RewardScorer(**config.data.scorer_options())
         self.reward_model = reward_model_scorer(config.algo.ppo.reward_model, self.backend.tokenizer,
                                                 config.batch.inference_microbatch_size,
@@ -78,14 +85,15 @@ class Evaluator:
         self.tasks = {task: self._tokenise(path) for task, path in config.data.eval_paths.items()}
 
     def _tokenise(self, path: str):
-        data = self.config.data
-        return tokenise_prompts(self.backend.tokenizer, load_examples(path, data.rows),
-                                episode_system_prompt(self.env_class, self.config), data.max_prompt_tokens)
+        return run_prompts(self.backend.tokenizer, load_examples(path, self.config.data.rows), self.env_class,
+                           self.config)
 
     def evaluate(self, step: int, version: int, refs: list | None, task: str, mode: str,
                  params: SamplingParams) -> dict:
         """One task and decoding mode with the weights ``refs`` ([ObjectRef] of packed tensors; None: the
         initial model, only valid before any other weights were loaded)."""
+        if self.start_failure is not None:
+            raise self.start_failure
         if refs is None:
             if self.loaded is not None:
                 raise RuntimeError(f"evaluator asked for the initial weights after loading step {self.loaded[0]}'s")

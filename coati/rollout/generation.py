@@ -38,11 +38,12 @@ def prompt_shard(total: int, num_inferencers: int, inference_batch_size: int, le
     return bound(index), bound(index + 1)
 
 
-def tokenise_prompts(tokenizer, examples, system_prompt: str, max_prompt_tokens: int):
-    """([(example, prompt text, prompt ids)], number skipped because longer than ``max_prompt_tokens``)."""
+def tokenise_prompts(tokenizer, examples, system_prompt: str, max_prompt_tokens: int, template: str | None = None):
+    """([(example, prompt text, prompt ids)], number skipped because longer than ``max_prompt_tokens``);
+    ``template``: a base model's prompt template (``--prompt-template``)."""
     kept, skipped = [], 0
     for example in examples:
-        text = build_prompt(tokenizer, example.messages, system_prompt)
+        text = build_prompt(tokenizer, example.messages, system_prompt, template)
         ids = tokenizer(text, add_special_tokens=False).input_ids
         if len(ids) > max_prompt_tokens:
             skipped += 1

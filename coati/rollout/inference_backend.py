@@ -93,21 +93,23 @@ class TransformersBackend:
             temperature=params.temperature, top_k=params.top_k if params.top_k > 0 else None, top_p=params.top_p
         )
         device = self.model.device
-        out = self.model.generate(
-            input_ids=input_ids.to(device),
-            attention_mask=attention_mask.to(device),
-            do_sample=not params.greedy,
-            max_new_tokens=params.max_new_tokens,
-            output_logits=True,
-            return_dict_in_generate=True,
-            pad_token_id=self.pad_id,
-            eos_token_id=self.eos_id,
-            **sampling,
-        )
+        recorder = StepLogprobs(params.logprob_temperature)
+        hook = _generating_model(self.model).register_forward_hook(recorder.hook, with_kwargs=True)
+        try:
+            out = self.model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention_mask.to(device),
+                do_sample=not params.greedy,
+                max_new_tokens=params.max_new_tokens,
+                return_dict_in_generate=True,
+                pad_token_id=self.pad_id,
+                eos_token_id=self.eos_id,
+                **sampling,
+            )
+        finally:
+            hook.remove()
         new_tokens = out.sequences[:, width:].cpu()
-        logits = torch.stack(out.logits, dim=1).float() / params.logprob_temperature
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.to(logits.device).unsqueeze(-1))
-        logprobs = logprobs.squeeze(-1).cpu()
+        logprobs = recorder.finish(new_tokens)
         results = []
         for row in range(len(prompts)):
             tokens = new_tokens[row].tolist()
@@ -124,6 +126,37 @@ class TransformersBackend:
         from coati.models.lora import version_parameters
 
         load_named_tensors(self.model, named_tensors, dict(version_parameters(self.model)))
+
+
+class StepLogprobs:
+    """The behaviour logprob of each sampled token, read from the model's own logits during ``generate`` one step
+    at a time: a forward hook keeps the last step's ``log_softmax(logits / T)`` until the next forward shows which
+    token was sampled from it (its input). Memory is one step's [rows, vocab], where ``output_logits`` kept every
+    step's (a 262k vocabulary x 64 rows x 256 steps: 17 GB)."""
+
+    def __init__(self, temperature: float):
+        self.temperature, self.pending, self.taken = temperature, None, []
+
+    def hook(self, module, args, kwargs, output) -> None:
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        if self.pending is not None:
+            self.taken.append(self._gather(input_ids[:, -1]))
+        self.pending = torch.log_softmax(output.logits[:, -1, :].float() / self.temperature, dim=-1)
+
+    def _gather(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.pending.gather(-1, tokens.to(self.pending.device).unsqueeze(-1)).squeeze(-1).cpu()
+
+    def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """[rows, steps] logprobs of ``new_tokens`` (the last step's read from the sequences themselves)."""
+        if self.pending is not None and len(self.taken) < new_tokens.shape[1]:
+            self.taken.append(self._gather(new_tokens[:, len(self.taken)]))
+        self.pending = None
+        return torch.stack(self.taken, dim=1) if self.taken else torch.zeros(new_tokens.shape)
+
+
+def _generating_model(model):
+    """The module whose forward ``generate`` calls (peft's wrappers hand generation to the model inside)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def build_transformers_backend(config, rank: int, placement) -> TransformersBackend:

@@ -11,18 +11,18 @@ import torch
 from coati.cluster.weight_sync import make_receiver
 from coati.config.tree import RLConfig
 from coati.config.sampling import SamplingParams
-from coati.registry import resolve
+from coati.rollout.engine_guard import EngineFailed, build_engine
 from coati.rollout.round_generator import RoundGenerator
 from coati.utils.actor_process import start_actor_process
 from coati.utils.device import precision_name
 from coati.utils.machine import usable_cores
 
 
-def make_backend(config: RLConfig, rank: int = 0, role: str = "producer"):
+def make_backend(config: RLConfig, rank: int = 0, role: str = "producer", who: str | None = None):
     """The inference engine of a producer (or of the evaluator, ``role="evaluator"``) on the device and in the
-    dtype the device rule gives this actor."""
-    build = resolve(config.parallel.backend_spec.build)
-    return build(config, rank, config.parallel.model_placement(role))
+    dtype the device rule gives this actor; its failures are one line naming ``who`` (engine_guard.py)."""
+    return build_engine(config.parallel.backend_spec, config, rank, config.parallel.model_placement(role),
+                        who or f"inferencer {rank}")
 
 
 class Producer:
@@ -40,12 +40,18 @@ class Producer:
         # collective: joins the group and receives in the background from here on (also while the model loads)
         p = config.parallel
         self.weights = make_receiver(p.weight_sync, weight_store, rank, p.num_inferencers, p.weight_sync_timeout_s)
-        self.backend = make_backend(config, rank)
+        self.version, self.start_failure = 0, None
+        try:
+            self.backend = make_backend(config, rank)
+        except EngineFailed as failure:  # raised at the driver's first call: a failed constructor prints a traceback
+            self.start_failure = failure
+            return
         self.rounds = RoundGenerator(config, rank, self.backend)
-        self.version = 0
 
     def info(self) -> dict:
         """The round generator's facts, and the precision this engine computes in (the delivery check's bound)."""
+        if self.start_failure is not None:
+            raise self.start_failure
         dtype = self.config.parallel.model_placement("producer").dtype
         return {**self.rounds.info(), "engine_precision": precision_name(dtype)}
 

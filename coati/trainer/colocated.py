@@ -107,7 +107,7 @@ class ColocatedGenerator(OwnRounds):
             wrap = resolve(config.parallel.backend_spec.wraps_trained_module)
             self.backend = wrap(plugin.full_module(), tokenizer, config.batch.inference_microbatch_size)
         else:
-            self.backend = make_backend(config, rank)
+            self.backend = make_backend(config, rank, who=f"trainer rank {rank}")
         super().__init__(RoundGenerator(config, rank, self.backend))
         self.phases = ColocatedPhases([plugin, *extra_plugins], self.backend, config.parallel.offload_optimizer)
 

@@ -23,7 +23,7 @@ import ray
 import torch
 
 from coati.config.tree import RLConfig
-from coati.registry import resolve
+from coati.rollout.engine_guard import build_engine
 from coati.registry.backends import BACKENDS, DEFAULT_BACKEND
 from coati.rollout.round_generator import RoundGenerator
 from coati.utils.device import precision_name
@@ -90,7 +90,8 @@ def learner_engine(config: RLConfig, stream: int):
         spec = BACKENDS[DEFAULT_BACKEND]
         print(f"learner-side generation: -b {config.parallel.backend} cannot run inside a trainer process; the "
               f"learner generates with {spec.name}", flush=True)
-    return resolve(spec.build)(config, stream, config.parallel.model_placement("learner_generation"))
+    return build_engine(spec, config, stream, config.parallel.model_placement("learner_generation"),
+                        "the learner")
 
 
 def cuda_devices() -> list[int]:

@@ -134,3 +134,56 @@ def test_the_python_api_chooses_as_the_command_does(tiny_model_dir, tmp_path):
     data = rows(tmp_path / "d.jsonl")
     assert build_config(model=tiny_model_dir, dataset=data).parallel.backend == expected_engine(tiny_model_dir)
     assert build_config(model=tiny_model_dir, dataset=data, backend="transformers").parallel.backend == "transformers"
+
+
+def test_chat_rows_on_a_model_without_a_chat_template_are_one_line_before_any_actor(small, tiny_model_dir, capsys,
+                                                                                     monkeypatch):
+    """The tiny model's tokenizer has no chat template; ``small``'s rows are role/content objects and the boxed
+    reward's system prompt applies: a base model would see them as raw text. Said in --dry-run and as a real
+    start begins (the start cut short by an injected failure to place its actors), and not with a template."""
+    import ray
+
+    import coati.launcher.rl as rl
+    from coati.cluster.connect import ClusterError
+
+    assert main([*small, "--dry-run"]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("prompts: ")]
+    assert len(said) == 1 and said[0].startswith(f"prompts: {tiny_model_dir} has no chat template: each prompt is "
+                                                 "the system prompt "), said
+    assert "and its chat-form row's messages as plain text" in said[0] and "--prompt-template" in said[0]
+    placed = []
+
+    def no_room(config, timeout_s=0):
+        placed.append(True)
+        raise ClusterError("injected: no room for the actors")
+
+    monkeypatch.setattr(rl, "reserve", no_room)
+    try:
+        assert main(small) == 1
+    finally:
+        ray.shutdown()
+    assert said[0] in capsys.readouterr().out.splitlines() and placed
+    assert main([*small, "--prompt-template", "{system}\nQ: {prompt}\nA:", "--stop", "\nQ:", "--dry-run"]) == 0
+    assert "prompts: " not in capsys.readouterr().out
+
+
+def test_a_base_models_template_and_stops_reach_training_and_evaluation(small):
+    from coati.config.cli import build_parser, config_from_args
+
+    config = config_from_args(build_parser().parse_args([*small, "--prompt-template", "Q: {prompt}\nA:", "--stop",
+                                                         "\nQ:", "--stop", "\n\n"]))
+    assert config.data.prompt_template == "Q: {prompt}\nA:" and config.data.system_prompt == ""  # the template's own
+    assert config.sampling.stop_strings[-2:] == ("\nQ:", "\n\n")
+    assert all(params.stop_strings == config.sampling.stop_strings for _, params in config.eval_sampling)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--prompt-template", "Q: {question}\nA:"], "--prompt-template 'Q: {question}\\nA:' has no {prompt}: write"),
+    (["--prompt-template", "Q: {prompt}\nA:", "-s", "Be brief."],
+     "-s/--system-prompt is given but --prompt-template 'Q: {prompt}\\nA:' has no {system}: put {system} where it "
+     "goes, or leave -s out"),
+    (["--stop", ""], "--stop needs a text to stop at, got an empty string"),
+])
+def test_a_bad_template_or_stop_is_one_line(small, extra, message, capsys):
+    assert main([*small, *extra, "--dry-run"]) == 2
+    assert message in one_error_line(capsys)

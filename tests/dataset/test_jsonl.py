@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from coati.dataset.jsonl import DatasetError, build_prompt, load_jsonl
+from coati.dataset.jsonl import DatasetError, build_prompt, load_jsonl, plain_text_line, prompt_template_problem
 from coati.models.tiny import build_char_tokenizer
 
 
@@ -65,3 +65,30 @@ def test_build_prompt_without_and_with_chat_template():
     assert build_prompt(tokenizer, messages, "sys") == "sys\n12+3="
     tokenizer.chat_template = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}[assistant]"
     assert build_prompt(tokenizer, messages, "sys") == "[system]sys[user]12+3=[assistant]"
+
+
+def test_a_prompt_template_renders_rows_for_a_base_model_with_or_without_a_chat_template():
+    tokenizer = build_char_tokenizer()
+    template = "{system}\nQ: {prompt}\nA:"
+    chat = ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 3 * 3?"})
+    assert build_prompt(tokenizer, chat, "", template) == "Be brief.\nQ: What is 3 * 3?\nA:"  # the row's system
+    plain = ({"role": "user", "content": "What is 3 * 3?"},)
+    assert build_prompt(tokenizer, plain, "Numbers only.", template) == "Numbers only.\nQ: What is 3 * 3?\nA:"
+    assert build_prompt(tokenizer, plain, "", "Q: {prompt}\nA:") == "Q: What is 3 * 3?\nA:"
+    assert build_prompt(tokenizer, plain, "", "JSON {\"q\": \"{prompt}\"}") == 'JSON {"q": "What is 3 * 3?"}'
+    tokenizer.chat_template = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}[assistant]"
+    assert build_prompt(tokenizer, plain, "", "Q: {prompt}\nA:") == "Q: What is 3 * 3?\nA:"  # the template wins
+
+
+def test_what_a_template_less_tokenizer_makes_of_rows_is_said():
+    assert prompt_template_problem("Q: {prompt}\nA:") is None
+    assert prompt_template_problem("Q: {question}") == ("--prompt-template 'Q: {question}' has no {prompt}: write "
+                                                         "where the row's text goes, e.g. 'Q: {prompt}\\nA:'")
+    assert plain_text_line("m", "", False) is None  # the embedded demo: plain rows, no system prompt
+    assert plain_text_line("m", "", True) == (
+        "prompts: m has no chat template: each prompt is its chat-form row's messages as plain text, joined by "
+        "newlines; a base model continues such text as it is: give --prompt-template 'Q: {prompt}\\nA:' (and --stop) "
+        "to shape its prompts (docs/data.md, base models)")
+    line = plain_text_line("m", "Answer with the number only, please.", False)
+    assert "each prompt is the system prompt 'Answer with the number only, ple'... and its row's text" in line
+    assert line.endswith("to shape its prompts, or -s to change the system prompt (docs/data.md, base models)")

@@ -1,4 +1,4 @@
-"""Hangs injected into every Ray worker of tests/e2e/test_hangs_e2e.py (``worker_process_setup_hook``): an actor
+"""Hangs (and an engine failure) injected into every Ray worker of tests/e2e/test_hangs_e2e.py (``worker_process_setup_hook``): an actor
 that stays alive and never answers. Each is armed by the run's project name, so that one Ray cluster serves every
 test, and writes the time it began hanging to $COATI_HANG_MARKS/<project> (the test's clock for the bound)."""
 
@@ -7,6 +7,7 @@ import time
 
 STUCK_PRODUCER_ROUND = 1  # project "stuck-producer": every producer hangs generating this round
 STUCK_TRAINER_STEP = 3  # project "stuck-trainer": trainer rank 1 hangs before this step
+BROKEN_ENGINE_ROUND = 1  # project "broken-engine": every producer's engine raises generating this round
 
 
 def _hang(project: str) -> None:
@@ -17,6 +18,7 @@ def _hang(project: str) -> None:
 
 
 def install() -> None:
+    from coati.rollout.inference_backend import TransformersBackend
     from coati.rollout.round_generator import RoundGenerator
     from coati.trainer.consumer import Consumer
 
@@ -25,6 +27,11 @@ def install() -> None:
     def stuck_round_params(self, round_index, chunk=None):
         if self.config.run.project == "stuck-producer" and round_index == STUCK_PRODUCER_ROUND:
             _hang("stuck-producer")
+        if self.config.run.project == "broken-engine" and round_index == BROKEN_ENGINE_ROUND:
+            def broken(prompts, params):  # the engine's own failure, deep inside its generate
+                raise RuntimeError("CPU Generator does not use offset")
+
+            self.backend._engine._generate_batch = broken
         return round_params(self, round_index, chunk)
 
     def stuck_step(self):

@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import ray
 
-from coati.cluster.supervision import ActorStuck, RunStopped
+from coati.cluster.supervision import ActorStuck, RunStopped, resume_hint
 from coati.config.cli import build_parser, config_from_args
 from coati.launcher.checkpoints import check_resume, read_run_state
 from coati.launcher.preflight import check_inputs
@@ -138,3 +138,16 @@ def test_a_reward_server_that_never_answers_ends_the_run_naming_it(marks, demo_a
     print(f"stopped {ended - SilentAfterFirstRound.hung_at[0]:.1f} s after the server stopped answering")
     assert "\n" not in line and ended - SilentAfterFirstRound.hung_at[0] <= 2.5 + SLACK_S
     assert_resumable(demo_assets, argv, run_dir, 2)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_an_engine_that_fails_ends_the_run_in_one_line_naming_it(marks, demo_assets, tmp_path):
+    error, _, run_dir, argv = stopped_run(demo_assets, tmp_path, "broken-engine")
+    line = str(error)
+    log = run_dir / "engine_error_inferencer_0.log"
+    assert line.startswith("inferencer 0's engine (transformers) failed generating: RuntimeError: CPU Generator does "
+                           f"not use offset (traceback: {log}). If memory ran out, lower -imbs"), line
+    # the failure may reach the driver before or after it saved step 2 (round 1 is generated meanwhile)
+    assert line.endswith(f"-mnt; the run stopped. {resume_hint(str(run_dir))}"), line
+    assert "\n" not in line and ", in broken" in log.read_text()

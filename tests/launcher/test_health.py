@@ -114,3 +114,29 @@ def test_reward_part_metrics_by_hand():
     assert metrics["reward_parts"] == pytest.approx({"boxed": 0.5, "length_penalty": -0.2})  # (1 + .1 + .4) / 3
     assert reward_part_metrics([group([1.0, 0.0])]) == {}  # the built-in reward alone: no parts
     assert "reward_parts" in rollout_metrics([parted], 0)
+
+
+def test_with_the_built_in_reward_weighted_0_the_warning_names_the_users_reward_and_no_given_flag():
+    """--reward-fn first_number.py:first_number --reward-weights boxed:0 (issue 53's Gemma run): the flat reward is
+    the user's, and the advice is to change it, not to pass --reward-fn again."""
+    mine = monitor(user_rewards=True, builtin_weighted=False, user_reward_names=("first_number",))
+    [(_, warning)] = feed(RunHealth([mine]), [flat({"no \\boxed{} answer": 32})] * 3)
+    assert ("nothing to learn. your reward first_number gave every sample of a prompt the same score. The built-in "
+            "boxed verdicts (weighted 0): no \\boxed{} answer 100%.") in warning.text
+    assert ("Try: a version of your reward first_number that scores the samples of a prompt apart (the rollout logs, "
+            "-rsd DIR, show each part's score per sample); more samples per prompt (-g, now 8)") in warning.text
+    assert "--reward-fn" not in warning.text and "system prompt" not in warning.text
+    two = monitor(user_rewards=True, builtin_weighted=False, user_reward_names=("a", "remote"))
+    [(_, warning)] = feed(RunHealth([two]), [flat()] * 3)
+    assert "your rewards a, the reward server (--reward-url) gave every sample" in warning.text
+
+
+def test_the_monitor_of_a_run_gets_the_names_of_its_rewards(tmp_path):
+    from coati.config.cli import build_parser, config_from_args
+    from coati.launcher.health import run_monitors
+
+    argv = ["-m", str(tmp_path), "-d", str(tmp_path / "d.jsonl"), "--reward-fn", "my/first_number.py:first_number",
+            "--reward-url", "http://127.0.0.1:9/score", "--reward-weights", "boxed:0"]
+    config = config_from_args(build_parser().parse_args(argv))
+    [equal] = [m for m in run_monitors(config).monitors if isinstance(m, EqualRewards)]
+    assert equal.user_reward_names == ("first_number", "remote") and not equal.builtin_weighted

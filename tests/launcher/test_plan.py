@@ -111,3 +111,17 @@ def test_a_single_bf16_trainer_is_planned_as_it_trains(seven_b):
     assert any("trainer group: single" in line and "bf16" in line for line in lines)
     rank0 = next(line for line in lines if line.startswith("trainer rank 0 "))
     assert "weights 42.6, gradients 28.4, optimizer 56.7" in rank0  # 6, 4 and 8 bytes x 7.62B parameters
+
+
+def test_the_generation_line_sets_a_rounds_prompt_tokens_against_the_engines_step(seven_b):
+    """-ibs 8 x -g 8 x -mpt 300 = 19,200 prompt tokens; vLLM on a CPU takes max(4,096, -mpt + -mnt) a step."""
+    flags = [*seven_b, "-ibs", "8", "-g", "8", "-mpt", "300", "-mnt", "256"]
+    line = lambda lines: next(text for text in lines if text.startswith("generation: "))  # noqa: E731
+    lines, _ = dry_run(config_of([*flags, "-b", "vllm"]), "1x0x24x2")
+    assert line(lines) == ("generation: a round prefills up to 19,200 prompt tokens per generator (8 prompts (-ibs) x "
+                           "8 samples (-g) x -mpt 300); vllm takes 4,096 a step, never splitting a prompt (so seeded "
+                           "samples repeat): at least 5 prefill step(s)")
+    lines, _ = dry_run(config_of([*flags, "-b", "vllm", "-mpt", "4000", "-mnt", "1024"]), "1x0x24x2")
+    assert "vllm takes 5,024 a step" in line(lines) and "at least 51 prefill step(s)" in line(lines)
+    lines, _ = dry_run(config_of([*flags, "-b", "transformers", "-imbs", "4"]), "1x0x24x2")
+    assert line(lines).endswith("transformers prefills each call of -imbs 4 samples whole")

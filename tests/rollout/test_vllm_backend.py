@@ -440,3 +440,95 @@ def test_cuda_engine_logprobs_and_weight_update(demo_assets, hf_model, tp):
         with torch.no_grad():
             for name, p in hf_model.named_parameters():
                 p.copy_(original[name])
+
+
+# -- rounds of a real length: more prompt tokens than one engine step takes ---------------------------------
+def long_round(prompts: int, prompt_tokens: int, vocab: int, first_id: int = 5) -> list[list[int]]:
+    """``prompts`` distinct prompts of ``prompt_tokens`` ids each (drawn from ``first_id`` .. ``vocab - 1``)."""
+    span = vocab - first_id
+    return [[first_id + (index * 7919 + position * 31) % span for position in range(prompt_tokens)]
+            for index in range(prompts)]
+
+
+@needs_vllm
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("engine_name", ["vllm", "transformers"])
+def test_a_gsm8k_shaped_round_generates_and_repeats_for_its_seed(tiny_model_dir, engine_name):
+    """64 samples (8 prompts x 8) of ~300-token prompts and 256-token responses: the round's prompt tokens (19,200)
+    exceed vLLM's batched-token budget a step (4,096 on a CPU), so prefills spread over several engine steps. On a
+    CPU, a seeded request whose prefill was split killed the engine ("CPU Generator does not use offset"); the same
+    seed must give the same samples, and unseeded traffic between must not change them."""
+    from transformers import AutoTokenizer
+
+    vocab = len(AutoTokenizer.from_pretrained(tiny_model_dir))
+    prompts = long_round(8, 300, vocab)
+    if engine_name == "vllm":
+        backend = VLLMBackend(tiny_model_dir, VLLMEngineOptions(max_model_len=300 + 256, kv_cache_gb=0.5, seed=3))
+    else:
+        backend = TransformersBackend.from_pretrained(tiny_model_dir)
+    try:
+        seeded = SamplingParams(n=8, temperature=1.0, max_new_tokens=256, seed=5)
+        tokens = lambda outputs: [[c.token_ids for c in group] for group in outputs]  # noqa: E731
+        first = backend.generate(prompts, seeded)
+        assert [len(group) for group in first] == [8] * 8
+        assert sum(len(c.token_ids) for group in first for c in group) > 64 * 32  # real responses, not EOS at once
+        backend.generate(prompts[:3], SamplingParams(n=2, temperature=1.0, max_new_tokens=16))
+        assert tokens(backend.generate(prompts, seeded)) == tokens(first)
+    finally:
+        if engine_name == "vllm":
+            backend.close()
+
+
+@needs_vllm
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_prompts_of_two_thousand_tokens_in_a_round_of_128_samples(tiny_model_dir):
+    """The longest prompts a user brings: 16 prompts of 1,800 tokens x 8 samples (230,400 prompt tokens)."""
+    from transformers import AutoTokenizer
+
+    vocab = len(AutoTokenizer.from_pretrained(tiny_model_dir))
+    backend = VLLMBackend(tiny_model_dir, VLLMEngineOptions(max_model_len=1800 + 64, kv_cache_gb=0.5, seed=3))
+    try:
+        outputs = backend.generate(long_round(16, 1800, vocab), SamplingParams(n=8, max_new_tokens=64, seed=9))
+        assert [len(group) for group in outputs] == [8] * 16
+    finally:
+        backend.close()
+
+
+@needs_vllm
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_the_real_model_on_a_few_shot_round(smollm2_dir):
+    """SmolLM2-135M-Instruct, 8 prompts x 8 samples of a ~100-token three-shot prompt each, seeded: the round a
+    new user's first run makes (it crashed vLLM's CPU engine at step 1), twice with the same samples."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    shots = "Q: What is 3 + 4?\nA: 7\n\nQ: What is 8 - 5?\nA: 3\n\nQ: What is 6 + 2?\nA: 8\n\n"
+    texts = [f"{shots}Q: What is {a} + {b}?\nA:" for a, b in zip(range(1, 9), range(9, 1, -1))]
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+               for text in texts]
+    prompts = [list(p["input_ids"]) if isinstance(p, dict) or hasattr(p, "keys") else list(p) for p in prompts]
+    assert all(len(p) >= 80 for p in prompts), [len(p) for p in prompts]
+    backend = VLLMBackend(smollm2_dir, VLLMEngineOptions(max_model_len=256, kv_cache_gb=0.5, seed=1))
+    try:
+        seeded = SamplingParams(n=8, temperature=1.0, max_new_tokens=8, seed=42)  # the crash was at prefill
+        first = backend.generate(prompts, seeded)
+        assert [[c.token_ids for c in g] for g in backend.generate(prompts, seeded)] == \
+            [[c.token_ids for c in g] for g in first]
+    finally:
+        backend.close()
+
+
+@needs_vllm
+@pytest.mark.timeout(300)
+def test_the_cpu_engine_never_splits_a_prefill_and_its_budget_is_the_registry_rows(engine):
+    """What --dry-run says of the engine's step (BackendSpec.cpu_step_budget) is what the engine was given."""
+    from coati.registry.backends import backend_spec
+
+    if torch.cuda.is_available():
+        pytest.skip("the CPU engine's rule")
+    scheduler = engine.llm.llm_engine.vllm_config.scheduler_config
+    assert scheduler.enable_chunked_prefill is False
+    assert scheduler.max_num_batched_tokens == backend_spec("vllm").cpu_step_budget(128)

@@ -89,3 +89,33 @@ def test_restated_choices_drop_with_their_arguments(caught):
     logging.getLogger("vllm.config.vllm").warning("Enforce eager is not supported on this platform")
     assert messages(caught) == ["Enforce eager is not supported on this platform"]
     assert all(known.why for known in vllm_logs.HARMLESS)
+
+
+def test_idle_layers_are_found_by_what_they_hold():
+    """A layer of computed buffers only, or of parameters an earlier layer holds (a tied head), is idle; a layer
+    with a weight of its own is not, nor is its class when another instance holds one."""
+    import torch
+
+    class Scale(torch.nn.Module):  # Gemma's model-level layer: its own tensor is a computed buffer
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("normalizer", torch.tensor(8.0), persistent=False)
+            self.embed = torch.nn.Embedding(4, 2)
+            self.head = torch.nn.Linear(2, 4, bias=False)
+            self.head.weight = self.embed.weight  # tied
+            self.mixed = torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)])
+
+    model = Scale()
+    assert vllm_logs.idle_layers(model.modules()) == {"Scale"}  # Linear: the head is tied, the others are not
+    model.head = torch.nn.Identity()
+    model.tail = type("Head", (torch.nn.Module,), {})()
+    model.tail.weight = model.embed.weight
+    assert vllm_logs.idle_layers(model.modules()) == {"Scale", "Head"}
+
+
+def test_a_layer_found_idle_is_dropped_by_what_it_is(caught):
+    quiet_vllm_logs(tied_head=False, idle=frozenset({"Gemma3Model"}))
+    reload = logging.getLogger(RELOAD)
+    for layer in ("Gemma3Model", "Gemma3DecoderLayer"):
+        reload.warning("%s: Failed to load weights", layer)
+    assert messages(caught) == ["Gemma3DecoderLayer: Failed to load weights"]
