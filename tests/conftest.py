@@ -173,3 +173,26 @@ def local_ray():
     ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     yield
     ray.shutdown()
+
+
+@pytest.fixture
+def registries_restored():
+    """Every registry of parts and the --plugins imports as they were before the test: a plugin a test imports
+    (the docs' own, examples/parts/my_parts.py) registers its names in this process, and later tests check the
+    registries' exact contents."""
+    from coati.algorithm import loss, registry
+    from coati.rollout import env
+    from coati.utils import user_parts
+
+    tables = [registry.ADV_ESTIMATORS, registry.POLICY_LOSSES, registry.KL_ESTIMATORS, registry.LOSS_AGGREGATIONS,
+              registry.REWARD_SHAPERS, registry.SAMPLE_MASKS, registry.GROUP_FILTERS, loss.VALUE_LOSSES, env.ENVS]
+    saved, imported, modules = [dict(table) for table in tables], dict(user_parts._imported), set(sys.modules)
+    yield
+    for table, rows in zip(tables, saved):
+        table.clear()
+        table.update(rows)
+    user_parts._imported.clear()
+    user_parts._imported.update(imported)
+    for name in set(sys.modules) - modules:  # a plugin file's module: imported afresh next time, registering again
+        if name.startswith("coati_user_parts_"):
+            del sys.modules[name]

@@ -38,8 +38,8 @@ from coati.algorithm.registry import (  # noqa: F401  (the registries' API, also
     get_loss_aggregation,
     get_policy_loss,
     register_policy_loss,
-    registrar,
 )
+from coati.utils.user_parts import registrar
 
 # Statistics that are maxima over the step (not sums over micro-batches, not means over ranks).
 MAX_STATS = ("is_weight_max", "mismatch_max_abs", "delivery_gap")
@@ -50,7 +50,7 @@ VALUE_LOSSES: dict[str, Callable] = {}
 
 def register_value_loss(name: str):
     """Decorator: make ``fn`` the value loss called ``name``."""
-    return registrar(VALUE_LOSSES, "value loss")(name)
+    return registrar(VALUE_LOSSES, "value loss", f"{__name__}:VALUE_LOSSES")(name)
 
 
 def get_value_loss(name: str) -> Callable:

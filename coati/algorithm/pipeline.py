@@ -21,21 +21,19 @@ Every stage reads [groups, G] tensors and the config's settings; none does I/O o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from coati.algorithm.advantage import compute_advantages, group_accuracy_in_range, overlong_penalty, topk_sample_mask
-from coati.algorithm.registry import registrar
-
-REWARD_SHAPERS: dict[str, Callable] = {}
-SAMPLE_MASKS: dict[str, Callable] = {}
-GROUP_FILTERS: dict[str, Callable] = {}
-
-
-register_reward_shaper = registrar(REWARD_SHAPERS, "reward shaper")
-register_sample_mask = registrar(SAMPLE_MASKS, "sample mask")
-register_group_filter = registrar(GROUP_FILTERS, "group filter")
+from coati.algorithm.registry import (  # noqa: F401  (the stages' registries, rows of registry.py)
+    GROUP_FILTERS,
+    REWARD_SHAPERS,
+    SAMPLE_MASKS,
+    group_stage,
+    register_group_filter,
+    register_reward_shaper,
+    register_sample_mask,
+)
 
 
 @dataclass(frozen=True)
@@ -48,22 +46,18 @@ class GroupTensors:
     correct: torch.Tensor  # float32 0/1
 
 
-@register_reward_shaper("overlong")
 def shape_overlong(rewards, data: GroupTensors, settings, max_new_tokens: int) -> torch.Tensor:
     return rewards + overlong_penalty(data.lengths, max_new_tokens, settings.cache_length)
 
 
-@register_sample_mask("topk")
 def mask_topk(rewards, data: GroupTensors, settings) -> torch.Tensor:
     return topk_sample_mask(rewards, settings.topk_samples)
 
 
-@register_sample_mask("truncated")
 def mask_truncated(rewards, data: GroupTensors, settings) -> torch.Tensor:
     return ~data.truncated.bool()
 
 
-@register_group_filter("accuracy_range")
 def filter_accuracy_range(data: GroupTensors, settings) -> torch.Tensor:
     return group_accuracy_in_range(data.correct, *settings.filter_range)
 
@@ -77,27 +71,31 @@ class GroupStages:
 
     @classmethod
     def from_config(cls, settings) -> "GroupStages":
-        """The stages a group config (``config.algo.groups``) turns on."""
-        return cls(shapers=("overlong",) if settings.soft_over_length_punishment else (),
+        """The stages a group config (``config.algo.groups``) turns on: the shipped ones by their settings, then
+        those it names (``reward_shapers``, ``sample_masks``, ``group_filters``: a user's own, by registered name)."""
+        def named(key: str) -> tuple[str, ...]:  # settings of any shape: a stand-in without the keys names none
+            return tuple(getattr(settings, key, ()))
+
+        return cls(shapers=(("overlong",) if settings.soft_over_length_punishment else ()) + named("reward_shapers"),
                    advantage=settings.advantage,
                    masks=(("topk",) if settings.topk_samples is not None else ())
-                   + (("truncated",) if settings.filter_truncated_response else ()),
-                   filters=("accuracy_range",) if settings.filter_range is not None else ())
+                   + (("truncated",) if settings.filter_truncated_response else ()) + named("sample_masks"),
+                   filters=(("accuracy_range",) if settings.filter_range is not None else ()) + named("group_filters"))
 
     def run(self, data: GroupTensors, settings, max_new_tokens: int):
         """(shaped rewards, advantages, float 0/1 sample loss mask), each [groups, G]."""
         rewards = data.rewards
         for name in self.shapers:
-            rewards = REWARD_SHAPERS[name](rewards, data, settings, max_new_tokens)
+            rewards = group_stage(REWARD_SHAPERS, name)(rewards, data, settings, max_new_tokens)
         advantages = compute_advantages(rewards, self.advantage, data.lengths)
         keep = torch.ones(rewards.shape, dtype=torch.bool)
         for name in self.masks:
-            keep &= SAMPLE_MASKS[name](rewards, data, settings)
+            keep &= group_stage(SAMPLE_MASKS, name)(rewards, data, settings)
         return rewards, advantages, keep.float()
 
     def keep_groups(self, data: GroupTensors, settings) -> torch.Tensor:
         """[groups] bool: the groups every filter keeps."""
         keep = torch.ones(data.rewards.shape[0], dtype=torch.bool)
         for name in self.filters:
-            keep &= GROUP_FILTERS[name](data, settings)
+            keep &= group_stage(GROUP_FILTERS, name)(data, settings)
         return keep

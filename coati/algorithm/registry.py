@@ -11,25 +11,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 from coati.registry import resolve
+from coati.utils.user_parts import note_row, registrar
 
 # What an estimator reads: a group's rewards; the whole batch's group rewards and response lengths (estimators
 # that normalise over the batch); or per-token rewards and a critic's values. The first two are the group family.
 ESTIMATOR_INPUTS = ("group", "batch", "token_values")
-
-
-def registrar(registry: dict, kind: str) -> Callable[[str], Callable]:
-    """``register(name)``: a decorator that files the function under ``name`` in ``registry``."""
-
-    def register(name: str):
-        def decorate(fn):
-            if name in registry:
-                raise ValueError(f"{kind} {name!r} is already registered")
-            registry[name] = fn
-            return fn
-
-        return decorate
-
-    return register
 
 
 @dataclass(frozen=True)
@@ -88,6 +74,15 @@ LOSS_AGGREGATIONS: dict[str, LossAggregation] = {agg.name: agg for agg in (
     LossAggregation("sample_sum_norm", "coati.algorithm.loss:masked_sum", "coati.algorithm.loss:count_token_slots"),
 )}
 
+# The group stages (coati/algorithm/pipeline.py), each name -> a pure function over [groups, G] tensors:
+# reward shapers fn(rewards, data, settings, max_new_tokens) -> rewards; sample masks fn(rewards, data, settings)
+# -> bool keep; group filters fn(data, settings) -> bool [groups] keep. The preset's settings turn on the shipped
+# ones; GroupConfig's reward_shapers / sample_masks / group_filters add any by name.
+REWARD_SHAPERS: dict[str, str | Callable] = {"overlong": "coati.algorithm.pipeline:shape_overlong"}
+SAMPLE_MASKS: dict[str, str | Callable] = {"topk": "coati.algorithm.pipeline:mask_topk",
+                                           "truncated": "coati.algorithm.pipeline:mask_truncated"}
+GROUP_FILTERS: dict[str, str | Callable] = {"accuracy_range": "coati.algorithm.pipeline:filter_accuracy_range"}
+
 # name -> fn(logprobs, ref_logprobs) -> per-token estimate of KL(pi || ref), the loss's KL term (kl_estimator)
 KL_ESTIMATORS: dict[str, str | Callable] = {
     "k1": "coati.algorithm.loss:kl_k1",
@@ -105,6 +100,7 @@ def register_adv_est(name: str, inputs: str = "group"):
         if name in ADV_ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
         ADV_ESTIMATORS[name] = AdvEstimator(name, fn, inputs)
+        note_row(f"{__name__}:ADV_ESTIMATORS", "advantage estimator", name, ADV_ESTIMATORS[name], fn)
         return fn
 
     return decorate
@@ -123,13 +119,44 @@ def get_adv_estimator(name: str) -> AdvEstimator:
 
 def register_policy_loss(name: str):
     """Decorator: make ``fn`` the policy objective called ``name`` (``PolicyLossConfig.objective``)."""
-    return registrar(POLICY_LOSSES, "policy loss")(name)
+    return registrar(POLICY_LOSSES, "policy loss", f"{__name__}:POLICY_LOSSES")(name)
+
+
+def register_kl_estimator(name: str):
+    """Decorator: make ``fn(logprobs, ref_logprobs)`` the KL estimator called ``name`` (``kl_estimator``)."""
+    return registrar(KL_ESTIMATORS, "KL estimator", f"{__name__}:KL_ESTIMATORS")(name)
+
+
+def register_loss_aggregation(name: str, normaliser: str | Callable):
+    """Decorator: make ``fn(per_token, mask, normaliser)`` the aggregation called ``name`` (``loss_variation``),
+    with ``normaliser`` its batch denominator (a function, or a shipped one's name such as ``"token_level"``)."""
+
+    def decorate(fn):
+        if name in LOSS_AGGREGATIONS:
+            raise ValueError(f"loss aggregation {name!r} is already registered")
+        base = LOSS_AGGREGATIONS[normaliser].normaliser if normaliser in LOSS_AGGREGATIONS else normaliser
+        LOSS_AGGREGATIONS[name] = LossAggregation(name, fn, base)
+        note_row(f"{__name__}:LOSS_AGGREGATIONS", "loss aggregation", name, LOSS_AGGREGATIONS[name], fn)
+        return fn
+
+    return decorate
 
 
 def get_policy_loss(name: str) -> Callable:
     if name not in POLICY_LOSSES:
         raise ValueError(f"unknown objective {name!r}; choose one of {tuple(POLICY_LOSSES)}")
     fn = POLICY_LOSSES[name]
+    return resolve(fn) if isinstance(fn, str) else fn
+
+
+register_reward_shaper = registrar(REWARD_SHAPERS, "reward shaper", f"{__name__}:REWARD_SHAPERS")
+register_sample_mask = registrar(SAMPLE_MASKS, "sample mask", f"{__name__}:SAMPLE_MASKS")
+register_group_filter = registrar(GROUP_FILTERS, "group filter", f"{__name__}:GROUP_FILTERS")
+
+
+def group_stage(table: dict, name: str) -> Callable:
+    """The function of a group stage's row (REWARD_SHAPERS, SAMPLE_MASKS, GROUP_FILTERS)."""
+    fn = table[name]
     return resolve(fn) if isinstance(fn, str) else fn
 
 

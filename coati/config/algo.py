@@ -82,6 +82,10 @@ class GroupConfig:
     filter_truncated_response: bool = setting(False, "responses that hit -mnt leave the loss")
     topk_samples: int | None = option(None, "keep only the K highest-reward samples of each group in the loss "
                                             "(ties: lower index; default: all)", family="group")
+    # a user's own group stages (@register_reward_shaper / _sample_mask / _group_filter), after the preset's
+    reward_shapers: tuple[str, ...] = setting((), "more reward shapers, by registered name, after the preset's")
+    sample_masks: tuple[str, ...] = setting((), "more sample masks, by registered name, ANDed into the loss mask")
+    group_filters: tuple[str, ...] = setting((), "more group filters, by registered name, at draw time")
 
 
 @dataclass(frozen=True)

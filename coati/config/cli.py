@@ -31,6 +31,7 @@ from coati.config.validate_algo import check_families
 from coati.registry.backends import DEFAULT_BACKEND
 from coati.utils import dataclass_cli
 from coati.utils.dataclass_cli import construct, option
+from coati.utils.user_parts import UserParts, UserPartsError, import_user_parts
 from rewards import REWARD_TYPES, default_system_prompt
 
 # Defaults that differ between the embedded demo (no --model) and a user's model, for the flags declared
@@ -209,11 +210,30 @@ def run_name(model: str) -> str:
     return os.path.basename(os.path.normpath(model)) if model.strip("/. ") else "run"
 
 
+def load_plugins(entries) -> None:
+    """Import --plugins in this process before anything is checked, so that the names they register validate;
+    a bad entry is one ConfigError line."""
+    try:
+        import_user_parts(entries)
+    except UserPartsError as err:
+        raise ConfigError(str(err)) from None
+
+
+def ship_parts(plugins) -> UserParts:
+    """The run's UserParts: its --plugins and the rows the driver's own code registered (pickled by value for
+    the actors); rows that cannot travel are one ConfigError line."""
+    try:
+        return UserParts(tuple(plugins)).shipping()
+    except UserPartsError as err:
+        raise ConfigError(str(err)) from None
+
+
 def config_from_values(values: dict, demo=None, given: set[str] | None = None) -> RLConfig:
     """The checked RLConfig of option values by dest (flags, --config, defaults all applied); ``given``: the dests
     the user set, checked against the algorithm's options."""
     values = dict(values)
     options = {dest: values[dest] for dest in dataclass_cli.defaults(RLOptions)}
+    load_plugins(values["plugins"] or ())
     embedded, eval_paths, grpo_overrides, situation = _situation(values, demo)
     _colocation(values, given or set())
     _batches(values, situation)
@@ -234,6 +254,7 @@ def config_from_values(values: dict, demo=None, given: set[str] | None = None) -
             ("greedy", SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_strings=stops)),
         ),
         options=options,
+        parts=ship_parts(values["plugins"] or ()),
     )
     validate(config)
     if given:

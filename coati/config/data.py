@@ -53,8 +53,48 @@ class CodeRewardConfig:
         return {"limits": limits, "all_or_nothing": self.all_or_nothing, "max_workers": self.workers}
 
 
+@dataclass(frozen=True, kw_only=True)
+class RewardOptions:
+    """The reward options of every command that scores (coati train/ppo and the RLHF pipeline's ppo stage through
+    DataConfig, coati evaluate through EvalConfig): one set of fields, inherited, so that the flags, their help and
+    their checks (coati/config/validate.check_reward_options) are the same everywhere."""
+
+    reward_fn: tuple[str, ...] = option(
+        (), "your own reward: path/to/file.py:function, called as function(response, label, row) -> number (or "
+            "(number, {name: number}) for the logs, with \"correct\": bool its verdict for accuracy); repeatable; "
+            "added to -rt's reward (see docs/rewards.md)",
+        kind=str, repeat=True, metavar="FILE.py:NAME")
+    reward_weights: str | None = option(
+        None, "weights of the rewards, name:weight,... (names: the -rt type, each --reward-fn function's name, "
+              "remote); every weight is 1 unless given; '-rt-type:0' (e.g. boxed:0) replaces the built-in reward")
+    reward_url: str | None = option(None, "remote reward server: batches of {prompt, response, label} POSTed as JSON "
+                                          "to http://HOST:PORT/PATH, scores back (docs/rewards.md)")
+    reward_url_timeout: float = option(30.0, "--reward-url: seconds to wait for one reply")
+    reward_url_retries: int = option(3, "--reward-url: more tries after a failed request before the run stops")
+    correct_threshold: float | None = option(
+        None, "a response counts as correct (accuracy) when its weighted reward is >= this, unless a reward part "
+              "gives its own verdict (default: the built-in -rt verdict while its weight is not 0; docs/rewards.md)")
+
+    @property
+    def added_reward_names(self) -> tuple[str, ...]:
+        """The names of the rewards added to the built-in one, as --reward-weights and the logs call them: each
+        --reward-fn function's, and ``remote`` for --reward-url."""
+        return (*(spec.rpartition(":")[2] for spec in self.reward_fn), *(("remote",) if self.reward_url else ()))
+
+    def reward_options(self) -> dict:
+        """RewardScorer's keyword arguments for the user's rewards (functions, server, weights, threshold)."""
+        return {"reward_fns": self.reward_fn, "reward_url": self.reward_url, "reward_weights": self.reward_weights,
+                "remote_options": {"timeout_s": self.reward_url_timeout, "retries": self.reward_url_retries},
+                "correct_threshold": self.correct_threshold}
+
+
+# The reward settings a run's checkpoint keeps (its saved options, by dest) that `coati evaluate` takes by default.
+REWARD_DESTS = ("reward_type", "reward_fn", "reward_weights", "reward_url", "reward_url_timeout",
+                "reward_url_retries", "correct_threshold")
+
+
 @dataclass(frozen=True)
-class DataConfig:
+class DataConfig(RewardOptions):
     train_path: str = option(
         MISSING, "training data: .jsonl, .json (a list of objects), .parquet or a datasets save_to_disk directory, "
                  "local only (default: the embedded addition task)", "-d", flag="--dataset", resolved=True)
@@ -85,22 +125,6 @@ class DataConfig:
               "(GSM8K) or \\boxed{...} (MATH, the last box counts), e.g. --label-key answer / solution "
               "(default: gt_answer; test_cases with -rt code)")
 
-    reward_fn: tuple[str, ...] = option(
-        (), "your own reward: path/to/file.py:function, called as function(response, label, row) -> number (or "
-            "(number, {name: number}) for the logs, with \"correct\": bool its verdict for accuracy); repeatable; "
-            "added to -rt's reward (see docs/rewards.md)",
-        kind=str, repeat=True, metavar="FILE.py:NAME")
-    reward_weights: str | None = option(
-        None, "weights of the rewards, name:weight,... (names: the -rt type, each --reward-fn function's name, "
-              "remote); every weight is 1 unless given; '-rt-type:0' (e.g. boxed:0) replaces the built-in reward")
-    reward_url: str | None = option(None, "remote reward server: batches of {prompt, response, label} POSTed as JSON "
-                                          "to http://HOST:PORT/PATH, scores back (docs/rewards.md)")
-    reward_url_timeout: float = option(30.0, "--reward-url: seconds to wait for one reply")
-    reward_url_retries: int = option(3, "--reward-url: more tries after a failed request before the run stops")
-    correct_threshold: float | None = option(
-        None, "a response counts as correct (accuracy) when its weighted reward is >= this, unless a reward part "
-              "gives its own verdict (default: the built-in -rt verdict while its weight is not 0; docs/rewards.md)")
-
     @property
     def builtin_reward_counts(self) -> bool:
         """Whether the built-in -rt reward is part of the reward (its weight is not 0): only then are its
@@ -108,12 +132,6 @@ class DataConfig:
         from rewards.combine import parse_weights
 
         return parse_weights(self.reward_weights).get(self.reward_type, 1.0) != 0
-
-    @property
-    def added_reward_names(self) -> tuple[str, ...]:
-        """The names of the rewards added to the built-in one, as --reward-weights and the logs call them: each
-        --reward-fn function's, and ``remote`` for --reward-url."""
-        return (*(spec.rpartition(":")[2] for spec in self.reward_fn), *(("remote",) if self.reward_url else ()))
 
     @property
     def rows(self) -> RowFormat:
@@ -130,9 +148,7 @@ class DataConfig:
         """RewardScorer's keyword arguments for this run (built-in reward, user functions, server)."""
         return {"reward_type": self.reward_type,
                 "code_options": self.code.scorer_options() if reward_type(self.reward_type).runs_code else None,
-                "reward_fns": self.reward_fn, "reward_url": self.reward_url, "reward_weights": self.reward_weights,
-                "remote_options": {"timeout_s": self.reward_url_timeout, "retries": self.reward_url_retries},
-                "correct_threshold": self.correct_threshold}
+                **self.reward_options()}
 
 
 def parse_eval_datasets(text: str | None) -> dict[str, str]:

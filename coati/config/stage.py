@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from coati.config.errors import require
+from coati.config.errors import ConfigError, require
 from coati.config.layout import TrainerLayout
 from coati.config.lora import LoraConfig
 from coati.config.optim import OptimConfig
 from coati.config.run import SAVE_INTERVAL
 from coati.utils.dataclass_cli import option
 from coati.utils.gguf import GGUF_FILE_HELP
+from coati.utils.user_parts import UserParts, UserPartsError, import_user_parts
 
 # Defaults that differ between the embedded demo (no --model) and a user's model (TRL/OpenRLHF-like values).
 DEMO_LR = {"sft": 1e-3, "rm": 5e-4}
@@ -60,6 +61,7 @@ class StageConfig(TrainerLayout):
     lora: LoraConfig = LoraConfig()  # adapters instead of full fine-tuning (--lora-rank); the final model is merged
     # the RL run's schedule, warm-up, weight decay, gradient checkpointing and --max-steps (over the stage's steps)
     optim: OptimConfig = OptimConfig()
+    parts: UserParts = UserParts()  # --plugins: imported by the driver and every rank before anything is built
 
     stage = "stage"
     # `coati train` spells these with another meaning (its -tbs counts prompts per data-parallel rank)
@@ -107,7 +109,11 @@ class RMConfig(StageConfig):
 
 
 def validate(config: StageConfig) -> None:
-    """Cheap checks of the options themselves."""
+    """Cheap checks of the options themselves, after --plugins is imported (a bad entry: one line)."""
+    try:
+        import_user_parts(config.parts.plugins)
+    except UserPartsError as err:
+        raise ConfigError(str(err)) from None
     for flag, value in (("-e/--epochs", config.epochs), ("-bs/--batch-size", config.batch_size),
                         ("-tmbs/--micro-batch-size", config.micro_batch_size), ("-ml/--max-length", config.max_length)):
         require(value >= 1, f"{flag} must be at least 1, got {value}")

@@ -12,6 +12,7 @@ from coati.config.env import EnvConfig
 from coati.config.layout import ParallelConfig
 from coati.config.run import RunConfig
 from coati.config.sampling import SamplingParams
+from coati.utils.user_parts import UserParts
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class RLConfig:
     algo: AlgoConfig = AlgoConfig()
     run: RunConfig = RunConfig()
     episodes: EnvConfig = EnvConfig()  # multi-turn episodes with an environment (--env); off by default
+    parts: UserParts = UserParts()  # a user's own parts, imported (--plugins) or shipped into every process
     # Sampling used for held-out evaluation: (name, params) pairs, all scored with the training reward.
     eval_sampling: tuple[tuple[str, SamplingParams], ...] = field(default=())
     # The option values by dest it was built from (flags, --config, defaults; before the situation's defaults):

@@ -38,7 +38,7 @@ def validate(config: RLConfig) -> None:
     p, b, s, d = config.parallel, config.batch, config.sampling, config.data
     require(d.reward_type in REWARD_TYPES, f"unknown reward type {d.reward_type!r}; choose one of {', '.join(REWARD_TYPES)}")
     _validate_keys(d)
-    _validate_user_rewards(d)
+    check_reward_options(d, d.reward_type)
     _validate_prompt_template(d)
     require(all(d.stop), "--stop needs a text to stop at, got an empty string")
     if REWARD_TYPES[d.reward_type].runs_code:
@@ -178,13 +178,14 @@ def _validate_weight_sync(p: ParallelConfig) -> None:
     require(p.weight_sync_timeout_s > 0, f"--weight-sync-timeout must be > 0 seconds, got {p.weight_sync_timeout_s:g}")
 
 
-def _validate_user_rewards(d: DataConfig) -> None:
-    """--reward-weights, --reward-url and its limits (the functions themselves: preflight.check_user_rewards)."""
+def check_reward_options(d, reward_type: str) -> None:
+    """--reward-weights, --reward-url and its limits of any command that scores (``d``: a RewardOptions) with
+    ``reward_type`` the built-in one (the functions themselves: preflight.check_user_rewards)."""
     from rewards.combine import RewardWeightsError, parse_weights, resolve_weights
     from rewards.remote import check_reward_url
 
     try:
-        resolve_weights([d.reward_type, *d.added_reward_names], parse_weights(d.reward_weights))
+        resolve_weights([reward_type, *d.added_reward_names], parse_weights(d.reward_weights))
     except RewardWeightsError as err:
         raise ConfigError(str(err)) from None
     if d.reward_url is not None:

@@ -6,7 +6,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from coati.algorithm.loss_config import CORRECTIONS
-from coati.algorithm.registry import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, adv_estimator_names
+from coati.algorithm.registry import (
+    GROUP_FILTERS,
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
+    REWARD_SHAPERS,
+    SAMPLE_MASKS,
+    adv_estimator_names,
+)
 from coati.config.algo import ALGO_PRESETS, GroupConfig, estimator_family, presets_of
 from coati.config.errors import require
 from coati.utils.dataclass_cli import options
@@ -94,6 +102,12 @@ def _validate_groups(config: RLConfig) -> None:
         low, high = g.filter_range
         require(0 <= low <= high <= 1,
                  f"{key} filter_range must satisfy 0 <= low <= high <= 1, got [{low}, {high}]")
+    for key_name, names, table in (("reward_shapers", g.reward_shapers, REWARD_SHAPERS),
+                                   ("sample_masks", g.sample_masks, SAMPLE_MASKS),
+                                   ("group_filters", g.group_filters, GROUP_FILTERS)):
+        for name in names:
+            require(name in table, f"{key} {key_name}: {name!r} is not registered; choose among {', '.join(table)}, "
+                                   "or register your own (--plugins FILE.py, docs/algorithms.md)")
     require(g.max_draw_multiple >= 1, f"{key} max_draw_multiple must be at least 1, got {g.max_draw_multiple}")
     if g.soft_over_length_punishment:
         mnt = config.sampling.max_new_tokens

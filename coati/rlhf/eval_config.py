@@ -6,9 +6,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from coati.config.data import REWARD_DESTS, RewardOptions
 from coati.config.errors import ConfigError, require
 from coati.utils.dataclass_cli import option
 from coati.utils.gguf import GGUF_FILE_HELP
+from coati.utils.user_parts import UserParts
 from rewards import DEFAULT_REWARD_TYPE, REWARD_TYPES
 
 MODES = {"greedy": 0.0, "sampled": 1.0}  # decoding mode -> temperature (sampled: the training distribution)
@@ -17,7 +19,10 @@ DESCRIPTION = __doc__.split("\n\n")[0] + " No -m/-d: the embedded demo model on 
 
 
 @dataclass(frozen=True)
-class EvalConfig:
+class EvalConfig(RewardOptions):
+    """The reward options (--reward-fn, --reward-weights, --reward-url, --correct-threshold) are coati train's
+    (RewardOptions); on a run's checkpoint they and -rt default to the run's own (``run_reward_defaults``)."""
+
     # `coati sft`/`coati rm` spell this with another meaning (the trainer's rows per forward/backward)
     retired_flags = {"--micro-batch-size": "in coati sft/rm that is the training micro-batch; here "
                                            "-imbs/--inference-microbatch-size sets prompts per generate call"}
@@ -27,7 +32,9 @@ class EvalConfig:
     gguf_file: str | None = option(None, GGUF_FILE_HELP)
     dataset: str | None = option(None, "eval prompts: {\"prompt\": ...} rows or math/code rows (.jsonl, .json list, "
                                        ".parquet, save_to_disk); required with -m", "-d")
-    reward_type: str = option(DEFAULT_REWARD_TYPE, "verifiable reward of the rows that have answers", "-rt", choices=tuple(REWARD_TYPES))
+    reward_type: str = option(DEFAULT_REWARD_TYPE, "verifiable reward of the rows that have answers (default: on a "
+                                                   "run's checkpoint, the run's own -rt and reward options)", "-rt",
+                              choices=tuple(REWARD_TYPES))
     input_key: str | None = option(None, "field holding the prompt (default: messages, else prompt)")
     label_key: str | None = option(None, "field holding the answer; every row must have it (default: gt_answer, "
                                          "test_cases with -rt code, used where present)")
@@ -47,6 +54,7 @@ class EvalConfig:
                                       "GPU", choices=("auto", "fp32", "bf16", "fp16"))
     output: str | None = option(None, "JSON summary path; the samples go to <its name>.samples.jsonl (default: "
                                       "<checkpoint's parent>/evals/<checkpoint>_<eval file>.json)", "-o")
+    parts: UserParts = UserParts()  # --plugins, imported before anything is checked
 
     @property
     def mode_names(self) -> tuple[str, ...]:
@@ -60,6 +68,54 @@ class Inputs:
     examples: list  # coati.dataset.rows.Example; gt_answer/test_cases None when the row has no answer
     output: str
 
+
+
+RUN_OPTIONS = "run_state.json"  # a run's checkpoint keeps the run's options there (coati/launcher/checkpoints.py)
+
+
+def run_reward_defaults(values: dict, given: set[str]) -> str:
+    """On a run's checkpoint (-m DIR holding the run's saved options) with no reward option ``given`` here, the
+    run's reward settings, written into ``values`` (by dest); the one line saying which reward scores. A reward
+    given here replaces the run's whole (a user function's verdict would otherwise still decide correctness)."""
+    import json
+
+    model, saved = values.get("model"), None
+    path = os.path.join(model, RUN_OPTIONS) if model else None
+    if path and os.path.isfile(path):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                saved = json.load(handle).get("options")
+        except (OSError, ValueError):
+            saved = None
+    if not saved:
+        return reward_line(values, None)
+    if given & set(REWARD_DESTS):
+        return reward_line(values, f"given here, instead of the run's own in {path}")
+    for dest in REWARD_DESTS:
+        if dest in saved:
+            values[dest] = saved[dest]
+    return reward_line(values, f"the run's own, from {path}; a reward option given here replaces it")
+
+
+def reward_line(values: dict, source: str | None) -> str:
+    """``reward: -rt boxed:0 + my_reward.py:fn ...``: what scores the responses, and where that came from."""
+    from rewards.combine import RewardWeightsError, parse_weights
+
+    try:
+        weights = parse_weights(values.get("reward_weights"))
+    except RewardWeightsError:  # check_inputs says what is wrong with them
+        weights = {}
+
+    def weighted(name: str, shown: str) -> str:
+        return shown + (f" x{weights[name]:g}" if name in weights else "")
+
+    parts = [weighted(values["reward_type"], f"-rt {values['reward_type']}")]
+    parts += [weighted(spec.rpartition(":")[2], spec) for spec in values.get("reward_fn") or ()]
+    if values.get("reward_url"):
+        parts.append(weighted("remote", values["reward_url"]))
+    threshold = values.get("correct_threshold")
+    return ("reward: " + " + ".join(parts) + (f"; correct when >= {threshold:g}" if threshold is not None else "")
+            + (f" ({source})" if source else ""))
 
 
 def _model_problem(path: str) -> str | None:
@@ -106,6 +162,9 @@ def check_inputs(config: EvalConfig, log=print) -> Inputs:
                         ("-mnt/--max-new-tokens", 1 if config.max_new_tokens is None else config.max_new_tokens)):
         require(value >= 1, f"{flag} must be at least 1, got {value}")
     require(config.num_prompts >= 0, f"-n/--num-prompts must be >= 0 (0: all), got {config.num_prompts}")
+    from coati.config.validate import check_reward_options
+
+    check_reward_options(config, config.reward_type)
     embedded = config.model is None
     require(embedded or config.dataset is not None, "-d/--dataset is required with -m/--model (a file of prompts)")
     problem = None if embedded else _model_problem(config.model)

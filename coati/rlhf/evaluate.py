@@ -3,7 +3,9 @@
 Any HF causal-LM directory is a checkpoint: ``coati sft``'s ``<run>/final``, a GRPO/PPO ``<run>/step_N``, a
 downloaded model. Reported per decoding mode:
 - with answers in the rows (``gt_answer``, or the field ``--label-key`` names; PRIME test cases for ``-rt code``):
-  accuracy, format rate and mean reward of the training reward (``-rt``), over the rows that have one;
+  accuracy, format rate and mean reward of the training reward (``-rt`` with ``--reward-fn``, ``--reward-weights``,
+  ``--reward-url``, ``--correct-threshold``, as ``coati train`` takes them; on a run's ``step_N`` checkpoint the
+  run's own unless given here, which one line says first), over the rows that have one;
 - with ``--reward-model DIR`` (a ``coati rm`` output): the mean and (population) standard deviation of its
   scores of the responses, every row included (coati/rollout/reward_model.py says how a response is scored).
 
@@ -32,6 +34,8 @@ from coati.rlhf.eval_config import (
     EvalConfig,
     Inputs,
     check_inputs,
+    reward_line,
+    run_reward_defaults,
     samples_path,
     tokenizers,
 )
@@ -39,7 +43,7 @@ from coati.rollout.evaluation import score_outputs
 from coati.rollout.generation import tokenise_prompts
 from coati.rollout.inference_backend import TransformersBackend
 from coati.rollout.reward_model import load_reward_model, reward_model_scores
-from coati.utils.dataclass_cli import ConfigFileError, parse
+from coati.utils.dataclass_cli import ConfigFileError, build_parser, construct
 from rewards import default_system_prompt, reward_type
 from rewards.scorer import RewardScorer
 
@@ -138,9 +142,23 @@ def _no_load_bars():
             hf_logging.enable_progress_bar()
 
 
-def run(plan: Plan) -> dict:
+def _scorer(config: EvalConfig) -> RewardScorer:
+    """The run's reward: -rt with the user's functions, server and weights; one ConfigError line when one of
+    them cannot load."""
+    from rewards.combine import RewardWeightsError
+    from rewards.remote import RemoteRewardError
+    from rewards.user import RewardFnError
+
+    try:
+        return RewardScorer(config.reward_type, **config.reward_options())
+    except (RewardFnError, RemoteRewardError, RewardWeightsError) as err:
+        raise ConfigError(str(err)) from None
+
+
+def run(plan: Plan, reward: str | None = None) -> dict:
     """Load the reward model (first: a bad one fails before the policy is loaded) and the policy, evaluate every
-    mode, write the summary and the samples; the summary."""
+    mode, write the summary and the samples; the summary. ``reward``: the line naming the reward (default: the
+    options')."""
     from coati.models.families import load_causal_lm
     from coati.models.lora import is_adapter_dir, load_adapted
     from coati.utils.device import model_placement
@@ -160,13 +178,16 @@ def run(plan: Plan) -> dict:
         else:
             policy = load_causal_lm(inputs.model, dtype=placement.dtype).to(placement.device)
     backend = TransformersBackend(policy, plan.tokenizer, config.micro_batch_size)
-    scorer = RewardScorer(config.reward_type) if any(has_answer(e) for e, _, _ in plan.batch) else None
+    scorer = _scorer(config) if any(has_answer(e) for e, _, _ in plan.batch) else None
     modes, records = {}, []
     for mode in config.mode_names:
         modes[mode], mode_records = evaluate_mode(backend, scorer, reward_model, plan, mode)
         records.extend(mode_records)
     summary = {"model": inputs.model, "dataset": inputs.dataset, "reward_model": config.reward_model,
-               "reward_type": config.reward_type, "system_prompt": plan.system_prompt,
+               "reward_type": config.reward_type, "reward_fn": list(config.reward_fn),
+               "reward_weights": config.reward_weights, "reward_url": config.reward_url,
+               "correct_threshold": config.correct_threshold,
+               "reward": reward or reward_line(vars(config), None), "system_prompt": plan.system_prompt,
                "max_new_tokens": plan.max_new_tokens, "prompts": len(plan.batch), "skipped_too_long": plan.skipped,
                "seed": config.seed, "modes": modes, "output": inputs.output, "samples": samples_path(inputs.output)}
     os.makedirs(os.path.dirname(os.path.abspath(inputs.output)), exist_ok=True)
@@ -199,6 +220,8 @@ def format_table(summary: dict) -> str:
                      "(rows need gt_answer, or --label-key naming the answer field)")
     elif answered < summary["prompts"]:
         lines.append(f"accuracy, format and reward over the {answered} of {summary['prompts']} prompts with answers")
+    if answered:
+        lines.append(summary["reward"])
     if not scored:
         lines.append("no --reward-model: reward-model scores skipped")
     lines += [f"summary: {summary['output']}", f"samples: {summary['samples']}"]
@@ -215,11 +238,27 @@ def resolve_model_names(config):
         raise ConfigError(str(err)) from None
 
 
+def parse_options(argv: list[str] | None, prog: str) -> tuple[EvalConfig, str]:
+    """(the options, the line naming the reward): the flags, --plugins imported, and on a run's checkpoint the
+    run's reward settings for those not given (eval_config.run_reward_defaults)."""
+    from coati.utils.user_parts import UserPartsError, import_user_parts
+
+    parser = build_parser(EvalConfig, prog, DESCRIPTION)
+    values = vars(parser.parse_args(argv))
+    try:
+        import_user_parts(values["plugins"] or ())
+    except UserPartsError as err:
+        raise ConfigError(str(err)) from None
+    line = run_reward_defaults(values, parser.given)
+    return construct(EvalConfig, values), line
+
+
 def main(argv: list[str] | None = None, prog: str = "coati evaluate") -> int:
     from coati.dataset.rows import DatasetError
 
     try:
-        config = resolve_model_names(parse(EvalConfig, argv, prog, DESCRIPTION))
+        config, line = parse_options(argv, prog)
+        config = resolve_model_names(config)
         inputs = check_inputs(config)
         tokenizer = tokenizers(config, inputs)
         plan = prepare(config, inputs, tokenizer)
@@ -227,7 +266,7 @@ def main(argv: list[str] | None = None, prog: str = "coati evaluate") -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     try:
-        summary = run(plan)
+        summary = run(plan, line)
     except ConfigError as err:  # a reward model whose weights lack the head: found when loading it, first
         print(f"error: {err}", file=sys.stderr)
         return 2

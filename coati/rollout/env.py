@@ -11,7 +11,7 @@ the sum of the rewards of its steps.
 ``ToolEnv`` is the usual case: the model calls tools as ``<tool_call>{"name": ..., "arguments": {...}}
 </tool_call>`` (generation stops at the closing tag); a turn without a call is the final answer, which
 ``score(row, text)`` grades. A user's file subclasses it, lists ``tools`` (plain typed functions) and
-overrides ``score``; ``--env path/to/file.py:ClassName`` or a registry name (``ENVS``) selects it.
+overrides ``score``; ``--env path/to/file.py:ClassName`` or a registry name (``ENVS``; ``@register_env``) selects it.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from coati.rollout.tools import Toolbox
+from coati.utils.user_parts import registrar
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 
@@ -150,6 +151,10 @@ class MultiplyOffEnv(MultiplyEnv):
 
 # The names of coati.config.env.TOOL_DEMO_ENVS (without --model: the tool demo's model and task) are here too.
 ENVS: dict[str, type] = {"python_tool": PythonToolEnv, "tool_demo": MultiplyEnv, "tool_demo_off": MultiplyOffEnv}
+
+# From your own code (a --plugins file, or a script calling coati.run): ``@register_env("name")`` on the class
+# makes ``--env name`` select it in every process.
+register_env = registrar(ENVS, "environment", f"{__name__}:ENVS")
 
 
 def load_env(spec: str) -> type:

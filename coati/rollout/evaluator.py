@@ -64,7 +64,7 @@ class Evaluator:
     def __init__(self, config: RLConfig, num_threads: int | None = None):
         from coati.rollout.producer import make_backend
 
-        start_actor_process()
+        start_actor_process(config.parts)
         self.config = config
         torch.set_num_threads(num_threads or usable_cores())
         torch.manual_seed(config.run.seed + 2000)  # its own stream for sampled evals

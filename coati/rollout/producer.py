@@ -30,7 +30,7 @@ class Producer:
     fed with published weights, putting each round into the buffer."""
 
     def __init__(self, config: RLConfig, rank: int, buffer, weight_store, num_threads: int | None = None):
-        start_actor_process()
+        start_actor_process(config.parts)
         # buffer and weight store may come as actor names: a restartable actor's constructor arguments must hold
         # no references (Ray warns on every run that a restart could fail once they are gone).
         buffer, weight_store = (ray.get_actor(h) if isinstance(h, str) else h for h in (buffer, weight_store))

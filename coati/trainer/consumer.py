@@ -51,7 +51,7 @@ STEP_ALGORITHMS: dict[str, type[StepAlgorithm]] = {"group": GroupAlgorithm, "cri
 
 class Consumer(TrainerRank):
     def __init__(self, config: RLConfig, rank: int, buffer, weight_store, num_threads: int | None = None):
-        super().__init__(rank, num_threads or usable_cores())
+        super().__init__(rank, num_threads or usable_cores(), parts=config.parts)
         self.config, self.buffer, self.weight_store = config, buffer, weight_store
         self.master_port = config.run.master_port
         self.steps_begun = 0  # noted in the buffer: the driver's way to tell a stuck rank from its waiting peers

@@ -43,13 +43,16 @@ def shaped_group_tensors(groups: list[RolloutGroup], groups_config, max_new_toke
 
 
 def filter_groups(groups: list[RolloutGroup], groups_config) -> tuple[list[RolloutGroup], dict]:
-    """The groups every registered group filter keeps, and how many fell on either side of ``filter_range``."""
-    filter_range = groups_config.filter_range
-    if filter_range is None:
+    """The groups every group filter the config turns on keeps, and how many fell on either side of
+    ``filter_range`` when it is set."""
+    filter_range, stages = groups_config.filter_range, GroupStages.from_config(groups_config)
+    if not stages.filters:
         return groups, {"groups_filtered": 0}
     data = group_tensors(groups)
-    keep = GroupStages.from_config(groups_config).keep_groups(data, groups_config).tolist()
+    keep = stages.keep_groups(data, groups_config).tolist()
     kept = [g for g, k in zip(groups, keep) if k]
+    if filter_range is None:  # a user's own filters only
+        return kept, {"groups_filtered": len(groups) - len(kept)}
     accuracy = data.correct.mean(dim=1)
     return kept, {"groups_filtered": len(groups) - len(kept),
                   "groups_filtered_high": int((accuracy > filter_range[1]).sum()),  # e.g. all correct

@@ -17,9 +17,9 @@ from coati.utils.actor_process import start_actor_process
 class TrainerRank:
     master_port: int | None = None  # the rendezvous port, when the run fixes one (else a free one)
 
-    def __init__(self, rank: int, num_threads: int | None, actor: bool = True):
+    def __init__(self, rank: int, num_threads: int | None, actor: bool = True, parts=None):
         if actor:
-            start_actor_process()
+            start_actor_process(parts)  # parts: the run's UserParts, before anything is built
         if num_threads:  # Ray actors get a share of the cores; in-process the caller's setting stands
             torch.set_num_threads(num_threads)
         self.rank = rank

@@ -40,7 +40,7 @@ class StageRank(TrainerRank):
 
     def __init__(self, config, train_path: str, eval_path: str | None, model_path: str, rank: int = 0,
                  num_threads: int | None = None, actor: bool = False):
-        super().__init__(rank, num_threads, actor)
+        super().__init__(rank, num_threads, actor, parts=config.parts)
         self.config, self.train_path, self.eval_path, self.model_path = config, train_path, eval_path, model_path
         self.state = TrainState()
         self.learner: Learner | None = None

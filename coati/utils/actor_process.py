@@ -7,6 +7,9 @@ huggingface_hub's progress bars and vLLM's INFO logs in that worker process. War
 through. The driver and a user's own code that imports coati keep their bars; Ray's driver-side notices are
 handled in cluster/connect.init_ray_for.
 
+A user's own parts: the run's ``--plugins`` and the rows its driver registered itself (coati/utils/user_parts.py)
+are loaded here, so that every actor knows their names before it builds a model, a loss or an environment.
+
 Crash reports: Ray enables faulthandler for the crashing thread only. A native crash in a trainer or an
 inference engine usually happens on a library's own thread (gloo, NCCL, OpenMP, vLLM's engine), which has no
 Python frames; what the actor was doing is on its main thread. Dumping every thread names the call (e.g. a
@@ -27,7 +30,9 @@ import os
 import sys
 
 
-def start_actor_process() -> None:
+def start_actor_process(parts=None) -> None:
+    """``parts``: the run's ``UserParts`` (coati/utils/user_parts.py), loaded last, before the actor builds
+    anything: its --plugins imported and the driver's own rows put back into their registries."""
     # vLLM reads its log level when first imported (the inferencers import it after this call).
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from huggingface_hub.utils import disable_progress_bars
@@ -43,6 +48,8 @@ def start_actor_process() -> None:
         global _report_unraisable
         _report_unraisable = sys.unraisablehook
         sys.unraisablehook = _drop_exit_in_finalizer
+    if parts is not None:
+        parts.load()
 
 
 _report_unraisable = sys.unraisablehook

@@ -206,6 +206,48 @@ def test_a_newly_registered_estimator_is_usable_by_name_alone():
         del ADV_ESTIMATORS["leave_one_out"]
 
 
+def test_a_users_own_group_stages_are_turned_on_by_name():
+    """A shaper, a mask and a filter registered from outside coati, named in --grpo-config: each runs in its
+    place (hand-computed values); an unregistered name is one line."""
+    import torch
+
+    from coati.algorithm.registry import GROUP_FILTERS, REWARD_SHAPERS, SAMPLE_MASKS
+    from coati.algorithm.pipeline import register_group_filter, register_reward_shaper, register_sample_mask
+    from coati.rollout.group import RolloutGroup
+    from coati.trainer.group_algorithm import filter_groups, shaped_group_tensors
+
+    @register_reward_shaper("doubled")
+    def doubled(rewards, data, settings, max_new_tokens):
+        return 2 * rewards
+
+    @register_sample_mask("first_two")
+    def first_two(rewards, data, settings):
+        return torch.arange(rewards.shape[1]).expand_as(rewards) < 2
+
+    @register_group_filter("some_reward")
+    def some_reward(data, settings):
+        return data.rewards.sum(dim=1) > 0
+
+    def group(rewards):
+        return RolloutGroup(prompt_ids=[1], responses=[[5]] * 4, logprobs=[[0.0]] * 4, rewards=rewards,
+                            correct=[r > 0 for r in rewards], format_ok=[True] * 4, finish_reasons=["stop"] * 4,
+                            policy_version=0)
+
+    try:
+        groups = config_for("--grpo-config", '{"reward_shapers": ["doubled"], "sample_masks": ["first_two"], '
+                                             '"group_filters": ["some_reward"], "advantage": "group_mean"}').algo.groups
+        rewards, adv, mask = shaped_group_tensors([group([1.0, 0.0, 0.0, 1.0])], groups, 8)
+        assert rewards.tolist() == [[2.0, 0.0, 0.0, 2.0]] and adv.tolist() == [[1.0, -1.0, -1.0, 1.0]]
+        assert mask.tolist() == [[1.0, 1.0, 0.0, 0.0]]
+        kept, stats = filter_groups([group([0.0] * 4), group([1.0, 0.0, 0.0, 0.0])], groups)
+        assert [g.rewards for g in kept] == [[1.0, 0.0, 0.0, 0.0]] and stats == {"groups_filtered": 1}
+        with pytest.raises(ConfigError, match=r"^--grpo-config sample_masks: 'nope' is not registered; choose among "
+                                              r"topk, truncated, first_two, or register your own"):
+            config_for("--grpo-config", '{"sample_masks": ["nope"]}')
+    finally:
+        del REWARD_SHAPERS["doubled"], SAMPLE_MASKS["first_two"], GROUP_FILTERS["some_reward"]
+
+
 # --- -a PPO: a critic's estimator ---
 
 def test_ppo_preset_and_its_options_reach_the_config():

@@ -80,11 +80,11 @@ def test_the_docs_show_the_common_commands():
 
 
 def stand_in_files(argv: list[str], where) -> list[str]:
-    """The checkout's config files by their full path; an empty stand-in for each -ed file (its existence is
+    """The checkout's config and plugin files by their full path; an empty stand-in for each -ed file (its existence is
     checked with the flags; what is in it, when the run starts)."""
     argv = list(argv)
     for i, word in enumerate(argv[:-1]):
-        if word == "--config":
+        if word in ("--config", "--plugins"):  # the checkout's files (a plugin is imported: its names validate)
             argv[i + 1] = os.path.join(ROOT, argv[i + 1])
         if word in ("-ed", "--eval-dataset"):
             for path in json.loads(argv[i + 1]).values():
@@ -126,7 +126,7 @@ def check_flags_in_help(command: str, argv: list[str]) -> None:
 
 
 @pytest.mark.parametrize("page,command,argv", COMMANDS, ids=[f"{p}:{c}:{' '.join(a)[:60]}" for p, c, a in COMMANDS])
-def test_doc_command_parses_and_validates(page, command, argv, monkeypatch, tmp_path):
+def test_doc_command_parses_and_validates(page, command, argv, monkeypatch, tmp_path, registries_restored):
     argv = stand_in_files(argv, tmp_path)
     monkeypatch.chdir(tmp_path)
     if command in ("train", "ppo"):

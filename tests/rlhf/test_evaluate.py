@@ -181,3 +181,56 @@ def test_a_reward_model_without_head_weights_stops_before_the_policy_loads(demo_
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "weights missing from the checkpoint" in err, err
     assert not os.path.exists(tmp_path / "evals")
+
+
+BOXED_ANYTHING = '''
+def says_boxed(response, label, row):
+    """Correct when the response boxes anything: the built-in boxed reward would also check the answer."""
+    ok = "\\\\boxed{" in response
+    return float(ok), {"correct": ok}
+'''
+
+
+def test_a_runs_checkpoint_is_scored_with_the_runs_own_reward(demo_assets, tmp_path, capsys):
+    """A checkpoint of a run trained with --reward-fn (its step_N: the model and the run's saved options) is
+    evaluated with that reward by default, and says so; a reward option given here replaces the run's."""
+    reward = tmp_path / "my_reward.py"
+    reward.write_text(BOXED_ANYTHING)
+    checkpoint = tmp_path / "run" / "step_4"
+    shutil.copytree(demo_assets.model_dir, checkpoint)
+    options = {"reward_type": "boxed", "reward_fn": [f"{reward}:says_boxed"], "reward_weights": "boxed:0",
+               "learning_rate": 3e-4}
+    (checkpoint / "run_state.json").write_text(json.dumps({"step": 4, "options": options}))
+    data = write_rows(tmp_path / "eval.jsonl", math_rows(demo_assets, 16))
+    argv = ["-m", str(checkpoint), "-d", data, "--modes", "greedy", "-mnt", "8"]
+
+    assert main(argv + ["-o", str(tmp_path / "own.json")]) == 0
+    printed = capsys.readouterr().out
+    records = [json.loads(line) for line in open(tmp_path / "own.samples.jsonl")]
+    boxed = statistics.fmean("\\boxed{" in r["response"] for r in records)
+    own = json.load(open(tmp_path / "own.json"))
+    assert own["modes"]["greedy"]["accuracy"] == pytest.approx(boxed)
+    assert own["reward_fn"] == [f"{reward}:says_boxed"] and own["reward_weights"] == "boxed:0"
+    assert (f"reward: -rt boxed x0 + {reward}:says_boxed (the run's own, from {checkpoint / 'run_state.json'}; a "
+            "reward option given here replaces it)") in printed.splitlines()
+
+    # the built-in reward, asked for by a flag: the answers are checked, not only boxed
+    assert main(argv + ["-rt", "boxed", "-o", str(tmp_path / "builtin.json")]) == 0
+    printed = capsys.readouterr().out
+    builtin = json.load(open(tmp_path / "builtin.json"))
+    records = [json.loads(line) for line in open(tmp_path / "builtin.samples.jsonl")]
+    right = statistics.fmean(r["extracted"] == r["gt_answer"] for r in records)
+    assert builtin["modes"]["greedy"]["accuracy"] == pytest.approx(right)
+    assert right < own["modes"]["greedy"]["accuracy"]  # the demo model boxes every answer, right or not
+    assert builtin["reward_fn"] == [] and builtin["reward_weights"] is None
+    assert (f"reward: -rt boxed (given here, instead of the run's own in {checkpoint / 'run_state.json'})"
+            in printed.splitlines())
+
+
+def test_evaluate_takes_trains_reward_options_and_their_checks(demo_assets, tmp_path, capsys, no_model_loads):
+    data = write_rows(tmp_path / "eval.jsonl", math_rows(demo_assets, 2))
+    assert main(["-m", demo_assets.model_dir, "-d", data, "--reward-weights", "boxed:x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "boxed:x" in err and len(err.splitlines()) == 1
+    assert main(["-m", demo_assets.model_dir, "-d", data, "--correct-threshold", "nan"]) == 2
+    assert capsys.readouterr().err == "error: --correct-threshold must be a finite number, got nan\n"
