@@ -88,13 +88,31 @@ class RewardOptions:
                 "correct_threshold": self.correct_threshold}
 
 
-# The reward settings a run's checkpoint keeps (its saved options, by dest) that `coati evaluate` takes by default.
+# What a run's checkpoint keeps (its saved options, by dest) that `coati evaluate` takes by default: its prompts,
+# and its reward settings.
+PROMPT_DESTS = ("prompt_template", "stop")
 REWARD_DESTS = ("reward_type", "reward_fn", "reward_weights", "reward_url", "reward_url_timeout",
                 "reward_url_retries", "correct_threshold")
 
 
+@dataclass(frozen=True, kw_only=True)
+class PromptOptions:
+    """How a row becomes a base model's prompt and where its response ends, for every command that generates from
+    rows (coati train/ppo through DataConfig, coati evaluate through EvalConfig): one set of fields, inherited, and
+    one check (coati/config/validate.check_prompt_options)."""
+
+    prompt_template: str | None = option(
+        None, "a base model's prompt: the text it continues, {prompt} standing for the row's text and {system} for "
+              "-s, e.g. 'Q: {prompt}\\nA:' (the chat template is not used; docs/data.md, base models)")
+    stop: tuple[str, ...] = option(
+        (), "end a response at this text, as at EOS (kept in the response; counts as a natural end, not a "
+            "truncation), in training and evaluation: a base model never emits EOS after its answer, e.g. --stop "
+            "$'\\nQ:'; repeatable (a YAML list); added to the -rt type's own stops", kind=str, repeat=True,
+        metavar="STR")
+
+
 @dataclass(frozen=True)
-class DataConfig(RewardOptions):
+class DataConfig(RewardOptions, PromptOptions):
     train_path: str = option(
         MISSING, "training data: .jsonl, .json (a list of objects), .parquet or a datasets save_to_disk directory, "
                  "local only (default: the embedded addition task)", "-d", flag="--dataset", resolved=True)
@@ -106,14 +124,6 @@ class DataConfig(RewardOptions):
     reward_type: str = option(DEFAULT_REWARD_TYPE, "how responses are checked", "-rt", choices=tuple(REWARD_TYPES))
     system_prompt: str = option("", "system prompt (default: the reward type's own; none for the embedded demo)",
                                 "-s", resolved=True)
-    prompt_template: str | None = option(
-        None, "a base model's prompt: the text it continues, {prompt} standing for the row's text and {system} for "
-              "-s, e.g. 'Q: {prompt}\\nA:' (the chat template is not used; docs/data.md, base models)")
-    stop: tuple[str, ...] = option(
-        (), "end a response at this text, as at EOS (kept in the response; counts as a natural end, not a "
-            "truncation), in training and evaluation: a base model never emits EOS after its answer, e.g. --stop "
-            "$'\\nQ:'; repeatable (a YAML list); added to the -rt type's own stops", kind=str, repeat=True,
-        metavar="STR")
     max_prompt_tokens: int = option(512, "longer prompts are skipped (and counted); default: 64 for the demo, "
                                          "else 512", "-mpt", resolved=True)
     code: CodeRewardConfig = CodeRewardConfig()

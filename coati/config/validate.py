@@ -23,12 +23,15 @@ from coati.registry.weight_sync import DEFAULT_WEIGHT_SYNC, WEIGHT_SYNCS
 from rewards import REWARD_TYPES
 
 
-def _validate_prompt_template(d: DataConfig) -> None:
+def check_prompt_options(d, system_prompt: str | None) -> None:
+    """--prompt-template and --stop of any command that generates from rows (``d``: a PromptOptions), with
+    ``system_prompt`` the -s it will use."""
+    require(all(d.stop), "--stop needs a text to stop at, got an empty string")
     if d.prompt_template is None:
         return
     problem = prompt_template_problem(d.prompt_template)
     require(problem is None, problem or "")
-    require(not d.system_prompt or SYSTEM_SLOT in d.prompt_template,
+    require(not system_prompt or SYSTEM_SLOT in d.prompt_template,
             f"-s/--system-prompt is given but --prompt-template {d.prompt_template!r} has no {SYSTEM_SLOT}: put "
             f"{SYSTEM_SLOT} where it goes, or leave -s out")
 
@@ -39,8 +42,7 @@ def validate(config: RLConfig) -> None:
     require(d.reward_type in REWARD_TYPES, f"unknown reward type {d.reward_type!r}; choose one of {', '.join(REWARD_TYPES)}")
     _validate_keys(d)
     check_reward_options(d, d.reward_type)
-    _validate_prompt_template(d)
-    require(all(d.stop), "--stop needs a text to stop at, got an empty string")
+    check_prompt_options(d, d.system_prompt)
     if REWARD_TYPES[d.reward_type].runs_code:
         require(d.code.workers is None or d.code.workers >= 1, "--code-workers must be at least 1")
         try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from coati.config.data import REWARD_DESTS, RewardOptions
+from coati.config.data import PROMPT_DESTS, REWARD_DESTS, PromptOptions, RewardOptions
 from coati.config.errors import ConfigError, require
 from coati.utils.dataclass_cli import option
 from coati.utils.gguf import GGUF_FILE_HELP
@@ -19,9 +19,10 @@ DESCRIPTION = __doc__.split("\n\n")[0] + " No -m/-d: the embedded demo model on 
 
 
 @dataclass(frozen=True)
-class EvalConfig(RewardOptions):
-    """The reward options (--reward-fn, --reward-weights, --reward-url, --correct-threshold) are coati train's
-    (RewardOptions); on a run's checkpoint they and -rt default to the run's own (``run_reward_defaults``)."""
+class EvalConfig(RewardOptions, PromptOptions):
+    """The reward options (--reward-fn, --reward-weights, --reward-url, --correct-threshold) and the prompt options
+    (--prompt-template, --stop) are coati train's (RewardOptions, PromptOptions); on a run's checkpoint they and -rt
+    default to the run's own (``run_reward_defaults``; a prompt option given here replaces only itself)."""
 
     # `coati sft`/`coati rm` spell this with another meaning (the trainer's rows per forward/backward)
     retired_flags = {"--micro-batch-size": "in coati sft/rm that is the training micro-batch; here "
@@ -89,6 +90,9 @@ def run_reward_defaults(values: dict, given: set[str]) -> str:
             saved = None
     if not saved:
         return reward_line(values, None)
+    for dest in PROMPT_DESTS:  # the run's prompts, as it trained on them
+        if dest in saved and dest not in given:
+            values[dest] = saved[dest]
     if given & set(REWARD_DESTS):
         return reward_line(values, f"given here, instead of the run's own in {path}")
     for dest in REWARD_DESTS:
@@ -162,9 +166,10 @@ def check_inputs(config: EvalConfig, log=print) -> Inputs:
                         ("-mnt/--max-new-tokens", 1 if config.max_new_tokens is None else config.max_new_tokens)):
         require(value >= 1, f"{flag} must be at least 1, got {value}")
     require(config.num_prompts >= 0, f"-n/--num-prompts must be >= 0 (0: all), got {config.num_prompts}")
-    from coati.config.validate import check_reward_options
+    from coati.config.validate import check_prompt_options, check_reward_options
 
     check_reward_options(config, config.reward_type)
+    check_prompt_options(config, config.system_prompt)
     embedded = config.model is None
     require(embedded or config.dataset is not None, "-d/--dataset is required with -m/--model (a file of prompts)")
     problem = None if embedded else _model_problem(config.model)

@@ -64,6 +64,8 @@ class Plan:
 def _system_prompt(config: EvalConfig, tokenizer) -> str:
     if config.system_prompt is not None:
         return config.system_prompt
+    if config.prompt_template is not None:  # a base model's template carries its own instructions, as in training
+        return ""
     # a model with a chat template is a user's model, trained by `coati train -m` with the type's prompt; the
     # embedded tiny models have no template and were trained on bare prompts
     return default_system_prompt(config.reward_type) if getattr(tokenizer, "chat_template", None) else ""
@@ -88,7 +90,8 @@ def _max_new_tokens(config: EvalConfig, model_dir: str, longest_prompt: int) -> 
 def prepare(config: EvalConfig, inputs: Inputs, tokenizer) -> Plan:
     """Tokenised prompts and the generation length; still no model loaded."""
     system_prompt = _system_prompt(config, tokenizer)
-    batch, skipped = tokenise_prompts(tokenizer, inputs.examples, system_prompt, config.max_prompt_tokens)
+    batch, skipped = tokenise_prompts(tokenizer, inputs.examples, system_prompt, config.max_prompt_tokens,
+                                      config.prompt_template)
     require(bool(batch), f"{inputs.dataset}: all {len(inputs.examples)} prompts are longer than -mpt "
                           f"{config.max_prompt_tokens} tokens")
     longest = max(len(ids) for _, _, ids in batch)
@@ -100,7 +103,8 @@ def evaluate_mode(backend, scorer, reward_model, plan: Plan, mode: str) -> tuple
     """(metrics, one record per prompt) of one decoding mode."""
     config = plan.config
     params = SamplingParams(temperature=MODES[mode], max_new_tokens=plan.max_new_tokens,
-                            stop_strings=reward_type(config.reward_type).stop_strings,
+                            stop_strings=tuple(dict.fromkeys((*reward_type(config.reward_type).stop_strings,
+                                                              *config.stop))),
                             seed=config.seed if MODES[mode] > 0 else None)
     prompt_ids = [ids for _, _, ids in plan.batch]
     outputs = backend.generate(prompt_ids, params)

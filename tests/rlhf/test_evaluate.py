@@ -234,3 +234,30 @@ def test_evaluate_takes_trains_reward_options_and_their_checks(demo_assets, tmp_
     assert err.startswith("error: ") and "boxed:x" in err and len(err.splitlines()) == 1
     assert main(["-m", demo_assets.model_dir, "-d", data, "--correct-threshold", "nan"]) == 2
     assert capsys.readouterr().err == "error: --correct-threshold must be a finite number, got nan\n"
+
+
+def test_a_runs_checkpoint_is_evaluated_with_its_prompt_template_and_stops(demo_assets, tmp_path, capsys):
+    """A base model's run (--prompt-template, --stop) is evaluated on the prompts it trained on, and its responses
+    end at the stop as a natural end; a template given here replaces the run's."""
+    checkpoint = tmp_path / "run" / "step_2"
+    shutil.copytree(demo_assets.model_dir, checkpoint)
+    options = {"reward_type": "boxed", "prompt_template": "Q{prompt}", "stop": ["}"]}
+    (checkpoint / "run_state.json").write_text(json.dumps({"step": 2, "options": options}))
+    data = write_rows(tmp_path / "eval.jsonl", math_rows(demo_assets, 8))
+    argv = ["-m", str(checkpoint), "-d", data, "--modes", "greedy", "-mnt", "8"]
+    assert main(argv + ["-o", str(tmp_path / "own.json")]) == 0
+    capsys.readouterr()
+    records = [json.loads(line) for line in open(tmp_path / "own.samples.jsonl")]
+    assert all(r["prompt"].startswith("Q") and not r["prompt"].startswith("QQ") for r in records)
+    ended = [r for r in records if "}" in r["response"]]
+    assert ended and all(r["response"].endswith("}") and r["finish_reason"] == "stop" for r in ended)
+    assert main(argv + ["--prompt-template", "{prompt}", "-o", str(tmp_path / "given.json")]) == 0
+    assert not any(json.loads(line)["prompt"].startswith("Q") for line in open(tmp_path / "given.samples.jsonl"))
+
+
+def test_evaluate_checks_the_prompt_options_as_train_does(demo_assets, tmp_path, capsys, no_model_loads):
+    data = write_rows(tmp_path / "eval.jsonl", math_rows(demo_assets, 2))
+    assert main(["-m", demo_assets.model_dir, "-d", data, "--prompt-template", "Q: {question}"]) == 2
+    assert "--prompt-template 'Q: {question}' has no {prompt}" in capsys.readouterr().err
+    assert main(["-m", demo_assets.model_dir, "-d", data, "--stop", ""]) == 2
+    assert capsys.readouterr().err == "error: --stop needs a text to stop at, got an empty string\n"
