@@ -115,7 +115,10 @@ def test_a_real_start_prints_the_same_line_once_the_cluster_is_joined(small, cap
     from coati.cluster.connect import ClusterError
 
     assert main([*small, "--dry-run"]) == 0
-    dry = capsys.readouterr().out.splitlines()[0]
+    planned = capsys.readouterr().out.splitlines()
+    dry = planned[0]
+    # so is the line on what a template-less tokenizer makes of the prompts, before any actor is placed
+    prompts = [line for line in planned if line.startswith("prompts: ")]
 
     def no_room(config, timeout_s=0):
         raise ClusterError("injected: no room for the actors")
@@ -125,7 +128,9 @@ def test_a_real_start_prints_the_same_line_once_the_cluster_is_joined(small, cap
         assert main(small) == 1
     finally:
         ray.shutdown()
-    assert dry in capsys.readouterr().out.splitlines()
+    started = capsys.readouterr().out.splitlines()
+    assert dry in started
+    assert len(prompts) == 1 and prompts[0] in started
 
 
 def test_the_python_api_chooses_as_the_command_does(tiny_model_dir, tmp_path):
@@ -136,33 +141,15 @@ def test_the_python_api_chooses_as_the_command_does(tiny_model_dir, tmp_path):
     assert build_config(model=tiny_model_dir, dataset=data, backend="transformers").parallel.backend == "transformers"
 
 
-def test_chat_rows_on_a_model_without_a_chat_template_are_one_line_before_any_actor(small, tiny_model_dir, capsys,
-                                                                                     monkeypatch):
+def test_a_system_prompt_on_a_model_without_a_chat_template_is_one_line(small, tiny_model_dir, capsys):
     """The tiny model's tokenizer has no chat template and the boxed reward's system prompt applies: a base model
-    would see it and the row joined as raw text. Said in --dry-run and as a real
-    start begins (the start cut short by an injected failure to place its actors), and not with a template."""
-    import ray
-
-    import coati.launcher.rl as rl
-    from coati.cluster.connect import ClusterError
-
+    would see it and the row joined as raw text. Said in --dry-run (and as a start begins, before any actor:
+    test_a_real_start_prints_the_same_line_once_the_cluster_is_joined), and not with a template."""
     assert main([*small, "--dry-run"]) == 0
     said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("prompts: ")]
     assert len(said) == 1 and said[0].startswith(f"prompts: {tiny_model_dir} has no chat template: each prompt is "
                                                  "the system prompt "), said
     assert "and its row's text as plain text" in said[0] and "--prompt-template" in said[0]
-    placed = []
-
-    def no_room(config, timeout_s=0):
-        placed.append(True)
-        raise ClusterError("injected: no room for the actors")
-
-    monkeypatch.setattr(rl, "reserve", no_room)
-    try:
-        assert main(small) == 1
-    finally:
-        ray.shutdown()
-    assert said[0] in capsys.readouterr().out.splitlines() and placed
     assert main([*small, "--prompt-template", "{system}\nQ: {prompt}\nA:", "--stop", "\nQ:", "--dry-run"]) == 0
     assert "prompts: " not in capsys.readouterr().out
 
