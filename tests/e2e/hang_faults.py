@@ -8,6 +8,7 @@ import time
 STUCK_PRODUCER_ROUND = 1  # project "stuck-producer": every producer hangs generating this round
 STUCK_TRAINER_STEP = 3  # project "stuck-trainer": trainer rank 1 hangs before this step
 BROKEN_ENGINE_ROUND = 1  # project "broken-engine": every producer's engine raises generating this round
+# project "engine-wont-start": every engine's start raises
 
 
 def _hang(project: str) -> None:
@@ -18,7 +19,7 @@ def _hang(project: str) -> None:
 
 
 def install() -> None:
-    from coati.rollout.inference_backend import TransformersBackend
+    from coati.rollout import inference_backend
     from coati.rollout.round_generator import RoundGenerator
     from coati.trainer.consumer import Consumer
 
@@ -39,4 +40,12 @@ def install() -> None:
             _hang("stuck-trainer")
         return step(self)
 
+    build = inference_backend.build_transformers_backend
+
+    def unstartable(config, rank, placement):
+        if config.run.project == "engine-wont-start":
+            raise RuntimeError("the engine could not allocate its cache")
+        return build(config, rank, placement)
+
     RoundGenerator.round_params, Consumer.step = stuck_round_params, stuck_step
+    inference_backend.build_transformers_backend = unstartable

@@ -151,3 +151,15 @@ def test_an_engine_that_fails_ends_the_run_in_one_line_naming_it(marks, demo_ass
     # the failure may reach the driver before or after it saved step 2 (round 1 is generated meanwhile)
     assert line.endswith(f"-mnt; the run stopped. {resume_hint(str(run_dir))}"), line
     assert "\n" not in line and ", in broken" in log.read_text()
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_an_engine_that_cannot_start_ends_the_run_in_one_line_before_training(marks, demo_assets, tmp_path):
+    """The actor stays up (its constructor keeps the failure): the driver's first call to it raises the line."""
+    error, _, run_dir, _ = stopped_run(demo_assets, tmp_path, "engine-wont-start")
+    line = str(error)
+    assert line.startswith("inferencer 0's engine (transformers) failed to start: RuntimeError: the engine could not "
+                           f"allocate its cache (traceback: {run_dir / 'engine_error_inferencer_0.log'})"), line
+    assert "\n" not in line and line.endswith("No complete checkpoint under "
+                                               f"{run_dir} yet: start again (-si N saves one every N steps).")

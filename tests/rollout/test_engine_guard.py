@@ -42,3 +42,24 @@ def test_a_failing_engine_raises_its_line_and_keeps_the_traceback(demo_assets, t
     monkeypatch.setattr(engine, "load_weights", lambda named: (_ for _ in ()).throw(KeyError("lm_head.weight")))
     with pytest.raises(EngineFailed, match=r"failed loading new weights: KeyError: 'lm_head.weight'"):
         guarded.load_weights([])
+
+
+def refuses_to_start(config, rank, placement):  # the injected fault: an engine that cannot start
+    raise ValueError("User-specified max_model_len (2300) is greater than the derived max_model_len (2048)")
+
+
+def test_an_engine_that_cannot_start_is_its_line(tmp_path):
+    from types import SimpleNamespace
+
+    from coati.registry.backends import BackendSpec
+    from coati.rollout.engine_guard import build_engine
+
+    spec = BackendSpec("vllm", build=f"{__name__}:refuses_to_start", failure_hint="Lower -mpt or -mnt.")
+    config = SimpleNamespace(run=SimpleNamespace(run_dir=str(tmp_path / "run")))
+    with pytest.raises(EngineFailed) as failed:
+        build_engine(spec, config, 0, None, "the evaluator")
+    log = tmp_path / "run" / "engine_error_the_evaluator.log"
+    assert str(failed.value) == ("the evaluator's engine (vllm) failed to start: ValueError: User-specified "
+                                 "max_model_len (2300) is greater than the derived max_model_len (2048) (traceback: "
+                                 f"{log}). Lower -mpt or -mnt")
+    assert "refuses_to_start" in log.read_text()
