@@ -14,8 +14,8 @@ The cost model counts token positions a step's forward computes, plus a fixed co
   it is taken inversely proportional to the parameters: ~31,000 for the 0.5M-parameter demo models, whose steps
   are overhead-bound, ~2 for a 7B model;
 - a packed row carries no padding (7.5% of a length-sorted padded step's tokens); under dense attention
-  (sdpa/eager) it attends over the whole row and runs smaller matmuls: the packed step took 1.29x the padded
-  token-budget step's time (25.61 s against 19.99 s);
+  (sdpa/eager) a row is bounded (``packed_row_tokens``: 512 tokens) and attends over its whole width: with a budget
+  above that bound the packed step took 1.29x the padded token-budget step's time (25.61 s against 19.99 s);
 - shared prompts compute each group's prompt once and its samples' responses on its KV cache, in at least two
   passes (the prompts, then the responses).
 """
@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from coati.config.batch_defaults import VARLEN_ATTENTION, packed_row_tokens
+from coati.config.batch_defaults import packed_row_tokens
 
 PASS_TOKENS = 128  # a forward pass's fixed cost in token positions, for a model of REFERENCE_PARAMETERS
 REFERENCE_PARAMETERS = 135_000_000  # SmolLM2-135M, the model PASS_TOKENS was measured with
@@ -51,10 +51,6 @@ class Situation:
     prompt: int = 64  # tokens of a prompt, at most (-mpt)
     response: int = 32  # tokens of a response, at most (-mnt)
 
-    @property
-    def varlen(self) -> bool:
-        return self.attention in VARLEN_ATTENTION
-
 
 def pass_tokens(s: Situation) -> float:
     """A forward pass's fixed cost in token positions for a model of ``s.parameters``."""
@@ -78,10 +74,12 @@ def rows_cost(s: Situation) -> float:
 
 
 def packed_cost(s: Situation) -> float:
-    """The real tokens only, in rows of ``packed_row_tokens``; slower by ``DENSE_PACKED`` under dense attention."""
+    """The real tokens only, in rows of ``packed_row_tokens``; slower by ``DENSE_PACKED`` where dense attention
+    bounds a packed row below the budget (smaller matmuls, attention over the whole row)."""
     tokens = s.groups * s.samples * (s.prompt + s.response) * (1 - PADDING_SHARE)
-    cost = tokens + _passes(tokens, packed_row_tokens(s.attention, s.budget)) * pass_tokens(s)
-    return cost if s.varlen else cost * DENSE_PACKED
+    row = packed_row_tokens(s.attention, s.budget)
+    cost = tokens + _passes(tokens, row) * pass_tokens(s)
+    return cost if row == s.budget else cost * DENSE_PACKED
 
 
 def shared_cost(s: Situation) -> float:
@@ -104,7 +102,7 @@ def _packed_caveat(s: Situation) -> str:
 
 
 def _packed_dearer(s: Situation) -> str:
-    if not s.varlen:
+    if _packed_row(s) < s.budget:
         return (f"not packed: {s.attention} attention spans a whole packed row, which made a step slower than "
                 "padded rows (--packing on packs anyway)")
     return "not packed: it computes more than the layout chosen"
