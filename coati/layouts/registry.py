@@ -109,7 +109,7 @@ def _packed_dearer(s: Situation) -> str:
 
 
 def _shared_dearer(s: Situation) -> str:
-    return (f"not shared: a forward pass of this {s.parameters / 1e6:.1f}M-parameter model costs about "
+    return (f"not shared: a forward pass of a model of {s.parameters:,} parameters costs about "
             f"{pass_tokens(s):,.0f} token positions, more than running each prompt once saves "
             "(--shared-prompts on shares anyway)")
 

@@ -23,14 +23,14 @@ Exact = Callable[[str], str]  # a layout's name -> "" where the model gives the 
 
 @dataclass(frozen=True)
 class Choice:
-    """The layout a run trains with, its micro-batch size and what the start line adds."""
-    name: str
+    """The layout a run trains with (its row), its micro-batch size and what the start line adds."""
+    spec: LayoutSpec
     size: int
     why: str = ""
 
     @property
-    def spec(self) -> LayoutSpec:
-        return LAYOUTS[self.name]
+    def name(self) -> str:
+        return self.spec.name
 
     def line(self) -> str:
         """The trainer's one line on it, at the start of a run (and in --dry-run)."""
@@ -90,7 +90,7 @@ def choose_layout(s: Situation, exact: Exact = lambda name: "") -> Choice:
             raise ValueError(f"{spec.option} on: {note}; use {spec.option} auto or off")
     if forced:
         best = min(forced, key=lambda spec: spec.cost(s))
-        return Choice(best.name, best.size(s), best.caveat(s))
+        return Choice(best, best.size(s), best.caveat(s))
     candidates = _candidates(s)
     notes = []
     for index, spec in enumerate(candidates):
@@ -105,7 +105,7 @@ def choose_layout(s: Situation, exact: Exact = lambda name: "") -> Choice:
         dearer = [] if spec.flag else [other.dearer(s) for other in candidates[index + 1:]
                                        if other.flag and not unserved(other, s)]
         why = "; ".join(part for part in [spec.caveat(s), *notes, *dearer] if part)
-        return Choice(spec.name, spec.size(s), why)
+        return Choice(spec, spec.size(s), why)
     raise ValueError("no micro-batch layout serves this run (every registered one was refused)")
 
 

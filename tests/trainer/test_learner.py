@@ -152,3 +152,36 @@ def test_the_rule_weighs_a_forward_pass_against_the_tokens_it_saves():
     assert layouts_to_check(situation(sharing="auto", attention="flash_attention_2")) == ("shared", "packed")
     second = choose_layout(situation(sharing="auto", attention="flash_attention_2"), checks(shared="differs"))
     assert (second.name, second.why) == ("packed", "differs")
+
+
+def test_a_new_layout_is_one_file_and_one_row(tiny_dir, monkeypatch):
+    """A new micro-batch layout is one file (tests/layouts/one_row.py) and one registry row: the rule weighs it,
+    the trainer checks the model for it and trains through it, with the padded step's loss, gradient norm and
+    weights."""
+    from coati.layouts.registry import LAYOUTS, LayoutSpec, register_layout
+    from tests.layouts.one_row import OneRowLayout
+
+    padded, _, _ = build(tiny_dir, monkeypatch, [1, 2, 3, 0], 1, "-lr", "1e-2")
+    assert "padded tokens each" in padded.micro_batching_line()
+    want = padded.step()
+    want_weights = padded.full_state()
+
+    # the registration: its code, its start line, what it needs (nothing beyond ragged micro-batches and a model
+    # that passes its check) and its cost (here: the cheapest, so the rule chooses it)
+    register_layout(LayoutSpec(
+        "one_row", "tests.layouts.one_row:OneRowLayout", "at most {size} padded tokens each, each row run alone",
+        cost=lambda situation: 0.0, checked=True, inexact="the model's rows differ alone"))
+    try:
+        consumer, _, _ = build(tiny_dir, monkeypatch, [1, 2, 3, 0], 1, "-lr", "1e-2")
+    finally:
+        del LAYOUTS["one_row"]  # the other tests' rule sees the project's rows only
+    assert consumer.layout_checks[0] == "one_row" and consumer.roles["actor"].layout_checks["one_row"]
+    assert consumer.micro_batching_line().startswith(
+        f"trainer micro-batches: at most {consumer.learner.layout_choice.size} padded tokens each, each row run alone")
+    before = OneRowLayout.forwards
+    got = consumer.step()
+    assert OneRowLayout.forwards - before == got["samples"]  # every sample of the step ran alone
+    for name in ("loss", "grad_norm", "entropy"):
+        assert got[name] == pytest.approx(want[name], rel=1e-5, abs=1e-6), name
+    weights = consumer.full_state()
+    assert all(torch.allclose(tensor, want_weights[name], rtol=1e-5, atol=1e-6) for name, tensor in weights.items())
