@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from coati.config.batch_defaults import packed_row_tokens
+from coati.utils.user_parts import note_row
 
 PASS_TOKENS = 128  # a forward pass's fixed cost in token positions, for a model of REFERENCE_PARAMETERS
 REFERENCE_PARAMETERS = 135_000_000  # SmolLM2-135M, the model PASS_TOKENS was measured with
@@ -151,8 +152,11 @@ LAYOUTS: dict[str, LayoutSpec] = {}
 
 
 def register_layout(spec: LayoutSpec) -> LayoutSpec:
-    """Add a layout's row (a new one, or one replacing a row of the same name); the rule weighs it from then on."""
+    """Add a layout's row (a new one, or one replacing a row of the same name); the rule weighs it from then on. A
+    row a user's script registers travels to the trainer ranks with the run's config (coati/utils/user_parts.py;
+    its ``build`` module must import there: a ``--plugins`` file registers it in every process)."""
     LAYOUTS[spec.name] = spec
+    note_row(f"{__name__}:LAYOUTS", "micro-batch layout", spec.name, spec, code=spec.cost)
     return spec
 
 
