@@ -49,12 +49,13 @@ class TrainedModel:
               check_layouts: tuple[str, ...] = ()) -> "TrainedModel":
         """Lay ``model`` out as the group's ``parallel`` config says, on the group's ``mesh`` (collective: every
         rank builds it), with ``optim``'s weight decay and gradient checkpointing; with ``lora`` enabled only
-        its adapters (and ``trained_modules``, e.g. a critic's fresh head) train. ``check_layouts`` names the micro-batch
-        layouts to check the model for first, on the whole model (``Layout.exact``)."""
+        its adapters (and ``trained_modules``, e.g. a critic's fresh head) train. ``check_layouts`` names the
+        micro-batch layouts to check the model for first, on the whole model (``Layout.exact``)."""
+        parameters = sum(p.numel() for p in model.parameters())  # before adapters, as the rule counted them
         if lora.enabled:
             model = add_adapters(model, lora, trained_modules)
         checks = check_model(model, check_layouts)
-        attention, parameters = attention_of(model), sum(p.numel() for p in model.parameters())
+        attention = attention_of(model)
         plugin = make_plugin(parallel.plugin_name, parallel.tensor_parallel_size, parallel.pipeline_parallel_size,
                              parallel.zero_stage, parallel.precision, world_size=parallel.num_trainers,
                              model_config=model_config if model_config is not None else getattr(model, "config", None),
