@@ -9,10 +9,10 @@ of coati/trainer/objective.py through the single-process plugin, then the optimi
 - ``budget``: micro-batches by token budget (-tmbs x (-mpt + -mnt) = 16 x 96 padded tokens), longest rows first,
   each cut to its own longest row, the LM head only from the first response position (``logits_to_keep``);
 - ``packed``: micro-batches of real tokens, each one packed row without padding (``--packing on``:
-  coati/plugins/packing.py; at most 512 tokens a row under sdpa), the LM head only at the positions the loss
+  coati/layouts/packed.py; at most 512 tokens a row under sdpa), the LM head only at the positions the loss
   reads;
 - ``shared``: the token budget with each group's prompt run once for its samples (``--shared-prompts``:
-  coati/plugins/shared_prompts.py), whole groups a micro-batch, the responses in chunks of like length;
+  coati/layouts/shared.py), whole groups a micro-batch, the responses in chunks of like length;
 - ``shared-1pass``: the same with all of a micro-batch's responses in one pass, as wide as the longest
   (``shared-N``: chunks chosen with a pass counted as N tokens);
 - ``budget-bf16``: the token budget under bf16 autocast (``--precision bf16``; fp32 master weights).
@@ -82,25 +82,26 @@ def step_batch(tokenizer, seed: int = 0):
 
 
 def micro_batches(batch, variant: str, attention: str | None):
-    from coati.algorithm.batch import split_micro_batches, token_budget_micro_batches, with_logits_window
-
+    from coati.algorithm.batch import split_micro_batches
     from coati.config.batch_defaults import packed_row_tokens
+    from coati.layouts.packed import PackedLayout
+    from coati.layouts.padded import PaddedLayout
+    from coati.layouts.shared import SharedPromptsLayout
 
     if variant == "padded":
         return split_micro_batches(batch, MICRO_ROWS)
     if variant.startswith("shared"):
-        return [with_logits_window(m) for m in token_budget_micro_batches(batch, MICRO_ROWS * MAX_TOKENS, shared=True)]
+        return SharedPromptsLayout(MICRO_ROWS * MAX_TOKENS).cut(batch)
     if variant == "packed":
-        budget = packed_row_tokens(attention, MICRO_ROWS * MAX_TOKENS)
-        return [with_logits_window(m) for m in token_budget_micro_batches(batch, budget, packed=True)]
-    return [with_logits_window(m) for m in token_budget_micro_batches(batch, MICRO_ROWS * MAX_TOKENS)]
+        return PackedLayout(packed_row_tokens(attention, MICRO_ROWS * MAX_TOKENS)).cut(batch)
+    return PaddedLayout(MICRO_ROWS * MAX_TOKENS).cut(batch)
 
 
 def shared_tokens(micro, pass_tokens: int) -> int:
     """Tokens a shared-prompt micro-batch's passes compute: distinct prompts x the longest, then each response
     chunk's rows x its longest response."""
     from coati.algorithm.batch import row_lengths
-    from coati.plugins.shared_prompts import response_chunks
+    from coati.layouts.shared import response_chunks
 
     prompts = micro["prompt_length"]
     responses = (row_lengths(micro) - prompts).tolist()
@@ -154,7 +155,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from coati.plugins import shared_prompts
+    from coati.layouts import shared as shared_prompts
     from coati.plugins.dist import trainer_device
     from coati.plugins.torch_single import SingleProcessPlugin
     from coati.parallel.dims import ParallelDims

@@ -1,17 +1,14 @@
-"""The tensors of a training batch: groups collated to padded rows, split into micro-batches, and the token
-logprobs every loss reads off the logits. Pure: no I/O, no Ray.
+"""The tensors of a training batch: groups collated to padded rows, rows taken and cut to their widest, and the
+token logprobs every loss reads off the logits. Pure: no I/O, no Ray.
 
-Micro-batches by token budget (``token_budget_micro_batches``): a batch's rows sorted longest first and packed
-into micro-batches whose padded size (rows x their widest row) stays within a budget, each cut to its own widest
-row. A micro-batch's per-position tensors ([B, L-1], aligned with ``logits[:, :-1]``) and per-token ones ([B, L])
-are cut alike; trailing padding changes no earlier logit (causal attention), and the losses take the normaliser of
-the whole batch, so the micro-batches' losses add up to the batch's whatever the grouping.
+Per-position tensors ([B, L-1], aligned with ``logits[:, :-1]``) and per-token ones ([B, L]) are cut alike
+(``take_rows``); how a minibatch becomes micro-batches is its layout's (coati/layouts/).
 
 Logits only where a loss reads them (``logits_window``): a micro-batch's logits are needed from its first response
 position on, so a model that can (HF's ``logits_to_keep``) runs its LM head on the last ``logits_window`` positions
 only; ``window_token_logprobs`` reads either width and returns [B, L-1] with zeros before the window (positions
 every loss masks out). A forward that computes the scored positions alone (``scored_positions``: where the action
-mask is set) gives them as [T, V]; ``logits_token_logprobs`` reads all three layouts.
+mask is set) gives them as [T, V]: ``scored_token_logprobs``.
 
 ``collate`` reads a group by what it carries (``ResponseGroup``: the producers' ``RolloutGroup`` is one), so
 this floor needs nothing from the rooms above it.
@@ -23,9 +20,6 @@ from typing import Protocol
 
 import torch
 
-from coati.plugins.base import LOGITS_TO_KEEP
-from coati.plugins.packing import PACK_ROWS
-from coati.plugins.shared_prompts import SHARED_PROMPTS
 
 
 class ResponseGroup(Protocol):
@@ -121,7 +115,7 @@ def window_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, tempera
 
 def scored_positions(action_mask: torch.Tensor) -> torch.Tensor:
     """Flat indices into [B, L-1] of the positions a loss reads (``action_mask`` != 0), row by row: a forward that
-    computes logits there only (coati.plugins.shared_prompts) returns them as [T, V] rows in this order."""
+    computes logits there only (coati.layouts.shared) returns them as [T, V] rows in this order."""
     return action_mask.ne(0).flatten().nonzero().squeeze(1)
 
 
@@ -141,26 +135,6 @@ def scored_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, action_
     return at_scored_positions(target_logprobs(logits, targets, temperature), action_mask)
 
 
-def logits_token_logprobs(logits: torch.Tensor, micro_batch: dict[str, torch.Tensor],
-                          temperature: float = 1.0) -> torch.Tensor:
-    """[B, L-1] token logprobs of a micro-batch from whatever logits its forward gave: every position or a window
-    of the last ones ([B, k, V]: ``window_token_logprobs``), or the scored positions only ([T, V])."""
-    if logits.dim() == 2:
-        return scored_token_logprobs(logits, micro_batch["input_ids"], micro_batch["action_mask"], temperature)
-    return window_token_logprobs(logits, micro_batch["input_ids"], temperature)
-
-
-def logits_token_entropy(logits: torch.Tensor, micro_batch: dict[str, torch.Tensor],
-                         temperature: float = 1.0) -> torch.Tensor:
-    """[B, L-1] next-token entropy (no gradient: a metric) from the same layouts as ``logits_token_logprobs``."""
-    from coati.algorithm.loss import token_entropy
-
-    entropy = token_entropy(logits, temperature)
-    if logits.dim() == 2:
-        return at_scored_positions(entropy, micro_batch["action_mask"])
-    return left_pad_positions(entropy, micro_batch["input_ids"].shape[1] - 1)
-
-
 def logits_window(micro_batch: dict[str, torch.Tensor]) -> int | None:
     """Trailing positions whose logits a loss reads: from the micro-batch's first response position to the end
     (``logits_to_keep``); None for a micro-batch without an ``action_mask`` (the logits of every position)."""
@@ -170,16 +144,6 @@ def logits_window(micro_batch: dict[str, torch.Tensor]) -> int | None:
     used = mask.ne(0).any(dim=0).nonzero()
     first = int(used[0]) if len(used) else mask.shape[1] - 1
     return micro_batch["input_ids"].shape[1] - first  # logits at positions first .. L-1; the last predicts nothing
-
-
-def with_logits_window(micro_batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``micro_batch`` naming, under ``logits_to_keep`` (coati.plugins.base.LOGITS_TO_KEEP, [B]), the trailing
-    positions whose logits its loss reads (``logits_window``); unchanged without an action mask."""
-    keep = logits_window(micro_batch)
-    if keep is None:
-        return micro_batch
-    rows = micro_batch["input_ids"].shape[0]
-    return {**micro_batch, LOGITS_TO_KEEP: torch.full((rows,), keep, dtype=torch.long)}
 
 
 def row_lengths(batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -205,116 +169,7 @@ def take_rows(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, t
     return out
 
 
-
 def row_micro_batches(batch: dict[str, torch.Tensor], size: int) -> list[dict[str, torch.Tensor]]:
     """Consecutive slices of ``size`` rows of ``batch``, each cut to its own widest row (``take_rows``): what
     collating each slice's rows alone gives."""
     return [take_rows(batch, rows) for rows in torch.arange(batch["input_ids"].shape[0]).split(size)]
-
-
-def _greedy_runs(lengths: list[int], budget: int, packed: bool = False) -> list[tuple[int, int]]:
-    """Consecutive runs [start, end) of rows sorted longest first within ``budget``: padded, rows x the run's first
-    (widest) row; ``packed``, the rows' summed lengths. A row longer than the budget goes alone."""
-    runs, start = [], 0
-    while start < len(lengths):
-        end, tokens = start + 1, lengths[start]
-        while end < len(lengths) and ((tokens + lengths[end]) if packed else (end + 1 - start) * lengths[start]) <= budget:
-            tokens, end = tokens + lengths[end], end + 1
-        runs.append((start, end))
-        start = end
-    return runs
-
-
-def _shared_runs(prompts: list[int], responses: list[int], groups: list[int], budget: int) -> list[tuple[int, int]]:
-    """Consecutive runs [start, end) of rows in shared-prompt order (each group's rows together) within ``budget``
-    tokens of the two passes: distinct prompts x the longest prompt, plus rows x the longest response. Whole groups
-    while they fit; a group over the budget alone is cut by rows (a row over it goes alone)."""
-
-    def cost(start: int, end: int) -> int:
-        return (len(set(groups[start:end])) * max(prompts[start:end])
-                + (end - start) * max(responses[start:end]))
-
-    spans, start = [], 0
-    for row in range(1, len(groups) + 1):
-        if row == len(groups) or groups[row] != groups[start]:
-            spans.append((start, row))
-            start = row
-    runs, current = [], None
-    for first, last in spans:
-        if current is not None and cost(current[0], last) <= budget:
-            current = (current[0], last)
-            continue
-        if current is not None:
-            runs.append(current)
-        current = None
-        if cost(first, last) <= budget:
-            current = (first, last)
-            continue
-        row = first
-        while row < last:  # the group alone is over the budget: by rows
-            end = row + 1
-            while end < last and cost(row, end + 1) <= budget:
-                end += 1
-            runs.append((row, end))
-            row = end
-    if current is not None:
-        runs.append(current)
-    return runs
-
-
-def budget_order(batch: dict[str, torch.Tensor], shared: bool = False) -> torch.Tensor:
-    """The batch's row indices longest first (ties in row order): the order token-budget micro-batches take; with
-    ``shared``, whole groups (``prompt_group``) longest first, each group's rows longest first."""
-    lengths = row_lengths(batch).tolist()
-    if not shared:
-        return torch.tensor(sorted(range(len(lengths)), key=lambda row: (-lengths[row], row)), dtype=torch.long)
-    groups = batch["prompt_group"].tolist()
-    longest: dict[int, int] = {}
-    for row, group in enumerate(groups):
-        longest[group] = max(longest.get(group, 0), lengths[row])
-    return torch.tensor(sorted(range(len(lengths)), key=lambda row: (-longest[groups[row]], groups[row],
-                                                                      -lengths[row], row)), dtype=torch.long)
-
-
-def _runs(batch: dict[str, torch.Tensor], order: torch.Tensor, budget: int, packed: bool, shared: bool):
-    lengths = row_lengths(batch)[order]
-    if not shared:
-        return _greedy_runs(lengths.tolist(), budget, packed)
-    prompts = batch["prompt_length"][order]
-    return _shared_runs(prompts.tolist(), (lengths - prompts).tolist(), batch["prompt_group"][order].tolist(), budget)
-
-
-def micro_batch_count(batch: dict[str, torch.Tensor], budget: int, packed: bool = False,
-                      shared: bool = False) -> int:
-    """How many micro-batches ``token_budget_micro_batches`` makes of ``batch`` at most ``budget`` tokens each."""
-    return len(_runs(batch, budget_order(batch, shared), budget, packed, shared))
-
-
-def token_budget_micro_batches(batch: dict[str, torch.Tensor], budget: int, count: int | None = None,
-                               packed: bool = False, shared: bool = False) -> list[dict[str, torch.Tensor]]:
-    """Micro-batches of ``batch`` of at most ``budget`` tokens each, rows longest first, each cut to its widest row
-    (``take_rows``); a row longer than the budget goes alone. Tokens are padded ones (rows x widest row), or with
-    ``packed`` real ones: each micro-batch then names ``PACK_ROWS``, its forward running its rows as one packed
-    row (coati.plugins.packing); or with ``shared`` those of a shared-prompt forward's two passes, whole groups
-    kept together: each micro-batch names ``SHARED_PROMPTS`` (coati.plugins.shared_prompts).
-
-    ``count`` (>= the count the budget gives, <= the rows): exactly that many, the runs with the most rows split in
-    half until there are; data-parallel ranks must make the same number of forward/backward calls.
-    """
-    order = budget_order(batch, shared)
-    runs = _runs(batch, order, budget, packed, shared)
-    if count is not None:
-        if not len(runs) <= count <= len(order):
-            raise ValueError(f"{count} micro-batches of {len(order)} rows: the budget of {budget} tokens needs "
-                             f"{len(runs)}")
-        while len(runs) < count:
-            index = max(range(len(runs)), key=lambda i: (runs[i][1] - runs[i][0], -i))
-            start, end = runs[index]
-            middle = start + (end - start + 1) // 2
-            runs[index : index + 1] = [(start, middle), (middle, end)]
-    micro_batches = [take_rows(batch, order[start:end]) for start, end in runs]
-    key = PACK_ROWS if packed else SHARED_PROMPTS if shared else None
-    if key:
-        micro_batches = [{**micro, key: torch.ones(micro["input_ids"].shape[0], dtype=torch.long)}
-                         for micro in micro_batches]
-    return micro_batches

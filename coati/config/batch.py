@@ -25,15 +25,18 @@ class BatchConfig:
                                              "micro-batch the memory plan sized", "-tmbt")
     packing: str = option("auto", "-tmbt micro-batches run their samples packed into one row without padding "
                                   "(position ids restarting, attention kept within each sample): auto: where the "
-                                  "plugin runs the model's own forward and the model keeps packed samples apart (checked "
-                                  "before training; else padded, said once); on: the same, refused where it cannot; "
-                                  "off: padded rows", choices=("auto", "on", "off"))
-    shared_prompts: str = option("off", "a group's samples run its prompt through the trainer once, not once per "
-                                        "sample (the responses on the prompt's KV cache, whole groups a micro-batch; "
-                                        "-tmbt counts both passes' tokens): auto: where the plugin allows it (the "
-                                        "single-process plugin, without --gradient-checkpointing) and the model gives "
-                                        "the padded logits (checked before training); on: refused elsewhere; off "
-                                        "(the default, --demo smollm2's is auto)", choices=("auto", "on", "off"))
+                                  "plugin runs the model's own forward, the model keeps packed samples apart (checked "
+                                  "before training) and the layout rule finds it the fastest (coati/layouts/rule.py: "
+                                  "under FlashAttention); on: packed, refused where it cannot; off: never",
+                            choices=("auto", "on", "off"))
+    shared_prompts: str = option("auto", "a group's samples run its prompt through the trainer once, not once per "
+                                         "sample (the responses on the prompt's KV cache, whole groups a micro-batch; "
+                                         "-tmbt counts both passes' tokens): auto (the default): where the plugin "
+                                         "allows it (the single-process plugin, without --gradient-checkpointing), "
+                                         "the model gives the padded logits (checked before training) and the layout "
+                                         "rule finds it the fastest (groups of several samples, a model whose forward "
+                                         "pass is not all overhead); on: refused elsewhere; off: never",
+                                 choices=("auto", "on", "off"))
     round_minibatches: bool = option(True, "each optimizer step of a round trains on a random part of the round's "
                                            "samples (advantages over whole groups first; rounds of several steps "
                                            "only); --no-round-minibatches: whole groups per step, in draw order")

@@ -27,7 +27,8 @@ from coati.cluster.memory import (
 from coati.cluster.placement import plan as placement_plan
 from coati.cluster.placement import shortfall
 from coati.cluster.schedule import node_thread_budgets
-from coati.config.batch_defaults import DENSE_ROW_TOKENS, micro_batch_tokens
+from coati.config.batch_defaults import micro_batch_tokens
+from coati.layouts.rule import choose_layout, situation_of
 from coati.utils.machine import usable_cores
 
 GPU_USABLE = 0.95  # of a GPU's memory the trainer may fill (the CUDA context and the allocator's slack take the rest)
@@ -256,26 +257,18 @@ def micro_batch_rows(config) -> int:
     return max(1, -(-b.train_microbatch_tokens // seq))
 
 
-def _packing(config) -> str:
-    """What --shared-prompts and --packing make of the micro-batches (the trainer's start line says what it found
-    in the model)."""
-    packing, p = config.batch.packing, config.parallel
-    padded = "padded: rows longest first, as many as fit with their longest"
-    if p.pipeline_parallel_size > 1:
-        return "-tmbs / -pp rows each (pipeline stages split a batch evenly)"
-    b = config.batch
-    if b.shared_prompts != "off" and p.plugin_spec.shares_prompts and not config.algo.optim.gradient_checkpointing:
-        return ("shared prompts: whole groups a micro-batch, each group's prompt run once for its samples (both "
-                "passes' tokens within the budget), where the model gives the padded logits (checked as training "
-                "starts; " + ("refused" if b.shared_prompts == "on" else "else " + padded.split(":")[0]) + ")")
-    if packing == "off" or not p.plugin_spec.packs_rows:
-        return padded + (f" ({p.plugin_name} runs a forward of its own)" if packing != "off" else "")
-    if packing == "auto":
-        return padded + ("; packed into one row without padding each where the model attends with FlashAttention "
-                         "(under sdpa/eager a packed step was slower)")
-    return (f"packed: one row without padding each, of at most {DENSE_ROW_TOKENS} real tokens under sdpa/eager "
-            "attention (the whole budget under FlashAttention); refused as training starts where the model does not "
-            "keep packed samples apart")
+def layout_text(config, shape: ModelShape) -> str:
+    """The micro-batch layout the rule (coati/layouts/rule.py) chooses for this run and a model of ``shape``'s
+    size under sdpa attention, as the trainer's start line says it; a layout that is exact only for a model that
+    passes its check says so (the trainer checks as it starts)."""
+    situation = situation_of(config, "sdpa", shape.params)
+    choice = choose_layout(situation)
+    text = choice.line()
+    if not choice.spec.checked:
+        return text
+    forced = situation.flags.get(choice.spec.flag) == "on"
+    return text + ("; the model is checked as training starts (" + ("refused" if forced else "else the next cheapest")
+                   + " where it does not give the padded step's numbers so)")
 
 
 def generation_line(config, unit: str) -> str:
@@ -305,9 +298,10 @@ def render(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: lis
              (f"activations: micro-batches of {micro_batch_tokens(config)} tokens ("
               + ("-tmbt" if b.train_microbatch_tokens else f"-tmbs {b.train_microbatch_size} x -mpt + -mnt "
                  f"{config.data.max_prompt_tokens}+{config.sampling.max_new_tokens}")
-              + f"), planned as {micro_batch_rows(config)} rows of the longest sequence; " + _packing(config)
+              + f"), planned as {micro_batch_rows(config)} rows of the longest sequence"
               + ("; gradient checkpointing keeps each layer's input only" if config.algo.optim.gradient_checkpointing
                  else "")),
+             layout_text(config, shape),
              generation_line(config, unit),
              f"{'actor':<16} {'node':>4}  {'where':<14} {'thr':>3}  {'GiB':>6}  memory (GiB)"]
     for actor in actors:

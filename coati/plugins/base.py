@@ -29,8 +29,6 @@ from typing import Callable, Iterator
 import torch
 
 from coati.plugins.mesh import TrainerMesh
-from coati.plugins.packing import PACK_ROWS, packed_logits
-from coati.plugins.shared_prompts import SHARED_PROMPTS, shared_prompt_logits
 from coati.parallel.dims import ParallelDims
 
 MicroBatch = dict[str, torch.Tensor]
@@ -40,9 +38,10 @@ LossFn = Callable[[torch.Tensor, MicroBatch], tuple[torch.Tensor, dict[str, torc
 ForwardFn = Callable[[torch.Tensor, MicroBatch], object]
 
 
-# A micro-batch key set by the algorithm's batching ([B], every entry the same k): the loss reads the logits of the
-# last k positions only, so a model that can computes its LM head there alone (HF's ``logits_to_keep``).
-LOGITS_TO_KEEP = "logits_to_keep"
+# A micro-batch's layout (coati/layouts/), under this key: an object whose ``logits(model, micro_batch)`` is the
+# micro-batch's forward (padded with a logits window, packed, shared prompts...). A plugin that runs the model's own
+# forward runs it through ``causal_lm_logits``; pipeline stages take rows that name none.
+LAYOUT = "layout"
 
 
 def takes_logits_to_keep(model: torch.nn.Module) -> bool:
@@ -57,18 +56,12 @@ def takes_logits_to_keep(model: torch.nn.Module) -> bool:
 
 
 def causal_lm_logits(model: torch.nn.Module, micro_batch: MicroBatch) -> torch.Tensor:
-    """The logits of a micro-batch: of its last ``LOGITS_TO_KEEP`` positions where it names them and the model
-    can, else of every position; computed from its rows packed into one where it names ``PACK_ROWS``
-    (coati.plugins.packing); with each distinct prompt run once where it names ``SHARED_PROMPTS``
-    (coati.plugins.shared_prompts), at the positions its loss reads only ([T, V]). A loss reads every layout
-    through coati.algorithm.batch.logits_token_logprobs."""
-    keep = micro_batch.get(LOGITS_TO_KEEP)
-    if PACK_ROWS in micro_batch:
-        return packed_logits(model, micro_batch, None if keep is None else int(keep[0]), takes_logits_to_keep(model))
-    if SHARED_PROMPTS in micro_batch:  # [T, V]: the scored positions only
-        return shared_prompt_logits(model, micro_batch)
-    kwargs = {"logits_to_keep": int(keep[0])} if keep is not None and takes_logits_to_keep(model) else {}
-    return model(input_ids=micro_batch["input_ids"], attention_mask=micro_batch["attention_mask"], **kwargs).logits
+    """The logits of a micro-batch: through the layout it names (``LAYOUT``: the layout's forward, whose logits
+    the same layout reads into logprobs), else the model's forward on its padded rows."""
+    layout = micro_batch.get(LAYOUT)
+    if layout is not None:
+        return layout.logits(model, micro_batch)
+    return model(input_ids=micro_batch["input_ids"], attention_mask=micro_batch["attention_mask"]).logits
 
 
 class TrainerPlugin(ABC):

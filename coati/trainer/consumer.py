@@ -35,9 +35,9 @@ from coati.plugins.dist import all_reduce_stats
 from coati.rollout.rollout_log import rollout_log_due, rollout_records
 from coati.trainer.critic_algorithm import CriticAlgorithm
 from coati.trainer.group_algorithm import GroupAlgorithm
-from coati.trainer.learner import Learner, packing_checked
+from coati.trainer.learner import Learner, layout_checks
 from coati.trainer.rank import TrainerRank
-from coati.trainer.roles import ACTOR, TrainedModel, attention_of
+from coati.trainer.roles import ACTOR, TrainedModel
 from coati.trainer.rollout_feed import RolloutFeed
 from coati.trainer.step_algorithm import StepAlgorithm, StepContext
 from coati.trainer.train_state import TrainState
@@ -62,6 +62,7 @@ class Consumer(TrainerRank):
         self.weights: WeightPublisher | None = None
         self.feed: RolloutFeed | None = None
         self.learner: Learner | None = None
+        self.layout_checks: tuple[str, ...] = ()  # the layouts every role's model is checked for (layout_checks)
 
     def setup(self, master_address: str | None = None, master_port: int | None = None) -> None:
         """Join the trainer group (every rank at once), build the plugin and the policy, the algorithm, then the
@@ -80,11 +81,8 @@ class Consumer(TrainerRank):
                                                      **load_options(model_config))
         # the policy's loss function is the algorithm's objective, built below once this plugin exists (a LoRA
         # policy's plugin also serves the objective's reference)
-        self.roles[ACTOR] = TrainedModel.build(ACTOR, p, model, config.algo.learning_rate, None, model_config,
-                                               mesh=self.mesh, optim=config.algo.optim, lora=config.model.lora,
-                                               probe_packing=packing_checked(config, attention_of(model)),
-                                               probe_sharing=config.batch.shared_prompts != "off")
-        self.plugin = self.roles[ACTOR].plugin
+        self.layout_checks = layout_checks(config, model)
+        self.plugin = self.add_role(ACTOR, model, config.algo.learning_rate, None, model_config=model_config).plugin
         if config.algo.learner_chunk_size > 0 and self.plugin.is_weight_sender:
             from coati.trainer.own_rounds import LearnerRounds
 
@@ -110,8 +108,9 @@ class Consumer(TrainerRank):
         self.learner = Learner.for_run(config, self.state, self.roles, self.algorithm, context)
 
     def micro_batching_line(self) -> str:
-        """How this rank cuts its minibatches into micro-batches (packed or padded, and why), for the run's log."""
-        return self.learner.micro_batching.line()
+        """How this rank cuts its minibatches into micro-batches (the layout the rule chose, and why), for the run's
+        log."""
+        return self.learner.layout_choice.line()
 
     def learner_info(self) -> dict | None:
         """This rank's own generator's shard (prompts, rounds per episode): the learner-side generator on the rank
@@ -121,14 +120,14 @@ class Consumer(TrainerRank):
         return self.colocated.info() if self.colocated is not None else None  # the trained module itself
 
     def add_role(self, name: str, model: torch.nn.Module, learning_rate: float, loss_fn,
-                 trained_modules: tuple[str, ...] = ()) -> TrainedModel:
+                 trained_modules: tuple[str, ...] = (), model_config=None) -> TrainedModel:
         """Train ``model`` beside the policy, on the same ranks and layout (collective: every rank adds it); with
-        LoRA, adapters on it too, and ``trained_modules`` (e.g. a fresh head) trained in full."""
-        self.roles[name] = TrainedModel.build(name, self.config.parallel, model, learning_rate, loss_fn, mesh=self.mesh,
-                                              optim=self.config.algo.optim, lora=self.config.model.lora,
-                                              trained_modules=trained_modules,
-                                              probe_packing=packing_checked(self.config, attention_of(model)),
-                                              probe_sharing=self.config.batch.shared_prompts != "off")
+        LoRA, adapters on it too, and ``trained_modules`` (e.g. a fresh head) trained in full. Its model is checked
+        for the policy's candidate micro-batch layouts (``layout_checks``)."""
+        self.roles[name] = TrainedModel.build(name, self.config.parallel, model, learning_rate, loss_fn, model_config,
+                                              mesh=self.mesh, optim=self.config.algo.optim,
+                                              lora=self.config.model.lora, trained_modules=trained_modules,
+                                              check_layouts=self.layout_checks)
         return self.roles[name]
 
     def set_total_groups(self, total: int | None) -> None:

@@ -20,12 +20,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from coati.algorithm.batch import (micro_batch_count, split_micro_batches, token_budget_micro_batches,
-                                   with_logits_window)
-from coati.config.batch_defaults import micro_batch_tokens, packed_row_tokens
 from coati.config.optim import OptimConfig
+from coati.layouts.rule import Choice, choose_layout, exact_from, layouts_to_check, situation_of
 from coati.plugins.dist import agree_max
-from coati.trainer.roles import ACTOR, TrainedModel, grad_norm_name
+from coati.trainer.roles import ACTOR, TrainedModel, attention_of, grad_norm_name
 from coati.trainer.step_algorithm import StepAlgorithm, StepContext
 from coati.trainer.step_data import StepWork
 from coati.trainer.train_state import TrainState
@@ -52,15 +50,15 @@ class Learner:
         self.settings, self.state, self.roles, self.algorithm, self.context = settings, state, roles, algorithm, context
         self.split = split
         self.planned_steps: int | None = None  # the run's steps (the LR schedule's horizon); None: unknown
-        self.micro_batching: MicroBatching | None = None  # an RL run's (rollout_micro_batches)
+        self.layout_choice: Choice | None = None  # an RL run's micro-batch layout (rollout_micro_batches)
 
     @classmethod
     def for_run(cls, config, state: TrainState, roles: dict[str, TrainedModel], algorithm: StepAlgorithm,
                 context: StepContext) -> "Learner":
         """An RL run's learner: its settings and rollout micro-batches."""
-        split, micro_batching = rollout_micro_batches(config, roles)
+        split, choice = rollout_micro_batches(config, roles)
         learner = cls(LearnerSettings.of_run(config), state, roles, algorithm, context, split)
-        learner.micro_batching = micro_batching
+        learner.layout_choice = choice
         return learner
 
     def train_step(self, work: StepWork) -> dict:
@@ -117,90 +115,20 @@ class Learner:
         return totals, grad_norms
 
 
-@dataclass(frozen=True)
-class MicroBatching:
-    """How an RL rank cuts a minibatch into micro-batches: ``rows`` of ``size`` each (pipeline schedules), or by a
-    token budget of ``size`` tokens, ``padded`` (rows x their longest), ``packed`` (real tokens, one row each) or
-    ``shared`` (whole groups, each prompt run once: both passes' padded tokens)."""
-    kind: str
-    size: int
-    why: str = ""
-
-    def line(self) -> str:
-        """The trainer's one line on it, for the start of a run."""
-        what = {"rows": f"{self.size} rows each (-tmbs per pipeline stage)",
-                "padded": f"at most {self.size} padded tokens each, rows longest first",
-                "packed": f"at most {self.size} tokens each, the samples packed into one row without padding",
-                "shared": f"at most {self.size} tokens each, whole groups, each group's prompt run once for its "
-                          "samples (--shared-prompts)"}[self.kind]
-        return f"trainer micro-batches: {what}" + (f"; {self.why}" if self.why else "")
+def layout_checks(config, model) -> tuple[str, ...]:
+    """What ``TrainedModel.build`` checks every role's model for before its plugin lays it out: the layouts the rule
+    may ask about (``layouts_to_check``) for this run and its policy ``model``."""
+    parameters = sum(p.numel() for p in model.parameters())
+    return layouts_to_check(situation_of(config, attention_of(model), parameters))
 
 
-def choose_micro_batching(packing: str, ragged: bool, packs: bool, attention: str | None, budget: int,
-                          rows: int, model_note: str = "", sharing: str = "off", shares: bool = False,
-                          sharing_note: str = "") -> MicroBatching:
-    """The micro-batching of an RL run (pure): ``packing`` is --packing; ``ragged``, whether every role's plugin
-    takes micro-batches of any shape; ``packs``, whether every role's plugin and model pack (``TrainedModel``);
-    ``model_note``, why not; ``sharing``, ``shares`` and ``sharing_note`` the same of --shared-prompts, which goes
-    first (it saves the most: a group's prompt computed once, not G times). --packing/--shared-prompts on where
-    it cannot raises ValueError. ``auto`` packs under a
-    variable-length attention kernel only: under dense attention (sdpa/eager) a packed step was slower than the
-    padded one on a CPU (docs/results.md: its attention and its smaller matmuls cost more than the padding saved)."""
-    if not ragged:
-        return MicroBatching("rows", rows)
-    if sharing == "on" and not shares:
-        raise ValueError(f"--shared-prompts on: {sharing_note or 'this run cannot share prompts'}; use "
-                         "--shared-prompts auto or off")
-    if sharing != "off" and shares:
-        return MicroBatching("shared", budget)
-    if packing == "off":
-        return MicroBatching("padded", budget)
-    row = packed_row_tokens(attention, budget)
-    if packing == "auto" and row < budget:  # decided before any check of the model (packing_checked)
-        return MicroBatching("padded", budget, f"not packed: {attention} attention spans a whole packed row, which "
-                             "made a step slower than padded rows (--packing on packs anyway)")
-    if packing == "on" and not packs:
-        raise ValueError(f"--packing on: {model_note or 'this run cannot pack samples'}; use --packing auto or off")
-    if not packs:
-        return MicroBatching("padded", budget, model_note)
-    why = "" if row == budget else f"{attention} attention spans a whole packed row: at most {row} tokens a row"
-    return MicroBatching("packed", row, why)
-
-
-def packing_checked(config, attention: str | None) -> bool:
-    """Whether a model of ``attention`` is checked for packing before training (``packs_like_padding``, a forward
-    on two samples): only where ``choose_micro_batching`` may pack, --packing on or auto under a kernel that spans
-    a whole budget's row."""
-    packing, budget = config.batch.packing, micro_batch_tokens(config)
-    return packing == "on" or (packing == "auto" and packed_row_tokens(attention, budget) == budget)
-
-
-def rollout_micro_batches(config, roles: dict[str, TrainedModel]) -> tuple[Split, MicroBatching]:
-    """An RL rank's micro-batches of a minibatch (``choose_micro_batching``). Where every role's plugin takes
-    micro-batches of any shape: by token budget (``micro_batch_tokens``), longest rows first, each cut to its own
-    longest row (or packed) and naming the logits its loss reads; as many on every rank (collective: the largest
-    count). Else ``tmbs`` rows each (``tmbs // pp`` under pipeline stages, as ColossalChat's microbatch_size)."""
-    rows = max(1, config.batch.train_microbatch_size // config.parallel.pipeline_parallel_size)
+def rollout_micro_batches(config, roles: dict[str, TrainedModel]) -> tuple[Split, Choice]:
+    """An RL rank's micro-batches of a minibatch: the layout the rule chooses (coati/layouts/rule.py) for this
+    run's plugins and the policy model, where every role's model passed the layout's check; as many micro-batches
+    on every rank (collective: the largest count) where the layout's count varies."""
+    actor = roles[ACTOR]
     ragged = all(role.plugin.ragged_micro_batches for role in roles.values())
-    packs = all(role.packs_rows for role in roles.values())
-    note = "" if packs else (
-        "the model's attention crosses packed samples (a two-sample forward differed from the padded one)"
-        if config.parallel.plugin_spec.packs_rows else f"the {config.parallel.plugin_name} plugin runs a forward of its own")
-    shares = all(role.shares_prompts for role in roles.values())
-    sharing_note = "" if shares else (
-        "the model's logits differed when its prompts ran once (a KV-cache forward checked before training)"
-        if config.parallel.plugin_spec.shares_prompts and not config.algo.optim.gradient_checkpointing
-        else "it needs the single-process plugin without --gradient-checkpointing")
-    attention = roles[ACTOR].attention
-    choice = choose_micro_batching(config.batch.packing, ragged, packs, attention, micro_batch_tokens(config), rows,
-                                   note, config.batch.shared_prompts, shares, sharing_note)
-    if choice.kind == "rows":
-        return (lambda batch: split_micro_batches(batch, rows)), choice
-    packed, shared = choice.kind == "packed", choice.kind == "shared"
-
-    def by_tokens(batch: dict) -> list[dict]:
-        count = agree_max(micro_batch_count(batch, choice.size, packed, shared))
-        return [with_logits_window(micro)
-                for micro in token_budget_micro_batches(batch, choice.size, count, packed, shared)]
-
-    return by_tokens, choice
+    situation = situation_of(config, actor.attention, actor.parameters, ragged)
+    choice = choose_layout(situation, exact_from([role.layout_checks or {} for role in roles.values()]))
+    layout = choice.build()
+    return (lambda batch: layout.split(batch, agree_max)), choice

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import torch
 
-from coati.algorithm.batch import (logits_token_entropy, logits_token_logprobs, split_micro_batches,
-                                   with_logits_window)
+from coati.algorithm.batch import split_micro_batches
 from coati.algorithm.loss import aggregate, masked_max
 from coati.algorithm.policy_losses import LossInputs
 from coati.algorithm.registry import get_policy_loss
+from coati.layouts.base import layout_of
+from coati.layouts.padded import windowed
 from coati.plugins.base import causal_lm_logits
 from coati.plugins.dist import to_device
 
@@ -47,9 +48,9 @@ class FrozenReference:
         chunks = []
         device = next(self.model.parameters()).device
         for micro in split_micro_batches(batch, self.micro_batch_size):
-            micro = to_device(with_logits_window(micro), device)
+            micro = to_device(windowed(micro), device)
             logits = causal_lm_logits(self.model, micro)
-            chunks.append(logits_token_logprobs(logits, micro, self.temperature).cpu())
+            chunks.append(layout_of(micro).token_logprobs(logits, micro, self.temperature).cpu())
         return torch.cat(chunks)
 
 
@@ -62,11 +63,10 @@ class AdaptersOffReference:
 
     def logprobs(self, batch: dict) -> torch.Tensor:
         def on_cpu(logits, micro):
-            return logits_token_logprobs(logits, micro, self.temperature).cpu()
+            return layout_of(micro).token_logprobs(logits, micro, self.temperature).cpu()
 
         with self.plugin.adapters_off():
-            micro_batches = [with_logits_window(micro)
-                             for micro in split_micro_batches(batch, self.micro_batch_size)]
+            micro_batches = [windowed(micro) for micro in split_micro_batches(batch, self.micro_batch_size)]
             return torch.cat(self.plugin.forward_only(micro_batches, on_cpu))
 
 
@@ -110,7 +110,8 @@ class PolicyObjective:
         return prox
 
     def loss(self, logits: torch.Tensor, micro_batch: dict) -> tuple[torch.Tensor, dict]:
-        logprobs = logits_token_logprobs(logits, micro_batch, self.temperature)
+        layout = layout_of(micro_batch)  # the micro-batch's layout reads the logits its forward gave
+        logprobs = layout.token_logprobs(logits, micro_batch, self.temperature)
         normaliser = float(micro_batch["normaliser"][0])
         inputs = LossInputs(logprobs, micro_batch["old_logprobs"], micro_batch["advantages"],
                             micro_batch["action_mask"], normaliser, ref_logprobs=micro_batch.get("ref_logprobs"),
@@ -118,6 +119,6 @@ class PolicyObjective:
         loss, stats = self.policy_loss(inputs, self.loss_config)
         if self.epoch == 0 and self.delivery_version is not None:
             stats["delivery_gap"] = delivery_gap(inputs, micro_batch["policy_version"] == self.delivery_version)
-        entropy = logits_token_entropy(logits, micro_batch, self.temperature)
+        entropy = layout.token_entropy(logits, micro_batch, self.temperature)
         stats["entropy"] = aggregate(entropy, micro_batch["action_mask"], self.loss_config.loss_variation, normaliser)
         return loss, stats

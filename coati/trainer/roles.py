@@ -19,12 +19,11 @@ import torch
 
 from coati.config.lora import LoraConfig
 from coati.config.optim import OptimConfig
+from coati.layouts.rule import check_model
 from coati.models.lora import add_adapters
 from coati.plugins import make_plugin
 from coati.plugins.base import LossFn, TrainerPlugin
 from coati.plugins.optim import lr_multiplier, warmup_steps
-from coati.plugins.packing import packs_like_padding
-from coati.plugins.shared_prompts import shares_like_padding
 from coati.plugins.mesh import TrainerMesh
 from coati.plugins.state import MANIFEST
 
@@ -38,25 +37,24 @@ class TrainedModel:
     loss_fn: LossFn | None  # what the plugin's forward_backward calls per micro-batch
     learning_rate: float = 0.0  # the base rate the schedule scales
     optim: OptimConfig = OptimConfig()
-    packs_rows: bool = False  # its micro-batches may run packed (plugin and model checked: coati.plugins.packing)
-    shares_prompts: bool = False  # ... with each prompt run once (coati.plugins.shared_prompts)
+    # the micro-batch layouts its model was checked for (coati/layouts/rule.py: layouts_to_check) -> passed
+    layout_checks: dict | None = None
     attention: str | None = None  # the model's attention implementation (how wide a packed row may be)
+    parameters: int = 0  # the model's parameters (what a forward pass costs: coati/layouts/registry.py)
 
     @classmethod
     def build(cls, name: str, parallel, model: torch.nn.Module, learning_rate: float, loss_fn: LossFn | None,
               model_config=None, mesh: TrainerMesh | None = None, optim: OptimConfig = OptimConfig(),
               lora: LoraConfig = LoraConfig(), trained_modules: tuple[str, ...] = (),
-              probe_packing: bool = False, probe_sharing: bool = False) -> "TrainedModel":
+              check_layouts: tuple[str, ...] = ()) -> "TrainedModel":
         """Lay ``model`` out as the group's ``parallel`` config says, on the group's ``mesh`` (collective: every
         rank builds it), with ``optim``'s weight decay and gradient checkpointing; with ``lora`` enabled only
-        its adapters (and ``trained_modules``, e.g. a critic's fresh head) train. ``probe_packing``: whether its
-        micro-batches may run packed is checked first, on the whole model (``packs_like_padding``); and
-        ``probe_sharing``, whether a group's prompt may run once (``shares_like_padding``)."""
+        its adapters (and ``trained_modules``, e.g. a critic's fresh head) train. ``check_layouts`` names the
+        micro-batch layouts to check the model for first, on the whole model (``Layout.exact``)."""
+        parameters = sum(p.numel() for p in model.parameters())  # before adapters, as the rule counted them
         if lora.enabled:
             model = add_adapters(model, lora, trained_modules)
-        packs = probe_packing and parallel.plugin_spec.packs_rows and packs_like_padding(model)
-        shares = (probe_sharing and parallel.plugin_spec.shares_prompts and not optim.gradient_checkpointing
-                  and shares_like_padding(model))
+        checks = check_model(model, check_layouts)
         attention = attention_of(model)
         plugin = make_plugin(parallel.plugin_name, parallel.tensor_parallel_size, parallel.pipeline_parallel_size,
                              parallel.zero_stage, parallel.precision, world_size=parallel.num_trainers,
@@ -64,7 +62,7 @@ class TrainedModel:
                              mesh=mesh)
         plugin.setup(model, learning_rate, weight_decay=optim.weight_decay,
                      gradient_checkpointing=optim.gradient_checkpointing)
-        return cls(name, plugin, loss_fn, learning_rate, optim, packs, shares, attention)
+        return cls(name, plugin, loss_fn, learning_rate, optim, checks, attention, parameters)
 
     def schedule_learning_rate(self, step: int, total_steps: int) -> float:
         """Set the learning rate of the run's 0-based step ``step`` of ``total_steps`` (the schedule is a pure

@@ -1,24 +1,20 @@
-"""Micro-batches by token budget and logits only where the loss reads them (coati/algorithm/batch.py): the grouping
-by hand, and the loss and gradients of a real model through them equal to one unbatched pass with every logit."""
+"""Micro-batch layouts (coati/layouts/: padded rows by token budget with logits only where the loss reads them,
+packed rows, shared prompts): the grouping by hand, and the loss and gradients of a real model through them equal
+to one unbatched pass with every logit."""
 
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from coati.algorithm.batch import (
-    collate,
-    logits_window,
-    micro_batch_count,
-    row_lengths,
-    token_budget_micro_batches,
-    token_logprobs,
-    window_token_logprobs,
-    with_logits_window,
-)
+from coati.algorithm.batch import collate, logits_window, row_lengths, token_logprobs, window_token_logprobs
 from coati.algorithm.loss import normaliser_from_counts
 from coati.algorithm.loss_config import PolicyLossConfig
-from coati.plugins.base import causal_lm_logits, takes_logits_to_keep
+from coati.layouts.base import layout_of
+from coati.layouts.packed import PackedLayout
+from coati.layouts.padded import PaddedLayout, with_logits_window
+from coati.layouts.shared import SharedPromptsLayout
+from coati.plugins.base import LAYOUT, causal_lm_logits, takes_logits_to_keep
 from coati.rollout.group import RolloutGroup
 from coati.trainer.objective import PolicyObjective
 
@@ -34,24 +30,24 @@ def rows_of(lengths: list[int], prompt: int = 2) -> dict[str, torch.Tensor]:
 def test_micro_batches_by_hand():
     batch = rows_of([3, 7, 5, 2])  # longest first: rows 1 (7), 2 (5), 0 (3), 3 (2)
     assert row_lengths(batch).tolist() == [3, 7, 5, 2]
-    micro = token_budget_micro_batches(batch, budget=10)
+    micro = PaddedLayout(10).cut(batch)
     # 10 // 7 = 1 row; 10 // 5 = 2 rows (5 and 3: 2 x 5 = 10 padded tokens); 10 // 2 = 5 rows, one left
     assert [m["input_ids"].shape for m in micro] == [(1, 7), (2, 5), (1, 2)]
     assert [row_lengths(m).tolist() for m in micro] == [[7], [5, 3], [2]]
     assert [m["action_mask"].shape[1] for m in micro] == [6, 4, 1]  # per-position tensors cut with their rows
-    assert micro_batch_count(batch, 10) == 3
-    assert len(token_budget_micro_batches(batch, budget=100)) == 1
-    assert [m["input_ids"].shape[0] for m in token_budget_micro_batches(batch, budget=1)] == [1, 1, 1, 1]
+    assert PaddedLayout(10).count(batch) == 3
+    assert len(PaddedLayout(100).cut(batch)) == 1
+    assert [m["input_ids"].shape[0] for m in PaddedLayout(1).cut(batch)] == [1, 1, 1, 1]
 
 
 def test_a_count_splits_the_runs_with_the_most_rows():
     batch = rows_of([4, 4, 4, 4, 3, 3])
-    assert micro_batch_count(batch, 100) == 1
-    micro = token_budget_micro_batches(batch, budget=100, count=3)  # 6 rows -> 3 + 3 -> 2 + 1, 3
+    assert PaddedLayout(100).count(batch) == 1
+    micro = PaddedLayout(100).cut(batch, count=3)  # 6 rows -> 3 + 3 -> 2 + 1, 3
     assert [m["input_ids"].shape[0] for m in micro] == [2, 1, 3]
     assert sum(m["input_ids"].shape[0] for m in micro) == 6
     with pytest.raises(ValueError, match="needs 6"):
-        token_budget_micro_batches(batch, budget=1, count=2)
+        PaddedLayout(1).cut(batch, count=2)
 
 
 def test_the_window_starts_at_the_first_response_position():
@@ -77,7 +73,7 @@ def test_window_logprobs_are_the_full_ones_from_the_window_on():
 
 
 def test_logits_of_the_scored_positions_only_give_the_full_logprobs_and_entropy_there():
-    from coati.algorithm.batch import logits_token_entropy, logits_token_logprobs, scored_positions
+    from coati.algorithm.batch import scored_positions
     from coati.algorithm.loss import token_entropy
 
     generator = torch.Generator().manual_seed(0)
@@ -89,13 +85,14 @@ def test_logits_of_the_scored_positions_only_give_the_full_logprobs_and_entropy_
     micro = {"input_ids": ids, "action_mask": mask}
     read = mask.bool()
     full = token_logprobs(logits, ids, temperature=0.7)
-    got = logits_token_logprobs(scored, micro, temperature=0.7)
+    shared = SharedPromptsLayout(0)  # its forward gives the scored positions only; it reads them so
+    got = shared.token_logprobs(scored, micro, temperature=0.7)
     assert got.shape == full.shape and torch.allclose(got[read], full[read]) and not got[~read].any()
-    entropy = logits_token_entropy(scored, micro, temperature=0.7)
+    entropy = shared.token_entropy(scored, micro, temperature=0.7)
     assert torch.allclose(entropy[read], token_entropy(logits, 0.7)[read]) and not entropy[~read].any()
-    assert torch.equal(logits_token_logprobs(logits, micro), token_logprobs(logits, ids))  # [B, L, V] as before
+    assert torch.equal(PaddedLayout(0).token_logprobs(logits, micro), token_logprobs(logits, ids))  # [B, L, V]
     with pytest.raises(ValueError, match="logits of 4 positions for 5 scored ones"):
-        logits_token_logprobs(scored[:4], micro)
+        shared.token_logprobs(scored[:4], micro)
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +109,8 @@ def test_hf_causal_lms_take_logits_to_keep_and_a_critic_does_not(tiny_lm):
     critic = AutoModelForTokenClassification.from_config(tiny_lm.config)
     assert not takes_logits_to_keep(critic)
     ids = torch.tensor([[3, 4, 5, 6]])
-    micro = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "logits_to_keep": torch.tensor([2])}
+    micro = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "logits_to_keep": torch.tensor([2]),
+             LAYOUT: PaddedLayout(0)}
     assert causal_lm_logits(tiny_lm, micro).shape[1] == 2
     assert critic(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.shape[1] == 4
 
@@ -163,7 +161,7 @@ def test_budget_micro_batches_give_the_unbatched_loss_and_gradients(tiny_lm, obj
     objective = PolicyObjective(config)
     batch = step_batch(tiny_lm.config.vocab_size, loss_variation)
     whole_loss, whole_grads = loss_and_grads(tiny_lm, objective, [batch])  # one pass, every logit
-    micro = [with_logits_window(m) for m in token_budget_micro_batches(batch, budget=40)]
+    micro = PaddedLayout(40).cut(batch)
     assert len(micro) >= 3
     assert any(int(m["logits_to_keep"][0]) < m["input_ids"].shape[1] for m in micro)  # the LM head ran on fewer
     assert sum(m["input_ids"].numel() for m in micro) < batch["input_ids"].numel()  # less padding
@@ -175,15 +173,15 @@ def test_budget_micro_batches_give_the_unbatched_loss_and_gradients(tiny_lm, obj
 
 def test_packed_runs_count_real_tokens():
     batch = rows_of([3, 7, 5, 2])  # longest first: 7, 5, 3, 2
-    micro = token_budget_micro_batches(batch, budget=10, packed=True)
+    micro = PackedLayout(10).cut(batch)
     assert [row_lengths(m).tolist() for m in micro] == [[7], [5, 3, 2]]  # 7 + 5 > 10; 5 + 3 + 2 = 10
-    assert all(m["pack_rows"].tolist() == [1] * m["input_ids"].shape[0] for m in micro)
-    assert micro_batch_count(batch, 10, packed=True) == 2
-    assert micro_batch_count(batch, 10) == 3  # padded: 2 x 5 fits, 3 x 5 does not
+    assert all(isinstance(layout_of(m), PackedLayout) for m in micro)  # each names its layout
+    assert PackedLayout(10).count(batch) == 2
+    assert PaddedLayout(10).count(batch) == 3  # padded: 2 x 5 fits, 3 x 5 does not
 
 
 def test_packed_layout_by_hand():
-    from coati.plugins.packing import packed_layout
+    from coati.layouts.packed import packed_layout
 
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])  # rows of 4 and 2 tokens: packed positions 0-3 and 4-5
     action = torch.tensor([[0, 1, 1], [1, 0, 0]], dtype=torch.float32)  # row 0 scores tokens 2, 3; row 1 token 1
@@ -210,7 +208,7 @@ def family_lm(request):
 def test_packed_micro_batches_give_the_padded_loss_and_gradients(family_lm, objective_name, loss_variation):
     """Qwen2 and Llama: samples packed into one row per micro-batch (position ids restarting, attention kept
     within each sample by the model's masking) give the unbatched padded pass's loss and gradients."""
-    from coati.plugins.packing import packs_like_padding
+    from coati.layouts.packed import packs_like_padding
 
     assert packs_like_padding(family_lm)
     config = SimpleNamespace(
@@ -220,7 +218,7 @@ def test_packed_micro_batches_give_the_padded_loss_and_gradients(family_lm, obje
     objective = PolicyObjective(config)
     batch = step_batch(family_lm.config.vocab_size, loss_variation, seed=1)
     whole_loss, whole_grads = loss_and_grads(family_lm, objective, [batch])
-    micro = [with_logits_window(m) for m in token_budget_micro_batches(batch, budget=40, packed=True)]
+    micro = PackedLayout(40).cut(batch)
     assert len(micro) >= 2 and all(m["input_ids"].shape[0] >= 2 for m in micro[1:])  # several samples a row
     loss, grads = loss_and_grads(family_lm, objective, micro)
     assert loss == pytest.approx(whole_loss, rel=1e-5, abs=1e-6)
@@ -229,7 +227,7 @@ def test_packed_micro_batches_give_the_padded_loss_and_gradients(family_lm, obje
 
 
 def test_a_model_whose_attention_crosses_samples_cannot_pack(family_lm):
-    from coati.plugins.packing import packs_like_padding
+    from coati.layouts.packed import packs_like_padding
 
     class IgnoresPositions(torch.nn.Module):  # one causal row whatever the position ids say
         def __init__(self, inner):
@@ -255,19 +253,19 @@ def test_a_model_whose_attention_crosses_samples_cannot_pack(family_lm):
 
 def test_shared_prompt_runs_keep_groups_together():
     batch = step_batch(50, "token_level", seed=2)  # 4 groups of 2 samples
-    micro = token_budget_micro_batches(batch, budget=40, shared=True)
-    assert all(m["shared_prompts"].tolist() == [1] * m["input_ids"].shape[0] for m in micro)
+    micro = SharedPromptsLayout(40).cut(batch)
+    assert all(isinstance(layout_of(m), SharedPromptsLayout) for m in micro)  # each names its layout
     seen = [sorted(set(m["prompt_group"].tolist())) for m in micro]
     assert sorted(g for groups in seen for g in groups) == [0, 1, 2, 3]  # no group split over two micro-batches
     for m in micro:  # the two passes' tokens stay within the budget (or one row alone)
         prompts, lengths = m["prompt_length"], row_lengths(m)
         cost = len(set(m["prompt_group"].tolist())) * int(prompts.max()) + len(prompts) * int((lengths - prompts).max())
         assert cost <= 40 or len(prompts) == 1
-    assert micro_batch_count(batch, 40, shared=True) == len(micro)
+    assert SharedPromptsLayout(40).count(batch) == len(micro)
 
 
 def test_response_chunks_by_hand():
-    from coati.plugins.shared_prompts import response_chunks
+    from coati.layouts.shared import response_chunks
 
     lengths = [3, 9, 2, 9, 4]  # longest first: rows 1, 3 (9), 4 (4), 0 (3), 2 (2)
     assert response_chunks(lengths, 0) == [[1, 3], [4], [0], [2]]  # no cost a pass: no padding (ties: fewer)
@@ -277,7 +275,7 @@ def test_response_chunks_by_hand():
 
 
 def test_response_places_by_hand():
-    from coati.plugins.shared_prompts import response_places
+    from coati.layouts.shared import response_places
 
     # place 0: the last prompt position (it predicts the first response token); place p: response position p - 1
     places = response_places(torch.tensor([3, 2]), positions=5, response_width=2)
@@ -291,8 +289,8 @@ def test_shared_prompt_micro_batches_give_the_padded_loss_and_gradients(family_l
     """Qwen2 and Llama: each distinct prompt run once, its samples' responses on its KV cache (in one pass, or in
     chunks of like length), give the unbatched padded pass's loss and gradients (the prompt's gradient is the sum
     over its samples, as the copies' was)."""
-    from coati.plugins import shared_prompts
-    from coati.plugins.shared_prompts import response_chunks, shares_like_padding
+    from coati.layouts import shared as shared_prompts
+    from coati.layouts.shared import response_chunks, shares_like_padding
 
     monkeypatch.setattr(shared_prompts, "PASS_TOKENS", pass_tokens)
 
@@ -304,7 +302,7 @@ def test_shared_prompt_micro_batches_give_the_padded_loss_and_gradients(family_l
     objective = PolicyObjective(config)
     batch = step_batch(family_lm.config.vocab_size, loss_variation, seed=1)
     whole_loss, whole_grads = loss_and_grads(family_lm, objective, [batch])
-    micro = [with_logits_window(m) for m in token_budget_micro_batches(batch, budget=40, shared=True)]
+    micro = SharedPromptsLayout(40).cut(batch)
     assert len(micro) >= 2 and any(m["input_ids"].shape[0] >= 2 for m in micro)
     chunks = [len(response_chunks((row_lengths(m) - m["prompt_length"]).tolist(), pass_tokens)) for m in micro]
     assert max(chunks) == 1 if pass_tokens else max(chunks) >= 2  # one response pass, or several

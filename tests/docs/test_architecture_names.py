@@ -10,6 +10,7 @@ import pytest
 
 from coati.algorithm.registry import ADV_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 from coati.config.algo import ALGO_PRESETS
+from coati.layouts.registry import LAYOUTS
 from coati.registry.backends import BACKENDS
 from coati.registry.plugins import PLUGIN_FAMILIES, PLUGINS
 from coati.registry.weight_sync import WEIGHT_SYNCS
@@ -33,7 +34,7 @@ def listed(kind: str) -> list[str]:
     ("inference backends", BACKENDS), ("trainer plugins", PLUGINS), ("plugin families", PLUGIN_FAMILIES),
     ("weight-sync transports", WEIGHT_SYNCS), ("reward types", REWARD_TYPES), ("algorithm presets", ALGO_PRESETS),
     ("policy losses", POLICY_LOSSES), ("advantage estimators", ADV_ESTIMATORS),
-    ("loss aggregations", LOSS_AGGREGATIONS), ("KL estimators", KL_ESTIMATORS),
+    ("loss aggregations", LOSS_AGGREGATIONS), ("KL estimators", KL_ESTIMATORS), ("micro-batch layouts", LAYOUTS),
 ])
 def test_the_map_lists_what_is_registered(kind, registry):
     assert listed(kind) == list(registry)

@@ -125,3 +125,19 @@ def test_the_generation_line_sets_a_rounds_prompt_tokens_against_the_engines_ste
     assert "vllm takes 5,024 a step" in line(lines) and "at least 51 prefill step(s)" in line(lines)
     lines, _ = dry_run(config_of([*flags, "-b", "transformers", "-imbs", "4"]), "1x0x24x2")
     assert line(lines).endswith("transformers prefills each call of -imbs 4 samples whole")
+
+
+def test_the_plan_says_the_layout_the_rule_chooses(seven_b):
+    """The micro-batch layout in one line, by the same rule as the trainer's start (coati/layouts/rule.py): shared
+    prompts for a 7B model on the single-process plugin, the model's check named; padded rows without them; the
+    pipelines' rows under -pp."""
+    line = lambda lines: next(text for text in lines if text.startswith("trainer micro-batches: "))  # noqa: E731
+    single = [*seven_b, "-t", "1", "-i", "1", "-g", "8"]
+    lines, _ = dry_run(config_of(single), "1x8x80")
+    assert "each group's prompt run once for its samples" in line(lines)
+    assert line(lines).endswith("the model is checked as training starts (else the next cheapest where it does not "
+                                "give the padded step's numbers so)")
+    lines, _ = dry_run(config_of([*single, "--shared-prompts", "off"]), "1x8x80")
+    assert line(lines).startswith("trainer micro-batches: at most ") and "padded tokens each" in line(lines)
+    lines, _ = dry_run(config_of([*seven_b, *SEED_LAYOUT]), "4x8x80")
+    assert line(lines) == "trainer micro-batches: 2 rows each (-tmbs per pipeline stage)"

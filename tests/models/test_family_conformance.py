@@ -6,8 +6,9 @@ stale: a check that passes where the doc says ``fail``, or fails where it says `
 
 - ``sdpa``: HF's default attention (sdpa) gives eager's logits. Where it does not (Gemma2: sdpa drops attention
   soft-capping), the trainer loads the family with eager (coati.models.families.trainer_attention).
-- ``layouts``: one GRPO loss step gives the padded forward's loss and gradients packed (coati/plugins/packing.py) and
-  with shared prompts (coati/plugins/shared_prompts.py), rows longer than the sliding window.
+- ``layouts``: one GRPO loss step gives the padded forward's loss and gradients through every registered layout that
+  runs the model's own forward (coati/layouts/registry.py: packed, shared prompts...), rows longer than the sliding
+  window.
 - ``stages``: a pipeline stage's forward (torch-pp's ``DecoderStage``, ColossalAI's pipeline forward; both
   coati.models.families.decoder_stage) holding every layer gives the HF model's logits: embeddings, per-layer masks,
   rotary embeddings and the head's shaping (soft-cap, logits scaling) as the family's HF forward has them.
@@ -35,7 +36,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from coati.algorithm.batch import collate, split_micro_batches, token_budget_micro_batches, token_logprobs
+from coati.algorithm.batch import collate, split_micro_batches, token_logprobs
 from coati.algorithm.loss import batch_normaliser
 from coati.algorithm.loss_config import PolicyLossConfig
 from coati.config.lora import LoraConfig
@@ -189,7 +190,7 @@ def objective():
 
 
 def test_packed_and_shared_prompt_steps_give_the_padded_loss_and_gradients(family):
-    from coati.algorithm.batch import with_logits_window
+    from coati.layouts.registry import LAYOUTS
 
     name, path = family
     model = trainer_model(path)
@@ -198,8 +199,11 @@ def test_packed_and_shared_prompt_steps_give_the_padded_loss_and_gradients(famil
     assert int(batch["attention_mask"].sum(dim=1).max()) > WINDOW
     whole_loss, whole_grads = loss_and_grads(model, loss_fn, [batch])
     gaps = {}
-    for layout in ("packed", "shared"):
-        micro = [with_logits_window(m) for m in token_budget_micro_batches(batch, budget=40, **{layout: True})]
+    layouts = [spec for spec in LAYOUTS.values() if spec.ragged]
+    assert {"padded", "packed", "shared"} <= {spec.name for spec in layouts}
+    for spec in layouts:  # every layout that runs the model's own forward, as a run builds it (padded: by budget)
+        layout = spec.name
+        micro = spec.load()(40).cut(batch)
         loss, grads = loss_and_grads(model, loss_fn, micro)
         gaps[layout] = max(abs(loss - whole_loss) / max(abs(whole_loss), 1e-6),
                            max(float((g - e).abs().max()) / max(float(e.abs().max()), 1e-6)

@@ -1,4 +1,4 @@
-"""Packed forwards: a micro-batch's rows run through the model as one row without padding, position ids restarting
+"""Packed micro-batches (``--packing``): a micro-batch's rows run through the model as one row without padding, position ids restarting
 at every sample and attention kept within each sample, and come back as the logits the padded forward gives.
 
 Only the forward changes shape. A micro-batch keeps its padded ``[B, L]`` tensors, so losses, masks and
@@ -12,7 +12,7 @@ Keeping attention within a sample is the model's part: transformers' Llama/Qwen2
 built on its masking utilities) read restarting position ids without an attention mask or a KV cache
 (``use_cache=False``) as packed samples: a block-diagonal causal mask under sdpa/eager, variable-length kernels
 under FlashAttention. A model that does not is found by ``packs_like_padding`` before training (a two-sample
-forward compared with the padded one), and its run trains padded.
+forward compared with the padded one), and the rule (coati/layouts/rule.py) chooses another layout.
 
 Attention over a packed row is as wide as the row under sdpa/eager (the mask only zeroes the cross-sample part),
 so such rows are bounded (coati.config.batch_defaults.packed_row_tokens); a variable-length kernel attends within
@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import torch
 
-PACK_ROWS = "pack_rows"  # a micro-batch key ([B], all 1): its forward runs packed (``packed_logits``)
+from coati.layouts.base import Layout
+from coati.layouts.padded import with_logits_window, window_of
+from coati.plugins.base import takes_logits_to_keep
 
 
 def packed_layout(attention_mask: torch.Tensor, keep: int, action_mask: torch.Tensor | None = None):
@@ -90,3 +92,22 @@ def packs_like_padding(model: torch.nn.Module, tolerance: float = 1e-3) -> bool:
     expected = padded[mask.ne(0)]
     scale = max(1.0, float(expected.abs().max()))
     return packed.shape[1] == expected.shape[0] and float((packed[0] - expected).abs().max()) <= tolerance * scale
+
+
+class PackedLayout(Layout):
+    """Rows longest first, as many a micro-batch as ``size`` real tokens hold, each run as one packed row (module
+    docstring) with the padded micro-batch's logits window."""
+    name = "packed"
+
+    def run_tokens(self, lengths, start, end):
+        return sum(lengths[start:end])
+
+    def mark(self, micro_batch):
+        return super().mark(with_logits_window(micro_batch))
+
+    def logits(self, model, micro_batch):
+        return packed_logits(model, micro_batch, window_of(model, micro_batch), takes_logits_to_keep(model))
+
+    @staticmethod
+    def exact(model):
+        return packs_like_padding(model)

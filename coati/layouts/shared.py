@@ -1,4 +1,4 @@
-"""Shared-prompt forwards: the G samples of a prompt run the prompt through the model once, not G times.
+"""Shared prompts (``--shared-prompts``): the G samples of a prompt run the prompt through the model once, not G times.
 
 A GRPO group is one prompt and G responses, and the padded forward computes the prompt in every row: with the
 real-model demo's 44-token prompts and 11-30-token responses that is most of a step's work. Here a micro-batch
@@ -13,8 +13,8 @@ coati.algorithm.batch.scored_positions): the last prompt position's (which predi
 same for every sample of a prompt) and the response positions'. The log-softmax, its backward and the entropy
 then run on those alone, not on a padded window.
 
-A micro-batch names ``SHARED_PROMPTS``; it carries ``prompt_length`` and ``prompt_group`` (``collate``: which
-rows share a prompt). Whether a model runs this alike is checked before training (``shares_like_padding``):
+Micro-batches hold whole groups, as many as fit the budget in both passes' padded tokens (``SharedPromptsLayout``);
+they carry ``prompt_length`` and ``prompt_group`` (``collate``: which rows share a prompt). Whether a model runs this alike is checked before training (``shares_like_padding``):
 transformers' decoder models take a KV cache, explicit position ids and a left-padded attention mask as in
 batched generation.
 """
@@ -25,8 +25,9 @@ import copy
 
 import torch
 
-SHARED_PROMPTS = "shared_prompts"  # a micro-batch key ([B], all 1): its forward runs the prompts once
-PASS_TOKENS = 128  # a response pass's fixed cost, in token positions (benchmarks/bench_train_step.py: 32-128 alike)
+from coati.algorithm.batch import at_scored_positions, row_lengths, scored_token_logprobs
+from coati.layouts.base import Layout
+from coati.layouts.registry import PASS_TOKENS  # a response pass's fixed cost (the cost model's measurement)
 
 
 def shared_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: torch.Tensor,
@@ -159,3 +160,77 @@ def shares_like_padding(model: torch.nn.Module, tolerance: float = 1e-3) -> bool
         model.train(was_training)
     scale = max(1.0, float(padded.abs().max()))
     return shared.shape == padded.shape and float((shared - padded).abs().max()) <= tolerance * scale
+
+
+def shared_runs(prompts: list[int], responses: list[int], groups: list[int], budget: int) -> list[tuple[int, int]]:
+    """Consecutive runs [start, end) of rows in shared-prompt order (each group's rows together) within ``budget``
+    tokens of the two passes: distinct prompts x the longest prompt, plus rows x the longest response. Whole groups
+    while they fit; a group over the budget alone is cut by rows (a row over it goes alone)."""
+
+    def cost(start: int, end: int) -> int:
+        return (len(set(groups[start:end])) * max(prompts[start:end])
+                + (end - start) * max(responses[start:end]))
+
+    spans, start = [], 0
+    for row in range(1, len(groups) + 1):
+        if row == len(groups) or groups[row] != groups[start]:
+            spans.append((start, row))
+            start = row
+    runs, current = [], None
+    for first, last in spans:
+        if current is not None and cost(current[0], last) <= budget:
+            current = (current[0], last)
+            continue
+        if current is not None:
+            runs.append(current)
+        current = None
+        if cost(first, last) <= budget:
+            current = (first, last)
+            continue
+        row = first
+        while row < last:  # the group alone is over the budget: by rows
+            end = row + 1
+            while end < last and cost(row, end + 1) <= budget:
+                end += 1
+            runs.append((row, end))
+            row = end
+    if current is not None:
+        runs.append(current)
+    return runs
+
+
+class SharedPromptsLayout(Layout):
+    """Whole groups a micro-batch, each group's prompt run once (module docstring); logits at the scored positions
+    only ([T, V])."""
+    name = "shared"
+
+    def order(self, batch):
+        """Whole groups (``prompt_group``) longest first, each group's rows longest first."""
+        lengths = row_lengths(batch).tolist()
+        groups = batch["prompt_group"].tolist()
+        longest: dict[int, int] = {}
+        for row, group in enumerate(groups):
+            longest[group] = max(longest.get(group, 0), lengths[row])
+        return torch.tensor(sorted(range(len(lengths)), key=lambda row: (-longest[groups[row]], groups[row],
+                                                                          -lengths[row], row)), dtype=torch.long)
+
+    def runs(self, batch, order):
+        lengths = row_lengths(batch)[order]
+        prompts = batch["prompt_length"][order]
+        return shared_runs(prompts.tolist(), (lengths - prompts).tolist(), batch["prompt_group"][order].tolist(),
+                           self.size)
+
+    def logits(self, model, micro_batch):
+        return shared_prompt_logits(model, micro_batch)
+
+    def token_logprobs(self, logits, micro_batch, temperature=1.0):
+        return scored_token_logprobs(logits, micro_batch["input_ids"], micro_batch["action_mask"], temperature)
+
+    def token_entropy(self, logits, micro_batch, temperature=1.0):
+        from coati.algorithm.loss import token_entropy
+
+        return at_scored_positions(token_entropy(logits, temperature), micro_batch["action_mask"])
+
+    @staticmethod
+    def exact(model):
+        return shares_like_padding(model)
