@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/record_baseline.py --demo addition    # rl_example.py, no arguments
     .venv/bin/python benchmarks/record_baseline.py --demo smollm2     # rl_example.py --demo smollm2
+    .venv/bin/python benchmarks/record_baseline.py --demo gemma3      # rl_example.py --demo gemma3
     ... --dry  # print the row instead of writing it
 
 The row: date, commit, machine (CPU model, usable cores), steps, minutes from start to the summary, and each
@@ -21,7 +22,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "docs", "results.md")
 TABLE_HEADER = "| date | commit | machine | demo | steps | minutes | held-out before -> after |"
-DEMOS = {"addition": [], "smollm2": ["--demo", "smollm2"]}
+DEMOS = {"addition": [], "smollm2": ["--demo", "smollm2"], "gemma3": ["--demo", "gemma3"]}
 _SUMMARY = re.compile(r"^held-out (?:accuracy|mean reward|\w[\w ]*) (\S+): (-?[\d.]+) -> (-?[\d.]+)")
 _TRAINED = re.compile(r"^trained (\d+) steps")
 

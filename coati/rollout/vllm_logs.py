@@ -50,6 +50,9 @@ HARMLESS = (
     Harmless("vllm.v1.worker.cpu_worker",
              "CPU backend doesn't allow to use `torch.set_num_threads` after the thread binding, skip it.",
              "vLLM's own thread contexts calling the no-op it installed; coati sets the threads before the engine"),
+    Harmless("vllm.v1.worker.cpu_worker", "%s is not found in LD_PRELOAD.",
+             "performance advice repeated at every engine start (tcmalloc, Intel OpenMP): docs/training.md says how to "
+             "preload them; the engine's results are the same without"),
     Harmless("vllm.config.vllm", "Enforce eager set, disabling torch.compile, CUDAGraphs, and JIT kernel warmup.",
              "coati runs CPU engines eagerly on purpose (VLLMEngineOptions.enforce_eager)"),
     Harmless("vllm.config.vllm", "Inductor compilation was disabled by user settings,", "follows from eager mode"),
