@@ -108,8 +108,8 @@ def place(config, nodes: list[Node]) -> tuple[list[Actor], str]:
     the unit ("GPU"/"CPU"); PlanError when the cluster cannot hold the bundles."""
     p = config.parallel
     totals = {"GPU": float(sum(n.gpus for n in nodes)), "CPU": float(sum(n.cpus for n in nodes))}
-    plan = placement_plan(p.num_inferencers, p.producer_tensor_parallel_size, p.num_trainers,
-                          config.run.eval_interval > 0 and not p.colocate, totals)
+    plan = placement_plan(p.num_inferencers, p.producer_tensor_parallel_size, p.num_trainers, evaluates_apart(config),
+                          totals)
     problem = shortfall(plan, totals, [{"GPU": float(n.gpus), "CPU": float(n.cpus)} for n in nodes])
     if problem:
         raise PlanError(problem)
@@ -121,7 +121,16 @@ def place(config, nodes: list[Node]) -> tuple[list[Actor], str]:
         start = (nodes[index].gpus if plan.unit == "GPU" else nodes[index].cpus) - free[index]
         free[index] -= need
         actors.append(Actor(name, index, list(range(start, start + need)) if plan.unit == "GPU" else []))
+    if plan.unit == "CPU" and evaluates_apart(config):
+        # no bundle on a CPU cluster (it shares the driver's node's cores), but its engine takes memory there:
+        # Gemma 3 270M's evaluator holds 5.6 GB beside the trainer and the inferencer
+        actors.append(Actor("evaluator", 0))
     return actors, plan.unit
+
+
+def evaluates_apart(config) -> bool:
+    """Whether the run has an -ei evaluator actor of its own (coati/launcher/eval_schedule.py)."""
+    return bool(config.data.eval_paths) and config.run.eval_interval > 0 and not config.parallel.colocate
 
 
 def assign_threads(config, actors: list[Actor], nodes: list[Node]) -> None:
@@ -305,7 +314,8 @@ def render(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: lis
              generation_line(config, unit),
              f"{'actor':<16} {'node':>4}  {'where':<14} {'thr':>3}  {'GiB':>6}  memory (GiB)"]
     for actor in actors:
-        where = f"GPU {','.join(map(str, actor.units))}" if actor.units else "1 CPU slot"
+        where = (f"GPU {','.join(map(str, actor.units))}" if actor.units else
+                 "shares cores" if actor.name == "evaluator" else "1 CPU slot")
         lines.append(f"{actor.name:<16} {actor.node:>4}  {where:<14} {actor.threads or '-':>3}  "
                      f"{actor.memory['total'] / GiB:>6.1f}  {_parts(actor.memory)}")
     return lines

@@ -29,7 +29,7 @@ from coati.config.tree import RLConfig
 from coati.launcher.eval_schedule import EvalSchedule
 from coati.launcher.delivery import DeliveryCheck, WeightsNotDelivered
 from coati.launcher.health import run_monitors
-from coati.launcher.plan import fit_for_start
+from coati.launcher.plan import evaluates_apart, fit_for_start
 from coati.rollout.producer import Producer
 from coati.launcher.checkpoints import (
     NothingToResume,
@@ -69,8 +69,8 @@ def init_ray(config: RLConfig) -> None:
 def reserve(config: RLConfig, timeout_s: float = PLACEMENT_TIMEOUT_S) -> Reservation:
     """The run's placement groups (coati.cluster.connect.reserve), the evaluator's when it evaluates apart."""
     p = config.parallel
-    evaluator = config.run.eval_interval > 0 and bool(config.data.eval_paths) and not p.colocate
-    return reserve_placement(p.num_inferencers, p.producer_tensor_parallel_size, p.num_trainers, evaluator, timeout_s)
+    return reserve_placement(p.num_inferencers, p.producer_tensor_parallel_size, p.num_trainers,
+                             evaluates_apart(config), timeout_s)
 
 
 def run(config: RLConfig, log=print, start_lines: tuple[str, ...] = ()) -> RunResult:

@@ -84,6 +84,22 @@ def test_cpu_node_sums_its_actors(seven_b):
     assert any(line.startswith("trainer rank 1 ") and "1 CPU slot" in line for line in lines)
 
 
+def test_a_cpu_evaluator_has_no_slot_but_its_memory_counts(seven_b, tmp_path):
+    """On a CPU cluster the -ei evaluator shares the driver's node's cores (no bundle) but holds an engine of its own
+    there: the plan counts it (Gemma 3 270M's held 5.6 GB beside the trainer and the inferencer)."""
+    held_out = tmp_path / "eval.jsonl"
+    held_out.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n")
+    evaluated = [*seven_b, "-b", "vllm", "-ed", json.dumps({"task": str(held_out)}), "-ei", "5"]
+    lines, _ = dry_run(config_of(evaluated), "1x0x512x8")
+    row = next(line for line in lines if line.startswith("evaluator "))
+    engine = next(line for line in lines if line.startswith("inferencer 0 "))
+    assert "shares cores" in row and "kv_cache" in row
+    assert row.rsplit("  ", 2)[1:] == engine.rsplit("  ", 2)[1:]  # the same engine's estimate: total and parts
+    for apart_from in (["-ei", "0"], ["--colocate"]):  # no evaluator actor: nothing counted
+        lines, _ = dry_run(config_of([*evaluated, *apart_from]), "1x0x512x8")
+        assert not any(line.startswith("evaluator ") for line in lines)
+
+
 def test_vllm_weights_that_leave_no_kv_cache(seven_b):
     lines, error = dry_run(config_of([*seven_b, *SEED_LAYOUT, "--vllm-gpu-memory-utilization", "0.15"]), "4x8x80")
     assert error.startswith("inferencer 0: vLLM's weights") and "raise -ptp or the utilization" in error
