@@ -380,6 +380,50 @@ def score_group(responses: list[str], gold: GoldAnswer, fmt: MathFormat | str) -
     return results
 
 
+class MathScorer:
+    """The math kinds' scorer (``boxed``, ``think_answer_tags``: one ``MathFormat`` each): a group's gold answer
+    is read once and each distinct answer checked once (``score_group``), group by group."""
+
+    def __init__(self, fmt: MathFormat):
+        self.fmt = fmt
+
+    def score_groups(self, groups: list[list[str]], labels: list[str]) -> list[list[RewardResult]]:
+        return [score_group(responses, GoldAnswer(label), self.fmt) for responses, label in zip(groups, labels)]
+
+
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")  # a comma between digit groups, as in "1,000,000"
+
+
+def final_answer(label) -> str:
+    """The gold answer a math label stands for.
+
+    ``"... #### 1,080"`` (GSM8K) -> ``"1080"``: the text after the last ``####``, thousands separators dropped.
+    Else a label holding ``\\boxed{...}`` (a MATH solution) -> the last box's content, or the contents of the
+    listed boxes it ends with, joined by ", " (``\\boxed{1}$ and $\\boxed{-2}`` -> ``1, -2``). Else the label itself,
+    stripped; numbers become their string.
+    """
+    if isinstance(label, bool) or not isinstance(label, (str, int, float)):
+        raise ValueError(f"must be a string or a number, got {type(label).__name__}")
+    if not isinstance(label, str):
+        return str(label)
+    if "####" in label:
+        answer = _THOUSANDS.sub("", label.rsplit("####", 1)[1].strip())
+    else:
+        boxes = final_boxes(label)  # several listed boxes ("\boxed{1} and \boxed{-2}") are one list answer
+        answer = (", ".join(boxes) if boxes else label).strip()
+    if not answer:
+        raise ValueError("holds no answer (empty, or nothing after '####' or inside \\boxed{})")
+    return answer
+
+
+def read_math_label(value, key: str) -> str:
+    """A row's math label (a plain answer, a GSM8K or MATH solution) -> its gold answer; the error names ``key``."""
+    try:
+        return final_answer(value)
+    except ValueError as err:
+        raise ValueError(f'"{key}" {err}') from None
+
+
 def boxed_reward(response: str, gt_answer: str) -> RewardResult:
     return score_group([response], GoldAnswer(gt_answer), BOXED)[0]
 

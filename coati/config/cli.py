@@ -132,7 +132,7 @@ def _situation(values: dict, demo) -> tuple[bool, dict, dict, dict]:
         fits = " or -rt ".join(name for name, other in REWARD_TYPES.items() if other.embedded_demo)
         raise ConfigError(f"the embedded demo model answers in \\boxed{{}}: use -rt {fits}, "
                           "or pass -m/--model and -d/--dataset")
-    if tool and spec is not None and spec.runs_code:
+    if tool and spec is not None and spec.needs_sandbox:
         raise ConfigError(f"--env {values['env']} runs the tool demo, whose answers are graded by its environment: "
                           f"drop -rt {reward_type} (or pass -m/--model and -d/--dataset)")
     demo_task = embedded_demo(reward_type, values["env"])
@@ -238,14 +238,14 @@ def config_from_values(values: dict, demo=None, given: set[str] | None = None) -
     _colocation(values, given or set())
     _batches(values, situation)
     max_new_tokens = values["max_new_tokens"]
-    stops = REWARD_TYPES[values["reward_type"]].stop_strings if values["reward_type"] in REWARD_TYPES else ()
-    stops = tuple(dict.fromkeys((*stops, *(values["stop"] or ()))))
+    data = construct(DataConfig, values, eval_paths=eval_paths)
+    stops = data.stop_strings(data.reward_type)
     flags = {key: values[knob.dest] for key, knob in grpo_keys(AlgoConfig).items() if knob.is_flag}
     # the parts built from their flags alone (parallel, batch, run) are constructed from the values directly
     config = construct(
         RLConfig, values,
         model=construct(ModelConfig, values, is_embedded_demo=embedded),
-        data=construct(DataConfig, values, eval_paths=eval_paths),
+        data=data,
         sampling=construct(SamplingParams, values, n=values["num_generations"], stop_strings=stops),
         algo=build_algo_config(values["algo"], values["learning_rate"], values["max_grad_norm"], max_new_tokens,
                                grpo_overrides, ppo=construct(PPOConfig, values), **flags),

@@ -135,7 +135,9 @@ def _check_ppo_models(ppo: PPOConfig) -> None:
 
 def _check_response(config: RLConfig, example) -> str:
     """A response in the reward type's format, answering with the row's own gold (a check call's input)."""
-    return reward_type(config.data.reward_type).sample_response.format(answer=example.gt_answer)
+    from rewards.types import example_label
+
+    return reward_type(config.data.reward_type).sample_response.format(answer=example_label(example))
 
 
 def check_user_rewards(config: RLConfig, first) -> None:
@@ -163,7 +165,8 @@ def check_user_rewards(config: RLConfig, first) -> None:
     except (RewardFnError, RemoteRewardError, RewardWeightsError) as err:
         raise ConfigError(str(err)) from None
     verdicts = [answer.correct for answer in answers if answer.correct is not None]
-    defined = sample_correct(True, rewards.weights[d.reward_type], verdicts, 0.0, rewards.correct_threshold) is not None
+    builtin = True if reward_type(d.reward_type).verdict else None  # a graded kind gives no verdict
+    defined = sample_correct(builtin, rewards.weights[d.reward_type], verdicts, 0.0, rewards.correct_threshold) is not None
     require(defined or config.algo.groups.filter_range is None,
             f"filter_range keeps groups by accuracy, but no reward of this run defines correctness ({d.reward_type} "
             f"weighs 0): return (score, {{\"correct\": bool}}) from --reward-fn, set --correct-threshold, or drop "
@@ -185,7 +188,7 @@ def check_inputs(config: RLConfig, engine: bool = True) -> tuple[str, ...]:
                                  "or a hub name ORG/NAME)")
     require(os.path.isfile(os.path.join(path, "config.json")),
              f"{path} has no config.json: pass -m/--model a directory written by save_pretrained")
-    if reward_type(config.data.reward_type).runs_code:
+    if reward_type(config.data.reward_type).needs_sandbox:
         from rewards.code import SandboxUnavailable, check_sandbox_available
 
         try:

@@ -35,10 +35,10 @@ class EvalConfig(RewardOptions, PromptOptions):
                                        ".parquet, save_to_disk); required with -m", "-d")
     reward_type: str = option(DEFAULT_REWARD_TYPE, "verifiable reward of the rows that have answers (default: on a "
                                                    "run's checkpoint, the run's own -rt and reward options)", "-rt",
-                              choices=tuple(REWARD_TYPES))
+                              choices=REWARD_TYPES)
     input_key: str | None = option(None, "field holding the prompt (default: messages, else prompt)")
-    label_key: str | None = option(None, "field holding the answer; every row must have it (default: gt_answer, "
-                                         "test_cases with -rt code, used where present)")
+    label_key: str | None = option(None, "field holding the answer; every row must have it (default: label, or the "
+                                         "kind's older name gt_answer, test_cases with -rt code, used where present)")
     reward_model: str | None = option(None, "reward model directory (`coati rm` output) scoring every response", "-rm")
     modes: str = option("both", "decoding: greedy (temperature 0), sampled (temperature 1) or both",
                         choices=("greedy", "sampled", "both"))
@@ -66,7 +66,7 @@ class EvalConfig(RewardOptions, PromptOptions):
 class Inputs:
     model: str
     dataset: str
-    examples: list  # coati.dataset.rows.Example; gt_answer/test_cases None when the row has no answer
+    examples: list  # coati.dataset.rows.Example; label None when the row has no answer
     output: str
 
 

@@ -44,7 +44,7 @@ from coati.rollout.generation import tokenise_prompts
 from coati.rollout.inference_backend import TransformersBackend
 from coati.rollout.reward_model import load_reward_model, reward_model_scores
 from coati.utils.dataclass_cli import ConfigFileError, build_parser, construct
-from rewards import default_system_prompt, reward_type
+from rewards import default_system_prompt
 from rewards.scorer import RewardScorer
 
 VERIFIABLE = ("gt_answer", "extracted", "reward", "correct", "format_ok", "reason")
@@ -103,8 +103,7 @@ def evaluate_mode(backend, scorer, reward_model, plan: Plan, mode: str) -> tuple
     """(metrics, one record per prompt) of one decoding mode."""
     config = plan.config
     params = SamplingParams(temperature=MODES[mode], max_new_tokens=plan.max_new_tokens,
-                            stop_strings=tuple(dict.fromkeys((*reward_type(config.reward_type).stop_strings,
-                                                              *config.stop))),
+                            stop_strings=config.stop_strings(config.reward_type),
                             seed=config.seed if MODES[mode] > 0 else None)
     prompt_ids = [ids for _, _, ids in plan.batch]
     outputs = backend.generate(prompt_ids, params)
