@@ -244,12 +244,13 @@ def resolve_model_names(config):
 def parse_options(argv: list[str] | None, prog: str) -> tuple[EvalConfig, str]:
     """(the options, the line naming the reward): the flags, --plugins imported, and on a run's checkpoint the
     run's reward settings for those not given (eval_config.run_reward_defaults)."""
-    from coati.utils.user_parts import UserPartsError, import_user_parts
+    from coati.utils.user_parts import UserPartsError, import_plugins_of, import_user_parts
 
-    parser = build_parser(EvalConfig, prog, DESCRIPTION)
-    values = vars(parser.parse_args(argv))
     try:
-        import_user_parts(values["plugins"] or ())
+        import_plugins_of(argv)  # first: a reward kind they register is an -rt choice
+        parser = build_parser(EvalConfig, prog, DESCRIPTION)
+        values = vars(parser.parse_args(argv))
+        import_user_parts(values["plugins"] or ())  # --config's
     except UserPartsError as err:
         raise ConfigError(str(err)) from None
     line = run_reward_defaults(values, parser.given)

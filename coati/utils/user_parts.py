@@ -125,6 +125,16 @@ def import_user_parts(entries) -> list:
     return modules
 
 
+def import_plugins_of(argv: list[str] | None) -> None:
+    """A command line's --plugins imported before the line is parsed, so that the names they register are choices
+    of its flags (``-rt`` a reward kind of the user's); a bad entry is one UserPartsError line."""
+    import argparse
+
+    reader = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    reader.add_argument("--plugins", action="append", default=[])
+    import_user_parts(reader.parse_known_args(argv)[0].plugins)
+
+
 def _import_one(entry: str):
     if _is_path(entry):
         if not os.path.isfile(entry):

@@ -141,3 +141,17 @@ def test_a_kind_registered_in_the_drivers_code_travels(kinds):
     assert not any("exact_string" in name for name in ship().names)  # a --plugins file: each process imports it
     with pytest.raises(ValueError, match="reward type 'words' is already registered"):
         register_reward_type(RewardType("words", Graded, lambda value, key: value, "any text", "", "{answer}"))
+
+
+def test_the_command_lines_import_a_kind_before_reading_rt(tmp_path, tiny_model_dir, registries_restored):
+    """--plugins is imported before the flags are read: its kind is an -rt choice of coati train and evaluate."""
+    from coati.rlhf.evaluate import parse_options
+    from coati.train import command_parser
+
+    kind = tmp_path / "echo_kind.py"
+    kind.write_text("from rewards.builtin import RewardType, register_reward_type\n"
+                    "register_reward_type(RewardType('echo_label', object, lambda value, key: value, 'any text', '',"
+                    " '{answer}'))\n")
+    argv = ["-m", tiny_model_dir, "-d", rows(tmp_path), "--plugins", str(kind), "-rt", "echo_label"]
+    assert command_parser(argv, "coati train", "", {}).parse_args(argv).reward_type == "echo_label"
+    assert parse_options(argv, "coati evaluate")[0].reward_type == "echo_label"
