@@ -98,6 +98,8 @@ def run_reward_defaults(values: dict, given: set[str]) -> str:
     for dest in REWARD_DESTS:
         if dest in saved:
             values[dest] = saved[dest]
+    # the run's --plugins too: its -rt kind may be one they register (imported after this, by parse_options)
+    values["plugins"] = tuple(dict.fromkeys((*(values.get("plugins") or ()), *(saved.get("plugins") or ()))))
     return reward_line(values, f"the run's own, from {path}; a reward option given here replaces it")
 
 
@@ -168,6 +170,9 @@ def check_inputs(config: EvalConfig, log=print) -> Inputs:
     require(config.num_prompts >= 0, f"-n/--num-prompts must be >= 0 (0: all), got {config.num_prompts}")
     from coati.config.validate import check_prompt_options, check_reward_options
 
+    require(config.reward_type in REWARD_TYPES,
+            f"-rt {config.reward_type!r} is no registered reward kind (choose one of {', '.join(REWARD_TYPES)}): pass "
+            "the --plugins file that registers it")
     check_reward_options(config, config.reward_type)
     check_prompt_options(config, config.system_prompt)
     embedded = config.model is None

@@ -250,10 +250,10 @@ def parse_options(argv: list[str] | None, prog: str) -> tuple[EvalConfig, str]:
         import_plugins_of(argv)  # first: a reward kind they register is an -rt choice
         parser = build_parser(EvalConfig, prog, DESCRIPTION)
         values = vars(parser.parse_args(argv))
-        import_user_parts(values["plugins"] or ())  # --config's
+        line = run_reward_defaults(values, parser.given)
+        import_user_parts(values["plugins"] or ())  # --config's, and the run's
     except UserPartsError as err:
         raise ConfigError(str(err)) from None
-    line = run_reward_defaults(values, parser.given)
     return construct(EvalConfig, values), line
 
 

@@ -155,3 +155,25 @@ def test_the_command_lines_import_a_kind_before_reading_rt(tmp_path, tiny_model_
     argv = ["-m", tiny_model_dir, "-d", rows(tmp_path), "--plugins", str(kind), "-rt", "echo_label"]
     assert command_parser(argv, "coati train", "", {}).parse_args(argv).reward_type == "echo_label"
     assert parse_options(argv, "coati evaluate")[0].reward_type == "echo_label"
+
+
+def test_evaluate_on_a_runs_checkpoint_takes_its_kind_and_plugins(tmp_path, tiny_model_dir, registries_restored):
+    import shutil
+
+    from coati.rlhf.eval_config import check_inputs as check_eval_inputs
+    from coati.rlhf.evaluate import parse_options
+
+    kind = tmp_path / "run_kind.py"
+    kind.write_text("from rewards.builtin import RewardType, register_reward_type\n"
+                    "register_reward_type(RewardType('run_kind', object, lambda value, key: value.upper(), 'any text',"
+                    " '', '{answer}'))\n")
+    checkpoint = shutil.copytree(tiny_model_dir, tmp_path / "step_4")
+    (checkpoint / "run_state.json").write_text(json.dumps({"options": {"reward_type": "run_kind",
+                                                                       "plugins": [str(kind)]}}))
+    config, line = parse_options(["-m", str(checkpoint), "-d", rows(tmp_path)], "coati evaluate")
+    assert config.reward_type == "run_kind" and line.startswith("reward: -rt run_kind (the run's own")
+    assert check_eval_inputs(config, log=lambda m: None).examples[0].label == "PARIS"
+    (checkpoint / "run_state.json").write_text(json.dumps({"options": {"reward_type": "gone_kind"}}))
+    config, _ = parse_options(["-m", str(checkpoint), "-d", rows(tmp_path)], "coati evaluate")
+    with pytest.raises(ConfigError, match="-rt 'gone_kind' is no registered reward kind .*: pass the --plugins file"):
+        check_eval_inputs(config, log=lambda m: None)
