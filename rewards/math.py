@@ -14,6 +14,9 @@ Two formats (``--reward-type``):
 
 Equivalence is math-verify's (``1/2`` equals ``\\frac{1}{2}`` and ``0.5``), never string equality.
 
+The math kinds of rewards/builtin.py: ``MathScorer`` (one per format) scores groups; ``read_math_label`` reads a
+row's label (``final_answer``: a GSM8K or MATH solution gives its final answer).
+
 Reading an answer: gold answers (``gt_answer``) and the model's answers are read the same way, as LaTeX the
 way MATH's own answers are written: the last ``\\boxed{}`` when the text has one (a gold whose last boxes are
 several parts, ``\\boxed{1}\\boxed{2}``, is the list of them), the delimited math when it

@@ -39,7 +39,8 @@ class RewardScorer:
             raise ValueError(f"{len(groups)} groups but {len(examples)} examples")
         flat_responses = [r for responses in groups for r in responses]
         flat_examples = [example for responses, example in zip(groups, examples) for _ in responses]
-        flat = self.combined.apply(self._builtin(groups, examples), flat_responses, flat_examples)  # one batch for a reward server
+        # one batch for a reward server
+        flat = self.combined.apply(self._builtin(groups, examples), flat_responses, flat_examples)
         return regroup(flat, groups)
 
     def score_each(self, responses: list[str], examples) -> list[RewardResult]:

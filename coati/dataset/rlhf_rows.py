@@ -4,8 +4,8 @@
 - Preferences: ``{"prompt": ..., "chosen": "...", "rejected": "..."}``: the reward model learns to score the
   chosen response above the rejected one.
 - Prompts (``coati evaluate``): ``{"prompt": ...}``, or a row of the reward kind (``{"messages": ..., "label": "3"}``,
-  or ``gt_answer``/``test_cases`` as older files name it: rows.py); the answer is optional: rows with one are scored with the verifiable reward, rows without one only
-  by a reward model.
+  or ``gt_answer``/``test_cases`` as older files name it: rows.py); the answer is optional: rows with one are
+  scored with the verifiable reward, rows without one only by a reward model.
 
 The prompt is what math/code rows' prompts may be (rows.py): a string, one role/content object, or a chat
 list ending with the user's turn. Responses are non-empty strings. Files are any format of loader.py

@@ -166,7 +166,8 @@ def check_user_rewards(config: RLConfig, first) -> None:
         raise ConfigError(str(err)) from None
     verdicts = [answer.correct for answer in answers if answer.correct is not None]
     builtin = True if reward_type(d.reward_type).verdict else None  # a graded kind gives no verdict
-    defined = sample_correct(builtin, rewards.weights[d.reward_type], verdicts, 0.0, rewards.correct_threshold) is not None
+    defined = sample_correct(builtin, rewards.weights[d.reward_type], verdicts, 0.0,
+                             rewards.correct_threshold) is not None
     require(defined or config.algo.groups.filter_range is None,
             f"filter_range keeps groups by accuracy, but no reward of this run defines correctness ({d.reward_type} "
             f"weighs 0): return (score, {{\"correct\": bool}}) from --reward-fn, set --correct-threshold, or drop "

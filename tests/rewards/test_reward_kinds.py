@@ -177,3 +177,22 @@ def test_evaluate_on_a_runs_checkpoint_takes_its_kind_and_plugins(tmp_path, tiny
     config, _ = parse_options(["-m", str(checkpoint), "-d", rows(tmp_path)], "coati evaluate")
     with pytest.raises(ConfigError, match="-rt 'gone_kind' is no registered reward kind .*: pass the --plugins file"):
         check_eval_inputs(config, log=lambda m: None)
+
+
+def test_every_scoring_command_takes_the_reward_options_from_one_place():
+    """coati train/ppo and the RLHF pipeline's ppo section (RLOptions) and coati evaluate (EvalConfig): RewardOptions'
+    flags, and the same -rt choices (the registry itself)."""
+    from coati.config.cli import RLOptions
+    from coati.config.data import RewardOptions
+    from coati.rlhf.eval_config import EvalConfig
+    from coati.utils.dataclass_cli import options
+
+    def flags(cls):
+        return {opt.long: opt for opt in options(cls)}
+
+    shared = flags(RewardOptions)
+    assert {"--reward-fn", "--reward-weights", "--reward-url", "--correct-threshold"} <= set(shared)
+    for command in (RLOptions, EvalConfig):
+        assert {flag: opt.field for flag, opt in flags(command).items() if flag in shared} == \
+            {flag: opt.field for flag, opt in shared.items()}
+        assert flags(command)["--reward-type"].field.metadata["choices"] is REWARD_TYPES
