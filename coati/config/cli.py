@@ -102,6 +102,10 @@ def config_from_dict(mapping: dict, defaults: dict | None = None, demo=None, sou
     names too; ``grpo_config`` and ``eval_dataset`` may be the object itself), with ``defaults`` (the command's,
     e.g. ``{"algo": "PPO"}``) below it, exactly as ``build_parser(**defaults)`` and the same flags would give.
     A bad key or value is one ConfigFileError line starting with ``source``."""
+    plugins = mapping.get("plugins") or ()
+    plugins = [plugins] if isinstance(plugins, str) else plugins
+    if isinstance(plugins, (list, tuple)) and all(isinstance(entry, str) for entry in plugins):
+        load_plugins(plugins)  # first: a reward kind they register is an -rt choice (a bad value: check_values's)
     values = dataclass_cli.defaults(RLOptions)
     values.update(dataclass_cli.check_values(RLOptions, defaults or {}, f"{source} defaults"))
     given = dataclass_cli.check_values(RLOptions, mapping, source)

@@ -15,6 +15,7 @@ from coati.config.tree import RLConfig
 from coati.dataset.jsonl import plain_text_line
 from coati.registry import resolve
 from rewards import reward_type
+from rewards.types import example_label
 
 
 # What stands for a path that is built later (the embedded demo's model and data) while the flags are checked.
@@ -135,8 +136,6 @@ def _check_ppo_models(ppo: PPOConfig) -> None:
 
 def _check_response(config: RLConfig, example) -> str:
     """A response in the reward type's format, answering with the row's own gold (a check call's input)."""
-    from rewards.types import example_label
-
     return reward_type(config.data.reward_type).sample_response.format(answer=example_label(example))
 
 
@@ -148,7 +147,7 @@ def check_user_rewards(config: RLConfig, first) -> None:
     d = config.data
     if not d.reward_fn and d.reward_url is None:
         return
-    from rewards.combine import CombinedRewards, RewardWeightsError, example_label, last_user_text
+    from rewards.combine import CombinedRewards, RewardWeightsError, last_user_text
     from rewards.correctness import sample_correct
     from rewards.remote import RemoteRewardError
     from rewards.user import RewardFnError

@@ -68,8 +68,8 @@ class ShippedRows:
 
 PLUGINS_HELP = ("your own parts: a .py file or an importable module (e.g. my_parts.py, my_pkg.parts) that every "
                 "process of the run imports before it builds anything (the driver, producers, trainer ranks, the "
-                "evaluator), so the policy losses, estimators, shapers, masks, filters and environments it registers "
-                "are usable by name; repeatable (a YAML list). Not --plugin, the trainer's layout. Parts registered in "
+                "evaluator), so the policy losses, estimators, shapers, masks, filters, environments and reward kinds "
+                "it registers are usable by name; repeatable (a YAML list). Not --plugin, the trainer's layout. Parts registered in "
                 "a script calling coati.run need no flag: they travel to the actors (docs/algorithms.md)")
 
 

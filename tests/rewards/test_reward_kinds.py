@@ -4,6 +4,7 @@ the scorer, an evaluation's numbers, coati train's and coati evaluate's checks, 
 
 import json
 import os
+import sys
 
 import pytest
 
@@ -36,15 +37,24 @@ class Graded:
 
 @pytest.fixture(scope="module")
 def kinds():
-    """exact_string from its file, as --plugins imports it; two kinds registered right here."""
+    """exact_string from its file, as --plugins imports it; two kinds registered right here. After the module, the
+    registry and the plugin imports as they were (as conftest's registries_restored, for a whole module)."""
+    from coati.utils import user_parts
+
+    saved, imported, modules = dict(REWARD_TYPES), dict(user_parts._imported), set(sys.modules)
     import_user_parts([KIND_FILE])
     register_reward_type(RewardType("words", Graded, lambda value, key: value, "any text", "", "{answer}",
                                     verdict=False))
     register_reward_type(RewardType("sandboxed_words", Graded, lambda value, key: value, "any text", "", "{answer}",
                                     needs_sandbox=True))
     yield
-    for name in ("exact_string", "words", "sandboxed_words"):
-        REWARD_TYPES.pop(name, None)
+    REWARD_TYPES.clear()
+    REWARD_TYPES.update(saved)
+    user_parts._imported.clear()
+    user_parts._imported.update(imported)
+    for name in set(sys.modules) - modules:
+        if name.startswith("coati_user_parts_"):
+            del sys.modules[name]
 
 
 def rows(tmp_path, n=64, **extra):
@@ -144,7 +154,8 @@ def test_a_kind_registered_in_the_drivers_code_travels(kinds):
 
 
 def test_the_command_lines_import_a_kind_before_reading_rt(tmp_path, tiny_model_dir, registries_restored):
-    """--plugins is imported before the flags are read: its kind is an -rt choice of coati train and evaluate."""
+    """--plugins is imported before the flags are read: its kind is an -rt choice of coati train and evaluate (and of
+    a config mapping)."""
     from coati.rlhf.evaluate import parse_options
     from coati.train import command_parser
 
@@ -155,6 +166,14 @@ def test_the_command_lines_import_a_kind_before_reading_rt(tmp_path, tiny_model_
     argv = ["-m", tiny_model_dir, "-d", rows(tmp_path), "--plugins", str(kind), "-rt", "echo_label"]
     assert command_parser(argv, "coati train", "", {}).parse_args(argv).reward_type == "echo_label"
     assert parse_options(argv, "coati evaluate")[0].reward_type == "echo_label"
+    # a mapping (a pipeline file's section, coati.build_config): its plugins key, before its reward_type is checked
+    from coati.config.cli import config_from_dict
+
+    second = tmp_path / "second_kind.py"
+    second.write_text(kind.read_text().replace("echo_label", "second_label"))
+    config = config_from_dict({"model": tiny_model_dir, "dataset": rows(tmp_path), "plugins": [str(second)],
+                               "reward_type": "second_label"})
+    assert config.data.reward_type == "second_label"
 
 
 def test_evaluate_on_a_runs_checkpoint_takes_its_kind_and_plugins(tmp_path, tiny_model_dir, registries_restored):
