@@ -220,7 +220,8 @@ def format_table(summary: dict) -> str:
         lines.append(f"{mode:<8}" + "".join(f"{metrics[key]:>10{fmt}}" for _, key, fmt in columns))
     if not answered:
         lines.append(f"no answers in the rows: accuracy, format and reward (-rt {summary['reward_type']}) skipped "
-                     "(rows need gt_answer, or --label-key naming the answer field)")
+                     "(rows need a label, or gt_answer/test_cases as older files name it, or --label-key naming the "
+                     "answer field)")
     elif answered < summary["prompts"]:
         lines.append(f"accuracy, format and reward over the {answered} of {summary['prompts']} prompts with answers")
     if answered:
