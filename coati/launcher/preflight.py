@@ -142,11 +142,12 @@ def _check_response(config: RLConfig, example) -> str:
 def check_user_rewards(config: RLConfig, first) -> None:
     """--reward-fn: each function loads and, called on the first training row, returns a finite number (or
     (number, dict) with an optional "correct" bool); --reward-url: the server scores that row. DAPO's accuracy
-    filter needs correctness, which that row must then have (rewards/correctness.py). One ConfigError line
-    otherwise, before any actor."""
+    filter needs correctness, which that row must then have (rewards/correctness.py; a graded -rt kind gives none).
+    One ConfigError line otherwise, before any actor."""
     d = config.data
-    if not d.reward_fn and d.reward_url is None:
-        return
+    kind = reward_type(d.reward_type)
+    if not d.reward_fn and d.reward_url is None and kind.verdict:
+        return  # the built-in verdict, at weight 1: correctness is defined
     from rewards.combine import CombinedRewards, RewardWeightsError, last_user_text
     from rewards.correctness import sample_correct
     from rewards.remote import RemoteRewardError
@@ -156,20 +157,23 @@ def check_user_rewards(config: RLConfig, first) -> None:
     try:
         rewards = CombinedRewards(d.reward_type, d.reward_fn, d.reward_url, d.reward_weights,
                                   options["remote_options"], options["correct_threshold"])
-        response, label = _check_response(config, first), example_label(first)
-        answers = [fn(response, label, first.row, f"{first.source} (the check call at start-up)")
-                   for fn in rewards.functions]
-        if rewards.remote is not None:
-            answers += rewards.remote.score([{"prompt": last_user_text(first), "response": response, "label": label}])
+        answers = []
+        if rewards.functions or rewards.remote is not None:
+            response, label = _check_response(config, first), example_label(first)
+            answers = [fn(response, label, first.row, f"{first.source} (the check call at start-up)")
+                       for fn in rewards.functions]
+            if rewards.remote is not None:
+                answers += rewards.remote.score([{"prompt": last_user_text(first), "response": response,
+                                                  "label": label}])
     except (RewardFnError, RemoteRewardError, RewardWeightsError) as err:
         raise ConfigError(str(err)) from None
     verdicts = [answer.correct for answer in answers if answer.correct is not None]
-    builtin = True if reward_type(d.reward_type).verdict else None  # a graded kind gives no verdict
-    defined = sample_correct(builtin, rewards.weights[d.reward_type], verdicts, 0.0,
+    defined = sample_correct(True if kind.verdict else None, rewards.weights[d.reward_type], verdicts, 0.0,
                              rewards.correct_threshold) is not None
+    why = "weighs 0" if kind.verdict else "grades without a verdict"
     require(defined or config.algo.groups.filter_range is None,
             f"filter_range keeps groups by accuracy, but no reward of this run defines correctness ({d.reward_type} "
-            f"weighs 0): return (score, {{\"correct\": bool}}) from --reward-fn, set --correct-threshold, or drop "
+            f"{why}): return (score, {{\"correct\": bool}}) from --reward-fn, set --correct-threshold, or drop "
             "filter_range")
 
 

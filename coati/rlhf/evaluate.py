@@ -2,7 +2,8 @@
 
 Any HF causal-LM directory is a checkpoint: ``coati sft``'s ``<run>/final``, a GRPO/PPO ``<run>/step_N``, a
 downloaded model. Reported per decoding mode:
-- with answers in the rows (``gt_answer``, or the field ``--label-key`` names; PRIME test cases for ``-rt code``):
+- with answers in the rows (``label``, the older ``gt_answer``, or the field ``--label-key`` names; PRIME test cases
+  for ``-rt code``):
   accuracy, format rate and mean reward of the training reward (``-rt`` with ``--reward-fn``, ``--reward-weights``,
   ``--reward-url``, ``--correct-threshold``, as ``coati train`` takes them; on a run's ``step_N`` checkpoint the
   run's own unless given here, which one line says first), over the rows that have one;

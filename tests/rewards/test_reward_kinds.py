@@ -215,3 +215,16 @@ def test_every_scoring_command_takes_the_reward_options_from_one_place():
         assert {flag: opt.field for flag, opt in flags(command).items() if flag in shared} == \
             {flag: opt.field for flag, opt in shared.items()}
         assert flags(command)["--reward-type"].field.metadata["choices"] is REWARD_TYPES
+
+
+def test_dapos_filter_asks_the_kind_for_a_verdict(kinds, tiny_model_dir, tmp_path):
+    from coati.launcher.preflight import check_user_rewards
+
+    argv = ["-m", tiny_model_dir, "-d", rows(tmp_path), "-a", "DAPO"]
+    first = load_examples(rows(tmp_path), RowFormat(reward_type="words"))[0]
+    with pytest.raises(ConfigError, match=r"no reward of this run defines correctness \(words grades without a "
+                                          r"verdict\): .*set --correct-threshold"):
+        check_user_rewards(config_from_args(build_parser().parse_args([*argv, "-rt", "words"]), None), first)
+    check_user_rewards(config_from_args(build_parser().parse_args(
+        [*argv, "-rt", "words", "--correct-threshold", "0.5"]), None), first)
+    check_user_rewards(config_from_args(build_parser().parse_args([*argv, "-rt", "exact_string"]), None), first)
