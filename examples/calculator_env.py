@@ -23,4 +23,4 @@ class CalculatorEnv(ToolEnv):
 
     def score(self, row, text: str) -> float:
         answer = boxed_answer(text)
-        return 1.0 if answer is not None and answer == str(row.gt_answer) else 0.0
+        return 1.0 if answer is not None and answer == str(row.label) else 0.0

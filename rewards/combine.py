@@ -15,7 +15,7 @@ import math
 
 from rewards.correctness import sample_correct
 from rewards.remote import RemoteReward
-from rewards.types import RewardResult, Scored
+from rewards.types import RewardResult, Scored, example_label
 from rewards.user import UserReward, load_reward_fn
 
 
@@ -55,10 +55,6 @@ def resolve_weights(names: list[str], given: dict[str, float]) -> dict[str, floa
         raise RewardWeightsError(f"--reward-weights names {', '.join(map(repr, unknown))}, which is no reward of "
                                  f"this run (rewards: {', '.join(names)})")
     return {name: given.get(name, 1.0) for name in names}
-
-
-def example_label(example):
-    return example.gt_answer if example.gt_answer is not None else example.test_cases
 
 
 def last_user_text(example) -> str:

@@ -5,7 +5,8 @@ A sample's verdict, first that applies:
 1. parts that say so: a ``--reward-fn`` that returns ``(score, {"correct": bool, ...})`` or a reward server
    that replies ``"correct"``: correct when every part that gave a verdict says True;
 2. ``--correct-threshold T``: correct when the weighted reward is >= T;
-3. the built-in ``-rt`` reward's verdict, while its weight is not 0;
+3. the built-in ``-rt`` reward's verdict, while its weight is not 0 and its kind gives verdicts
+   (``RewardType.verdict``, rewards/builtin.py);
 4. otherwise none: the run's rewards define no correctness (the built-in reward weighted 0 and nothing else says),
    and its accuracy is "not defined"; reports give the mean reward instead.
 
@@ -20,14 +21,14 @@ CORRECT_KEY = "correct"  # the key of a reward part's verdict, in a function's d
 NOT_DEFINED = "not defined"
 
 
-def sample_correct(builtin_correct: bool, builtin_weight: float, verdicts: Sequence[bool], reward: float,
+def sample_correct(builtin_correct: bool | None, builtin_weight: float, verdicts: Sequence[bool], reward: float,
                    threshold: float | None) -> bool | None:
     """One sample's verdict: ``verdicts`` are the parts' own (user functions, server), ``reward`` the weighted sum."""
     if verdicts:
         return all(verdicts)
     if threshold is not None:
         return reward >= threshold
-    if builtin_weight != 0:
+    if builtin_weight != 0 and builtin_correct is not None:  # None: a graded kind (RewardType.verdict False)
         return bool(builtin_correct)
     return None
 

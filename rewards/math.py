@@ -14,6 +14,9 @@ Two formats (``--reward-type``):
 
 Equivalence is math-verify's (``1/2`` equals ``\\frac{1}{2}`` and ``0.5``), never string equality.
 
+The math kinds of rewards/builtin.py: ``MathScorer`` (one per format) scores groups; ``read_math_label`` reads a
+row's label (``final_answer``: a GSM8K or MATH solution gives its final answer).
+
 Reading an answer: gold answers (``gt_answer``) and the model's answers are read the same way, as LaTeX the
 way MATH's own answers are written: the last ``\\boxed{}`` when the text has one (a gold whose last boxes are
 several parts, ``\\boxed{1}\\boxed{2}``, is the list of them), the delimited math when it
@@ -378,6 +381,50 @@ def score_group(responses: list[str], gold: GoldAnswer, fmt: MathFormat | str) -
             by_answer[key] = _verdict(gold, answer, final, parts)
         results.append(by_answer[key])
     return results
+
+
+class MathScorer:
+    """The math kinds' scorer (``boxed``, ``think_answer_tags``: one ``MathFormat`` each): a group's gold answer
+    is read once and each distinct answer checked once (``score_group``), group by group."""
+
+    def __init__(self, fmt: MathFormat):
+        self.fmt = fmt
+
+    def score_groups(self, groups: list[list[str]], labels: list[str]) -> list[list[RewardResult]]:
+        return [score_group(responses, GoldAnswer(label), self.fmt) for responses, label in zip(groups, labels)]
+
+
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")  # a comma between digit groups, as in "1,000,000"
+
+
+def final_answer(label) -> str:
+    """The gold answer a math label stands for.
+
+    ``"... #### 1,080"`` (GSM8K) -> ``"1080"``: the text after the last ``####``, thousands separators dropped.
+    Else a label holding ``\\boxed{...}`` (a MATH solution) -> the last box's content, or the contents of the
+    listed boxes it ends with, joined by ", " (``\\boxed{1}$ and $\\boxed{-2}`` -> ``1, -2``). Else the label itself,
+    stripped; numbers become their string.
+    """
+    if isinstance(label, bool) or not isinstance(label, (str, int, float)):
+        raise ValueError(f"must be a string or a number, got {type(label).__name__}")
+    if not isinstance(label, str):
+        return str(label)
+    if "####" in label:
+        answer = _THOUSANDS.sub("", label.rsplit("####", 1)[1].strip())
+    else:
+        boxes = final_boxes(label)  # several listed boxes ("\boxed{1} and \boxed{-2}") are one list answer
+        answer = (", ".join(boxes) if boxes else label).strip()
+    if not answer:
+        raise ValueError("holds no answer (empty, or nothing after '####' or inside \\boxed{})")
+    return answer
+
+
+def read_math_label(value, key: str) -> str:
+    """A row's math label (a plain answer, a GSM8K or MATH solution) -> its gold answer; the error names ``key``."""
+    try:
+        return final_answer(value)
+    except ValueError as err:
+        raise ValueError(f'"{key}" {err}') from None
 
 
 def boxed_reward(response: str, gt_answer: str) -> RewardResult:

@@ -1,16 +1,18 @@
-"""Scoring a group of responses to one example, whatever the reward type."""
+"""Scoring a group of responses to one example, whatever the reward kind."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from rewards.builtin import reward_type as reward_type_spec
 from rewards.combine import CombinedRewards
-from rewards.math import GoldAnswer, score_group
-from rewards.types import RewardResult
+from rewards.types import RewardResult, example_label, regroup
 
 
 class RewardScorer:
-    """The built-in reward of ``reward_type``, weighted with the user's functions (``reward_fns``: specs
-    ``path.py:name``) and a reward server (``reward_url``) when given; see rewards/combine.py."""
+    """The built-in reward of ``reward_type`` (its kind's scorer, rewards/builtin.py), weighted with the user's
+    functions (``reward_fns``: specs ``path.py:name``) and a reward server (``reward_url``) when given; see
+    rewards/combine.py. ``code_options``: the sandbox's limits, for a kind that needs the sandbox."""
 
     def __init__(self, reward_type: str, code_options: dict | None = None, reward_fns=(),
                  reward_url: str | None = None, reward_weights: str | None = None,
@@ -19,45 +21,30 @@ class RewardScorer:
         self.reward_type = reward_type
         self.combined = CombinedRewards(reward_type, reward_fns, reward_url, reward_weights, remote_options,
                                         correct_threshold)
-        self._code = None
-        if self.spec.runs_code:
-            from rewards.code import CodeRewardScorer
-
-            self._code = CodeRewardScorer(**(code_options or {}))
+        self.kind = self.spec.make_scorer(code_options)
 
     def score(self, responses: list[str], example) -> list[RewardResult]:
-        return self.combined.apply(self._builtin(responses, example), responses, [example] * len(responses))
+        """One example's group of responses (its label is read once; each distinct answer checked once)."""
+        return self.score_groups([responses], [example])[0]
 
-    def _builtin(self, responses: list[str], example) -> list[RewardResult]:
-        """``example`` has ``gt_answer`` (math) or ``test_cases`` (code). The responses are usually one
-        prompt's group: its gold answer is parsed once and each distinct answer checked once."""
-        if self._code is not None:
-            return self._code.score_batch(responses, [example.test_cases] * len(responses))
-        return score_group(responses, GoldAnswer(example.gt_answer), self.spec.math_format)
+    def _builtin(self, groups: list[list[str]], examples) -> list[RewardResult]:
+        """The kind's results, flat; a kind without a verdict says none (rewards/correctness.py)."""
+        flat = [r for results in self.kind.score_groups(groups, [example_label(e) for e in examples])
+                for r in results]
+        return flat if self.spec.verdict else [dataclasses.replace(r, correct=None) for r in flat]
 
     def score_groups(self, groups: list[list[str]], examples) -> list[list[RewardResult]]:
-        """Each example's group of responses (a generation round). Code: one batch over all groups, so the
-        sandbox workers stay busy across groups instead of waiting at the end of each; math: group by group."""
+        """Each example's group of responses (a generation round), batched as the kind batches them."""
         if len(groups) != len(examples):
             raise ValueError(f"{len(groups)} groups but {len(examples)} examples")
         flat_responses = [r for responses in groups for r in responses]
         flat_examples = [example for responses, example in zip(groups, examples) for _ in responses]
-        if self._code is None:
-            flat = [r for responses, example in zip(groups, examples) for r in self._builtin(responses, example)]
-        else:
-            flat = self._code.score_batch(flat_responses, [example.test_cases for example in flat_examples])
-        flat = self.combined.apply(flat, flat_responses, flat_examples)  # one batch for a reward server
-        bounds = [0]
-        for responses in groups:
-            bounds.append(bounds[-1] + len(responses))
-        return [flat[a:b] for a, b in zip(bounds, bounds[1:])]
+        # one batch for a reward server
+        flat = self.combined.apply(self._builtin(groups, examples), flat_responses, flat_examples)
+        return regroup(flat, groups)
 
     def score_each(self, responses: list[str], examples) -> list[RewardResult]:
-        """One response per example (an evaluation): code responses run in parallel on all sandbox workers."""
+        """One response per example (an evaluation): a group of one each."""
         if len(responses) != len(examples):
             raise ValueError(f"{len(responses)} responses but {len(examples)} examples")
-        if self._code is not None:
-            results = self._code.score_batch(responses, [example.test_cases for example in examples])
-        else:
-            results = [self._builtin([response], example)[0] for response, example in zip(responses, examples)]
-        return self.combined.apply(results, responses, list(examples))
+        return [r for results in self.score_groups([[r] for r in responses], examples) for r in results]

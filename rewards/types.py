@@ -47,3 +47,21 @@ def combine(format_ok: bool, score: float) -> float:
     if not 0.0 <= score <= 1.0:
         raise ValueError(f"score must lie in [0, 1], got {score}")
     return FORMAT_REWARD + (1.0 - FORMAT_REWARD) * score
+
+
+def regroup(flat: list, groups: list[list]) -> list[list]:
+    """``flat`` (one item per response of ``groups``, in order) cut back into the groups' sizes."""
+    out, start = [], 0
+    for group in groups:
+        out.append(flat[start:start + len(group)])
+        start += len(group)
+    return out
+
+
+def example_label(example):
+    """What ``example`` is scored against: its ``label`` (coati/dataset/rows.py ``Example``). An object of the
+    older shape (``gt_answer`` for math, ``test_cases`` for code) is read by those names: the one place they map."""
+    if hasattr(example, "label"):
+        return example.label
+    gold = getattr(example, "gt_answer", None)
+    return gold if gold is not None else getattr(example, "test_cases", None)

@@ -183,9 +183,11 @@ def registries_restored():
     from coati.algorithm import loss, registry
     from coati.rollout import env
     from coati.utils import user_parts
+    from rewards.builtin import REWARD_TYPES
 
     tables = [registry.ADV_ESTIMATORS, registry.POLICY_LOSSES, registry.KL_ESTIMATORS, registry.LOSS_AGGREGATIONS,
-              registry.REWARD_SHAPERS, registry.SAMPLE_MASKS, registry.GROUP_FILTERS, loss.VALUE_LOSSES, env.ENVS]
+              registry.REWARD_SHAPERS, registry.SAMPLE_MASKS, registry.GROUP_FILTERS, loss.VALUE_LOSSES, env.ENVS,
+              REWARD_TYPES]
     saved, imported, modules = [dict(table) for table in tables], dict(user_parts._imported), set(sys.modules)
     yield
     for table, rows in zip(tables, saved):

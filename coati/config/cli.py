@@ -102,6 +102,10 @@ def config_from_dict(mapping: dict, defaults: dict | None = None, demo=None, sou
     names too; ``grpo_config`` and ``eval_dataset`` may be the object itself), with ``defaults`` (the command's,
     e.g. ``{"algo": "PPO"}``) below it, exactly as ``build_parser(**defaults)`` and the same flags would give.
     A bad key or value is one ConfigFileError line starting with ``source``."""
+    plugins = mapping.get("plugins") or ()
+    plugins = [plugins] if isinstance(plugins, str) else plugins
+    if isinstance(plugins, (list, tuple)) and all(isinstance(entry, str) for entry in plugins):
+        load_plugins(plugins)  # first: a reward kind they register is an -rt choice (a bad value: check_values's)
     values = dataclass_cli.defaults(RLOptions)
     values.update(dataclass_cli.check_values(RLOptions, defaults or {}, f"{source} defaults"))
     given = dataclass_cli.check_values(RLOptions, mapping, source)
@@ -132,7 +136,7 @@ def _situation(values: dict, demo) -> tuple[bool, dict, dict, dict]:
         fits = " or -rt ".join(name for name, other in REWARD_TYPES.items() if other.embedded_demo)
         raise ConfigError(f"the embedded demo model answers in \\boxed{{}}: use -rt {fits}, "
                           "or pass -m/--model and -d/--dataset")
-    if tool and spec is not None and spec.runs_code:
+    if tool and spec is not None and spec.needs_sandbox:
         raise ConfigError(f"--env {values['env']} runs the tool demo, whose answers are graded by its environment: "
                           f"drop -rt {reward_type} (or pass -m/--model and -d/--dataset)")
     demo_task = embedded_demo(reward_type, values["env"])
@@ -238,14 +242,14 @@ def config_from_values(values: dict, demo=None, given: set[str] | None = None) -
     _colocation(values, given or set())
     _batches(values, situation)
     max_new_tokens = values["max_new_tokens"]
-    stops = REWARD_TYPES[values["reward_type"]].stop_strings if values["reward_type"] in REWARD_TYPES else ()
-    stops = tuple(dict.fromkeys((*stops, *(values["stop"] or ()))))
+    data = construct(DataConfig, values, eval_paths=eval_paths)
+    stops = data.stop_strings(data.reward_type)
     flags = {key: values[knob.dest] for key, knob in grpo_keys(AlgoConfig).items() if knob.is_flag}
     # the parts built from their flags alone (parallel, batch, run) are constructed from the values directly
     config = construct(
         RLConfig, values,
         model=construct(ModelConfig, values, is_embedded_demo=embedded),
-        data=construct(DataConfig, values, eval_paths=eval_paths),
+        data=data,
         sampling=construct(SamplingParams, values, n=values["num_generations"], stop_strings=stops),
         algo=build_algo_config(values["algo"], values["learning_rate"], values["max_grad_norm"], max_new_tokens,
                                grpo_overrides, ppo=construct(PPOConfig, values), **flags),

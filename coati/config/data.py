@@ -110,6 +110,12 @@ class PromptOptions:
             "$'\\nQ:'; repeatable (a YAML list); added to the -rt type's own stops", kind=str, repeat=True,
         metavar="STR")
 
+    def stop_strings(self, reward_type: str) -> tuple[str, ...]:
+        """Where a response ends besides EOS: the -rt kind's own stops (none for a name not registered: the
+        checks refuse it), then --stop's, each once."""
+        spec = REWARD_TYPES.get(reward_type)
+        return tuple(dict.fromkeys((*(spec.stop_strings if spec else ()), *self.stop)))
+
 
 @dataclass(frozen=True)
 class DataConfig(RewardOptions, PromptOptions):
@@ -121,7 +127,8 @@ class DataConfig(RewardOptions, PromptOptions):
         MISSING, 'JSON mapping task name -> dataset (same formats as -d), e.g. \'{"math": "eval.parquet"}\' '
                  "(default: the demo's held-out split)", "-ed", flag="--eval-dataset", kind=str, resolved=True,
         json_text=True)
-    reward_type: str = option(DEFAULT_REWARD_TYPE, "how responses are checked", "-rt", choices=tuple(REWARD_TYPES))
+    # the registry itself, not a copy: a kind registered later (a user's) is a choice too
+    reward_type: str = option(DEFAULT_REWARD_TYPE, "how responses are checked", "-rt", choices=REWARD_TYPES)
     system_prompt: str = option("", "system prompt (default: the reward type's own; none for the embedded demo)",
                                 "-s", resolved=True)
     max_prompt_tokens: int = option(512, "longer prompts are skipped (and counted); default: 64 for the demo, "
@@ -133,7 +140,7 @@ class DataConfig(RewardOptions, PromptOptions):
     label_key: str | None = option(
         None, "row field holding the answer; for math rewards a plain answer, or a solution ending in '#### 72' "
               "(GSM8K) or \\boxed{...} (MATH, the last box counts), e.g. --label-key answer / solution "
-              "(default: gt_answer; test_cases with -rt code)")
+              "(default: label, or the kind's older name: gt_answer for math, test_cases with -rt code)")
 
     @property
     def builtin_reward_counts(self) -> bool:
@@ -157,7 +164,7 @@ class DataConfig(RewardOptions, PromptOptions):
     def scorer_options(self) -> dict:
         """RewardScorer's keyword arguments for this run (built-in reward, user functions, server)."""
         return {"reward_type": self.reward_type,
-                "code_options": self.code.scorer_options() if reward_type(self.reward_type).runs_code else None,
+                "code_options": self.code.scorer_options() if reward_type(self.reward_type).needs_sandbox else None,
                 **self.reward_options()}
 
 

@@ -43,7 +43,7 @@ def validate(config: RLConfig) -> None:
     _validate_keys(d)
     check_reward_options(d, d.reward_type)
     check_prompt_options(d, d.system_prompt)
-    if REWARD_TYPES[d.reward_type].runs_code:
+    if REWARD_TYPES[d.reward_type].needs_sandbox:
         require(d.code.workers is None or d.code.workers >= 1, "--code-workers must be at least 1")
         try:
             d.code.scorer_options()

@@ -3,9 +3,9 @@
 - SFT: ``{"prompt": ..., "completion": "..."}``: the model learns the completion given the prompt.
 - Preferences: ``{"prompt": ..., "chosen": "...", "rejected": "..."}``: the reward model learns to score the
   chosen response above the rejected one.
-- Prompts (``coati evaluate``): ``{"prompt": ...}``, or a math/code row (``{"messages": ..., "gt_answer": "3"}``,
-  rows.py); the answer is optional: rows with one are scored with the verifiable reward, rows without one only
-  by a reward model.
+- Prompts (``coati evaluate``): ``{"prompt": ...}``, or a row of the reward kind (``{"messages": ..., "label": "3"}``,
+  or ``gt_answer``/``test_cases`` as older files name it: rows.py); the answer is optional: rows with one are
+  scored with the verifiable reward, rows without one only by a reward model.
 
 The prompt is what math/code rows' prompts may be (rows.py): a string, one role/content object, or a chat
 list ending with the user's turn. Responses are non-empty strings. Files are any format of loader.py
@@ -77,7 +77,7 @@ def load_preferences(path: str) -> list[PreferenceExample]:
 
 
 def prompt_row(row: Any, where: str, fmt: RowFormat, input_key: str | None) -> Example:
-    """An Example whose ``gt_answer`` / ``test_cases`` is None when the row has no answer.
+    """An Example whose ``label`` is None when the row has no answer.
 
     ``input_key`` None: the row's ``messages`` (math/code rows), else its ``prompt`` (RLHF rows). An answer the
     row has is checked as training checks it; ``fmt.label_key`` given: every row must have one (the user said
@@ -90,7 +90,7 @@ def prompt_row(row: Any, where: str, fmt: RowFormat, input_key: str | None) -> E
         wanted = f'"{input_key}"' if input_key else '"messages" or "prompt"'
         raise ValueError(f"missing {wanted} (the prompt; this row has {present}: name the right one with --input-key)")
     fmt = RowFormat(reward_type=fmt.reward_type, input_key=key, label_key=fmt.label_key)
-    if fmt.label_key or row.get(fmt.label_field) is not None:
+    if fmt.label_key or fmt.row_label(row)[1] is not None:
         return row_to_example(row, fmt, where)
     return Example(messages=normalise_messages(row[key], key), source=where)
 
@@ -101,4 +101,4 @@ def load_prompts(path: str, fmt: RowFormat = RowFormat(), input_key: str | None 
 
 
 def has_answer(example: Example) -> bool:
-    return example.gt_answer is not None or example.test_cases is not None
+    return example.label is not None

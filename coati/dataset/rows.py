@@ -1,44 +1,60 @@
-"""One dataset row -> one ``Example``: which field is the prompt, which the answer, and what they may look like.
+"""One dataset row -> one ``Example``: which field is the prompt, which the label, and what they may look like.
 
 ``RowFormat`` names the fields (OpenRLHF's ``--input-key`` / ``--label-key``). The prompt field may hold a
 plain string (the user's message), one role/content object, or a chat list of them ending with the user's
-turn. The label field holds, for math rewards, the gold answer or a worked solution that ends in one:
-GSM8K's ``"... #### 72"`` gives ``72`` and MATH's ``"... \\boxed{\\frac{1}{2}}."`` gives ``\\frac{1}{2}``
-(see ``final_answer``); for ``-rt code``, PRIME test cases (an object, or that object as a JSON string).
+turn. The label is whatever the reward kind (``-rt``, rewards/builtin.py) scores against, read by the kind's own
+``read_label``: for math rewards the gold answer or a worked solution that ends in one (GSM8K's ``"... #### 72"``
+gives ``72`` and MATH's ``"... \\boxed{\\frac{1}{2}}."`` gives ``\\frac{1}{2}``, rewards/math.py ``final_answer``);
+for ``-rt code``, PRIME test cases (an object, or that object as a JSON string). Without ``--label-key`` a row
+holds it under ``label``, or under the kind's older name (``gt_answer`` for math, ``test_cases`` for code), which
+wins when both are there (``RowFormat.row_label``: the one place the names map).
 
 Every problem raises ``ValueError`` with a message that the loaders prefix with ``file:line`` or ``file:row``.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from rewards import DEFAULT_REWARD_TYPE, reward_type
+from rewards.math import final_answer  # noqa: F401  (callers found it here before it moved to its kind)
 
 ROLES = ("system", "user", "assistant")
-# A comma between digit groups, as in "1,000,000"; GSM8K's final answers are plain numbers.
-_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 
 
 class DatasetError(ValueError):
     """A dataset file is missing or malformed; the message names the file, the line or row, and the fix."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Example:
     messages: tuple[dict, ...]  # role/content dicts, in order
-    gt_answer: str | None = None  # math tasks
-    test_cases: dict | None = field(default=None, compare=False)  # code tasks
+    label: Any = None  # what the reward kind scores against (a gold answer, test cases...); None: no answer
     source: str = ""  # "file:line" or "file:row N", for messages about this example
     row: dict | None = field(default=None, compare=False, repr=False)  # the whole row, for --reward-fn
+
+    def __init__(self, messages, label=None, source: str = "", row: dict | None = None, *, gt_answer=None,
+                 test_cases=None):
+        # gt_answer= / test_cases=: the older spellings of the label, by kind
+        label = next((value for value in (label, gt_answer, test_cases) if value is not None), None)
+        for name, value in (("messages", messages), ("label", label), ("source", source), ("row", row)):
+            object.__setattr__(self, name, value)
+
+    @property
+    def gt_answer(self) -> str | None:
+        """The older name of a math label (a text); None for other labels."""
+        return self.label if isinstance(self.label, str) else None
+
+    @property
+    def test_cases(self) -> dict | None:
+        """The older name of a code label (an object); None for other labels."""
+        return self.label if isinstance(self.label, dict) else None
 
 
 @dataclass(frozen=True)
 class RowFormat:
-    """How rows map onto prompt and answer. ``label_key`` None: ``gt_answer`` (math) or ``test_cases`` (code)."""
+    """How rows map onto prompt and label. ``label_key`` None: ``label`` or the kind's older name (above)."""
 
     reward_type: str = DEFAULT_REWARD_TYPE
     input_key: str = "messages"
@@ -46,33 +62,19 @@ class RowFormat:
 
     @property
     def label_field(self) -> str:
+        """The field named in the message about a row without a label."""
         if self.label_key:
             return self.label_key
         return reward_type(self.reward_type).label_key
 
-
-def final_answer(label: Any) -> str:
-    """The gold answer a math label stands for.
-
-    ``"... #### 1,080"`` (GSM8K) -> ``"1080"``: the text after the last ``####``, thousands separators dropped.
-    Else a label holding ``\\boxed{...}`` (a MATH solution) -> the last box's content, or the contents of the
-    listed boxes it ends with, joined by ", " (``\\boxed{1}$ and $\\boxed{-2}`` -> ``1, -2``). Else the label itself,
-    stripped; numbers become their string.
-    """
-    if isinstance(label, bool) or not isinstance(label, (str, int, float)):
-        raise ValueError(f"must be a string or a number, got {type(label).__name__}")
-    if not isinstance(label, str):
-        return str(label)
-    from rewards.math import final_boxes
-
-    if "####" in label:
-        answer = _THOUSANDS.sub("", label.rsplit("####", 1)[1].strip())
-    else:
-        boxes = final_boxes(label)  # several listed boxes ("\boxed{1} and \boxed{-2}") are one list answer
-        answer = (", ".join(boxes) if boxes else label).strip()
-    if not answer:
-        raise ValueError("holds no answer (empty, or nothing after '####' or inside \\boxed{})")
-    return answer
+    def row_label(self, row: dict) -> tuple[str, Any]:
+        """(the field the label was found in, its value; None when the row has none): ``--label-key`` when given,
+        else the kind's fields in order (``RewardType.label_keys``)."""
+        keys = (self.label_key,) if self.label_key else reward_type(self.reward_type).label_keys
+        for key in keys:
+            if row.get(key) is not None:
+                return key, row[key]
+        return self.label_field, None
 
 
 def normalise_messages(raw: Any, key: str = "messages") -> tuple[dict, ...]:
@@ -101,20 +103,6 @@ def _missing(row: dict, key: str, what: str, flag: str) -> ValueError:
     return ValueError(f'missing "{key}" ({what}; this row has {present}: name the right one with {flag})')
 
 
-def _test_cases(value: Any) -> dict:
-    from rewards.code import validate_test_cases  # imported lazily: math users need no sandbox
-
-    if isinstance(value, str):  # some PRIME exports store the object as a JSON string
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            raise ValueError("test_cases is a string but not a JSON object") from None
-    problem = validate_test_cases(value)
-    if problem:
-        raise ValueError(problem)
-    return value
-
-
 def row_to_example(row: Any, fmt: RowFormat, source: str) -> Example:
     """Raises ValueError (without the location) when the row cannot be used."""
     if not isinstance(row, dict):
@@ -122,19 +110,11 @@ def row_to_example(row: Any, fmt: RowFormat, source: str) -> Example:
     if row.get(fmt.input_key) is None:
         raise _missing(row, fmt.input_key, "the prompt", "--input-key")
     messages = normalise_messages(row[fmt.input_key], fmt.input_key)
-    label_key = fmt.label_field
-    label = row.get(label_key)
-    if reward_type(fmt.reward_type).runs_code:
-        if label is None:
-            raise _missing(row, label_key, "PRIME test cases", "--label-key")
-        return Example(messages=messages, test_cases=_test_cases(label), source=source, row=row)
+    kind = reward_type(fmt.reward_type)
+    label_key, label = fmt.row_label(row)
     if label is None or (isinstance(label, str) and not label.strip()):
-        raise _missing(row, label_key, 'the answer, a non-empty string such as "42", needed by math rewards',
-                       "--label-key")
-    try:
-        return Example(messages=messages, gt_answer=final_answer(label), source=source, row=row)
-    except ValueError as err:
-        raise ValueError(f'"{label_key}" {err}') from None
+        raise _missing(row, label_key, kind.label_shape, "--label-key")
+    return Example(messages=messages, label=kind.read_label(label, label_key), source=source, row=row)
 
 
 def check_rows(problems: list[tuple[str, str]], total: int) -> None:

@@ -82,7 +82,7 @@ def build_code_demo(out_dir: str, recipe: CodeDemoRecipe, log=print) -> None:
         texts=[(prompt_text(s), completion_text(s))
                for s in splits.warm_start_specs(recipe.max_steps * recipe.batch_size, recipe.seed + 4)],
         dev_prompts=[tokenizer(prompt_text(s)).input_ids for s in splits.dev],
-        dev_examples=[Example(messages=(), test_cases=row["test_cases"]) for row in dev_rows],
+        dev_examples=[Example(messages=(), label=row["test_cases"]) for row in dev_rows],
         scorer=RewardScorer("code", {"all_or_nothing": True}), max_new_tokens=recipe.max_new_tokens,
         first_check=recipe.first_check, greedy_every_check=False)
     chosen, history = warm_start(model, tokenizer, recipe, data, log)

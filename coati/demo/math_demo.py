@@ -152,7 +152,7 @@ def build_demo(out_dir: str, recipe: DemoRecipe, log=print) -> None:
     train_pairs = splits.warm_start_pairs(recipe.max_steps * recipe.batch_size, seed=recipe.seed + 2)
     data = WarmStart(texts=[(prompt_text(a, b), completion_text(a, b)) for a, b in train_pairs],
                      dev_prompts=[tokenizer(prompt_text(a, b)).input_ids for a, b in dev_pairs],
-                     dev_examples=[Example(messages=(), gt_answer=str(a + b)) for a, b in dev_pairs],
+                     dev_examples=[Example(messages=(), label=str(a + b)) for a, b in dev_pairs],
                      scorer=RewardScorer("boxed"), max_new_tokens=8)
     chosen, history = warm_start(model, tokenizer, recipe, data, log)
     save_tiny(model, tokenizer, os.path.join(out_dir, "model"))

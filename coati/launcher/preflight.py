@@ -15,6 +15,7 @@ from coati.config.tree import RLConfig
 from coati.dataset.jsonl import plain_text_line
 from coati.registry import resolve
 from rewards import reward_type
+from rewards.types import example_label
 
 
 # What stands for a path that is built later (the embedded demo's model and data) while the flags are checked.
@@ -135,18 +136,19 @@ def _check_ppo_models(ppo: PPOConfig) -> None:
 
 def _check_response(config: RLConfig, example) -> str:
     """A response in the reward type's format, answering with the row's own gold (a check call's input)."""
-    return reward_type(config.data.reward_type).sample_response.format(answer=example.gt_answer)
+    return reward_type(config.data.reward_type).sample_response.format(answer=example_label(example))
 
 
 def check_user_rewards(config: RLConfig, first) -> None:
     """--reward-fn: each function loads and, called on the first training row, returns a finite number (or
     (number, dict) with an optional "correct" bool); --reward-url: the server scores that row. DAPO's accuracy
-    filter needs correctness, which that row must then have (rewards/correctness.py). One ConfigError line
-    otherwise, before any actor."""
+    filter needs correctness, which that row must then have (rewards/correctness.py; a graded -rt kind gives none).
+    One ConfigError line otherwise, before any actor."""
     d = config.data
-    if not d.reward_fn and d.reward_url is None:
-        return
-    from rewards.combine import CombinedRewards, RewardWeightsError, example_label, last_user_text
+    kind = reward_type(d.reward_type)
+    if not d.reward_fn and d.reward_url is None and kind.verdict:
+        return  # the built-in verdict, at weight 1: correctness is defined
+    from rewards.combine import CombinedRewards, RewardWeightsError, last_user_text
     from rewards.correctness import sample_correct
     from rewards.remote import RemoteRewardError
     from rewards.user import RewardFnError
@@ -155,18 +157,23 @@ def check_user_rewards(config: RLConfig, first) -> None:
     try:
         rewards = CombinedRewards(d.reward_type, d.reward_fn, d.reward_url, d.reward_weights,
                                   options["remote_options"], options["correct_threshold"])
-        response, label = _check_response(config, first), example_label(first)
-        answers = [fn(response, label, first.row, f"{first.source} (the check call at start-up)")
-                   for fn in rewards.functions]
-        if rewards.remote is not None:
-            answers += rewards.remote.score([{"prompt": last_user_text(first), "response": response, "label": label}])
+        answers = []
+        if rewards.functions or rewards.remote is not None:
+            response, label = _check_response(config, first), example_label(first)
+            answers = [fn(response, label, first.row, f"{first.source} (the check call at start-up)")
+                       for fn in rewards.functions]
+            if rewards.remote is not None:
+                answers += rewards.remote.score([{"prompt": last_user_text(first), "response": response,
+                                                  "label": label}])
     except (RewardFnError, RemoteRewardError, RewardWeightsError) as err:
         raise ConfigError(str(err)) from None
     verdicts = [answer.correct for answer in answers if answer.correct is not None]
-    defined = sample_correct(True, rewards.weights[d.reward_type], verdicts, 0.0, rewards.correct_threshold) is not None
+    defined = sample_correct(True if kind.verdict else None, rewards.weights[d.reward_type], verdicts, 0.0,
+                             rewards.correct_threshold) is not None
+    why = "weighs 0" if kind.verdict else "grades without a verdict"
     require(defined or config.algo.groups.filter_range is None,
             f"filter_range keeps groups by accuracy, but no reward of this run defines correctness ({d.reward_type} "
-            f"weighs 0): return (score, {{\"correct\": bool}}) from --reward-fn, set --correct-threshold, or drop "
+            f"{why}): return (score, {{\"correct\": bool}}) from --reward-fn, set --correct-threshold, or drop "
             "filter_range")
 
 
@@ -185,7 +192,7 @@ def check_inputs(config: RLConfig, engine: bool = True) -> tuple[str, ...]:
                                  "or a hub name ORG/NAME)")
     require(os.path.isfile(os.path.join(path, "config.json")),
              f"{path} has no config.json: pass -m/--model a directory written by save_pretrained")
-    if reward_type(config.data.reward_type).runs_code:
+    if reward_type(config.data.reward_type).needs_sandbox:
         from rewards.code import SandboxUnavailable, check_sandbox_available
 
         try:

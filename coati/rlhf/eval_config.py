@@ -35,10 +35,10 @@ class EvalConfig(RewardOptions, PromptOptions):
                                        ".parquet, save_to_disk); required with -m", "-d")
     reward_type: str = option(DEFAULT_REWARD_TYPE, "verifiable reward of the rows that have answers (default: on a "
                                                    "run's checkpoint, the run's own -rt and reward options)", "-rt",
-                              choices=tuple(REWARD_TYPES))
+                              choices=REWARD_TYPES)
     input_key: str | None = option(None, "field holding the prompt (default: messages, else prompt)")
-    label_key: str | None = option(None, "field holding the answer; every row must have it (default: gt_answer, "
-                                         "test_cases with -rt code, used where present)")
+    label_key: str | None = option(None, "field holding the answer; every row must have it (default: label, or the "
+                                         "kind's older name gt_answer, test_cases with -rt code, used where present)")
     reward_model: str | None = option(None, "reward model directory (`coati rm` output) scoring every response", "-rm")
     modes: str = option("both", "decoding: greedy (temperature 0), sampled (temperature 1) or both",
                         choices=("greedy", "sampled", "both"))
@@ -66,7 +66,7 @@ class EvalConfig(RewardOptions, PromptOptions):
 class Inputs:
     model: str
     dataset: str
-    examples: list  # coati.dataset.rows.Example; gt_answer/test_cases None when the row has no answer
+    examples: list  # coati.dataset.rows.Example; label None when the row has no answer
     output: str
 
 
@@ -98,6 +98,8 @@ def run_reward_defaults(values: dict, given: set[str]) -> str:
     for dest in REWARD_DESTS:
         if dest in saved:
             values[dest] = saved[dest]
+    # the run's --plugins too: its -rt kind may be one they register (imported after this, by parse_options)
+    values["plugins"] = tuple(dict.fromkeys((*(values.get("plugins") or ()), *(saved.get("plugins") or ()))))
     return reward_line(values, f"the run's own, from {path}; a reward option given here replaces it")
 
 
@@ -168,6 +170,9 @@ def check_inputs(config: EvalConfig, log=print) -> Inputs:
     require(config.num_prompts >= 0, f"-n/--num-prompts must be >= 0 (0: all), got {config.num_prompts}")
     from coati.config.validate import check_prompt_options, check_reward_options
 
+    require(config.reward_type in REWARD_TYPES,
+            f"-rt {config.reward_type!r} is no registered reward kind (choose one of {', '.join(REWARD_TYPES)}): pass "
+            "the --plugins file that registers it")
     check_reward_options(config, config.reward_type)
     check_prompt_options(config, config.system_prompt)
     embedded = config.model is None

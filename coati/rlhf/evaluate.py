@@ -2,7 +2,8 @@
 
 Any HF causal-LM directory is a checkpoint: ``coati sft``'s ``<run>/final``, a GRPO/PPO ``<run>/step_N``, a
 downloaded model. Reported per decoding mode:
-- with answers in the rows (``gt_answer``, or the field ``--label-key`` names; PRIME test cases for ``-rt code``):
+- with answers in the rows (``label``, the older ``gt_answer``, or the field ``--label-key`` names; PRIME test cases
+  for ``-rt code``):
   accuracy, format rate and mean reward of the training reward (``-rt`` with ``--reward-fn``, ``--reward-weights``,
   ``--reward-url``, ``--correct-threshold``, as ``coati train`` takes them; on a run's ``step_N`` checkpoint the
   run's own unless given here, which one line says first), over the rows that have one;
@@ -44,7 +45,7 @@ from coati.rollout.generation import tokenise_prompts
 from coati.rollout.inference_backend import TransformersBackend
 from coati.rollout.reward_model import load_reward_model, reward_model_scores
 from coati.utils.dataclass_cli import ConfigFileError, build_parser, construct
-from rewards import default_system_prompt, reward_type
+from rewards import default_system_prompt
 from rewards.scorer import RewardScorer
 
 VERIFIABLE = ("gt_answer", "extracted", "reward", "correct", "format_ok", "reason")
@@ -103,8 +104,7 @@ def evaluate_mode(backend, scorer, reward_model, plan: Plan, mode: str) -> tuple
     """(metrics, one record per prompt) of one decoding mode."""
     config = plan.config
     params = SamplingParams(temperature=MODES[mode], max_new_tokens=plan.max_new_tokens,
-                            stop_strings=tuple(dict.fromkeys((*reward_type(config.reward_type).stop_strings,
-                                                              *config.stop))),
+                            stop_strings=config.stop_strings(config.reward_type),
                             seed=config.seed if MODES[mode] > 0 else None)
     prompt_ids = [ids for _, _, ids in plan.batch]
     outputs = backend.generate(prompt_ids, params)
@@ -221,7 +221,8 @@ def format_table(summary: dict) -> str:
         lines.append(f"{mode:<8}" + "".join(f"{metrics[key]:>10{fmt}}" for _, key, fmt in columns))
     if not answered:
         lines.append(f"no answers in the rows: accuracy, format and reward (-rt {summary['reward_type']}) skipped "
-                     "(rows need gt_answer, or --label-key naming the answer field)")
+                     "(rows need a label, or gt_answer/test_cases as older files name it, or --label-key naming the "
+                     "answer field)")
     elif answered < summary["prompts"]:
         lines.append(f"accuracy, format and reward over the {answered} of {summary['prompts']} prompts with answers")
     if answered:
@@ -245,15 +246,16 @@ def resolve_model_names(config):
 def parse_options(argv: list[str] | None, prog: str) -> tuple[EvalConfig, str]:
     """(the options, the line naming the reward): the flags, --plugins imported, and on a run's checkpoint the
     run's reward settings for those not given (eval_config.run_reward_defaults)."""
-    from coati.utils.user_parts import UserPartsError, import_user_parts
+    from coati.utils.user_parts import UserPartsError, import_plugins_of, import_user_parts
 
-    parser = build_parser(EvalConfig, prog, DESCRIPTION)
-    values = vars(parser.parse_args(argv))
     try:
-        import_user_parts(values["plugins"] or ())
+        import_plugins_of(argv)  # first: a reward kind they register is an -rt choice
+        parser = build_parser(EvalConfig, prog, DESCRIPTION)
+        values = vars(parser.parse_args(argv))
+        line = run_reward_defaults(values, parser.given)
+        import_user_parts(values["plugins"] or ())  # --config's, and the run's
     except UserPartsError as err:
         raise ConfigError(str(err)) from None
-    line = run_reward_defaults(values, parser.given)
     return construct(EvalConfig, values), line
 
 

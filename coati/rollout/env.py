@@ -25,6 +25,7 @@ from typing import Callable
 
 from coati.rollout.tools import Toolbox
 from coati.utils.user_parts import registrar
+from rewards.types import example_label
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 
@@ -80,9 +81,9 @@ class ToolEnv(Environment):
         return None
 
     def score(self, row, text: str) -> float:
-        """Reward of the final answer ``text`` (default: 1 when its last \\boxed{} equals the row's gt_answer)."""
+        """Reward of the final answer ``text`` (default: 1 when its last \\boxed{} equals the row's label)."""
         answer = boxed_answer(text)
-        return float(answer is not None and answer == str(getattr(row, "gt_answer", None)).strip())
+        return float(answer is not None and answer == str(example_label(row)).strip())
 
     def step(self, model_text: str) -> StepResult:
         end = model_text.rfind(TOOL_CALL_CLOSE)

@@ -55,7 +55,7 @@ def score_outputs(outputs: list[list[Completion]], examples, scorer: RewardScore
         completion = completions[0]
         records.append({
             "prompt": prompt_texts[i] if prompt_texts else None,
-            "gt_answer": example.gt_answer,  # the gold answer as scored (GSM8K/MATH labels: their final answer)
+            "gt_answer": example.gt_answer,  # a math label as scored (GSM8K/MATH: their final answer); else None
             "response": completion.text,
             "extracted": result.extracted,
             "reward": result.reward,

@@ -68,8 +68,8 @@ class ShippedRows:
 
 PLUGINS_HELP = ("your own parts: a .py file or an importable module (e.g. my_parts.py, my_pkg.parts) that every "
                 "process of the run imports before it builds anything (the driver, producers, trainer ranks, the "
-                "evaluator), so the policy losses, estimators, shapers, masks, filters and environments it registers "
-                "are usable by name; repeatable (a YAML list). Not --plugin, the trainer's layout. Parts registered in "
+                "evaluator), so the policy losses, estimators, shapers, masks, filters, environments and reward kinds "
+                "it registers are usable by name; repeatable (a YAML list). Not --plugin, the trainer's layout. Parts registered in "
                 "a script calling coati.run need no flag: they travel to the actors (docs/algorithms.md)")
 
 
@@ -123,6 +123,16 @@ def import_user_parts(entries) -> list:
                 _importing.pop()
         modules.append(_imported[key])
     return modules
+
+
+def import_plugins_of(argv: list[str] | None) -> None:
+    """A command line's --plugins imported before the line is parsed, so that the names they register are choices
+    of its flags (``-rt`` a reward kind of the user's); a bad entry is one UserPartsError line."""
+    import argparse
+
+    reader = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    reader.add_argument("--plugins", action="append", default=[])
+    import_user_parts(reader.parse_known_args(argv)[0].plugins)
 
 
 def _import_one(entry: str):

@@ -31,4 +31,4 @@ class BoxedOnce(Environment):
         self.row = row
 
     def step(self, model_text):
-        return StepResult(reward=float(boxed_answer(model_text) == str(self.row.gt_answer)), done=True)
+        return StepResult(reward=float(boxed_answer(model_text) == str(self.row.label)), done=True)

@@ -23,7 +23,8 @@ Reward: ``combine(format_ok, score)`` from :mod:`rewards.types`, score = fractio
 (with "(k/n passed)" appended when scoring by fraction).
 """
 
-from rewards.code.extract import extract_code, normalise_output, outputs_match, program_for, validate_test_cases
+from rewards.code.extract import (extract_code, normalise_output, outputs_match, program_for, read_test_cases,
+                                  validate_test_cases)
 from rewards.code.prompts import CODE_SYSTEM_PROMPT
 from rewards.code.sandbox import SandboxLimits, SandboxUnavailable, check_sandbox_available
 from rewards.code.scorer import CodeRewardScorer
@@ -38,5 +39,6 @@ __all__ = [
     "normalise_output",
     "outputs_match",
     "program_for",
+    "read_test_cases",
     "validate_test_cases",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 # An opening fence tagged python / python3 / py (any case), then the code, then a closing fence at the start
@@ -54,6 +55,20 @@ def validate_test_cases(obj: object) -> str | None:
     if harness is not None and (not isinstance(harness, str) or not harness.strip()):
         return "test_cases.harness must be a non-empty string of Python source when given"
     return None
+
+
+def read_test_cases(value: object, key: str) -> dict:
+    """A row's code label -> its test cases: the object, or that object as a JSON string (some PRIME exports
+    store it so); ValueError says what is wrong with it."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise ValueError("test_cases is a string but not a JSON object") from None
+    problem = validate_test_cases(value)
+    if problem:
+        raise ValueError(problem)
+    return value
 
 
 def program_for(code: str, test_cases: dict) -> str:

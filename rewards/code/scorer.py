@@ -13,7 +13,7 @@ from rewards.code.extract import extract_code, outputs_match, program_for, valid
 from rewards.code.sandbox import (DEFAULT_PYTHON, OK, OUTPUT_LIMIT, RUNTIME_ERROR, SANDBOX_ERROR, TIMEOUT, SandboxLimits,
                                   check_sandbox_available, run_program)
 from rewards.code.uids import DEFAULT_UID_BASE, UidPool
-from rewards.types import RewardResult, combine
+from rewards.types import RewardResult, combine, regroup
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +88,13 @@ class CodeRewardScorer:
         results = dict(zip(unique, self._executor.map(self.score, [responses[i] for i in unique],
                                                        [test_cases_list[i] for i in unique])))
         return [results[first[key]] for key in keys]
+
+    def score_groups(self, groups: list[list[str]], test_cases: list[Mapping]) -> list[list[RewardResult]]:
+        """The code kind's scoring of groups (rewards/builtin.py): every group's responses in one batch, so the
+        sandbox workers stay busy across groups instead of waiting at the end of each."""
+        flat = self.score_batch([r for responses in groups for r in responses],
+                                [cases for responses, cases in zip(groups, test_cases) for _ in responses])
+        return regroup(flat, groups)
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
