@@ -45,3 +45,90 @@ def test_the_paths_the_map_names_exist():
     assert paths, "no paths found"
     missing = sorted(path for path in paths if not os.path.exists(os.path.join(ROOT, path)))
     assert not missing, f"docs/architecture.md names files that do not exist: {missing}"
+
+
+# --- Every source file on the map -------------------------------------------------------------------------------
+#
+# Which files must be named: every `.py` under coati/ and rewards/, except a package's face: an `__init__.py` that
+# defines nothing (no function, no class, no name besides `__all__`): it only hands names on.
+#
+# How the map names a file, read from its backticked spans: a path from the repository root
+# (`coati/trainer/learner.py`), a path from coati/ (`trainer/learner.py`), a module and a name in it
+# (`layouts/base.layout_of`), or, on a line that names a folder (`coati/trainer/`: a room's row, a line of the
+# index), a file of that folder by its own name (`learner.py`, `rule.choose_layout`).
+
+SOURCE_ROOTS = ("coati", "rewards")
+FOLDER = re.compile(r"^(?:coati|rewards)(?:/\w+)*/$")
+PY_PATH = re.compile(r"(?<![\w/.-])((?:\w+/)*\w+)\.py\b")
+MODULE_NAME = re.compile(r"(?<![\w/.-])((?:\w+/)*[a-z_]\w*)\.[A-Za-z_]\w*")
+
+
+def defines_something(path: str) -> bool:
+    import ast
+
+    with open(path) as handle:
+        tree = ast.parse(handle.read())
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return True
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AnnAssign, ast.AugAssign)) else []
+        if any(not (isinstance(target, ast.Name) and target.id == "__all__") for target in targets):
+            return True
+    return False
+
+
+def source_files() -> set[str]:
+    found = set()
+    for top in SOURCE_ROOTS:
+        for folder, _, names in os.walk(os.path.join(ROOT, top)):
+            for name in names:
+                if not name.endswith(".py"):
+                    continue
+                path = os.path.relpath(os.path.join(folder, name), ROOT)
+                if name != "__init__.py" or defines_something(os.path.join(ROOT, path)):
+                    found.add(path)
+    return found
+
+
+def coati_rooms() -> set[str]:
+    return {name for name in os.listdir(os.path.join(ROOT, "coati")) if os.path.isdir(os.path.join(ROOT, "coati", name))}
+
+
+def map_names() -> tuple[set[str], list[str]]:
+    """(the source files the map names, the names that look like a source file and are none)."""
+    rooms = coati_rooms()
+    named, broken = set(), []
+    for line in architecture().splitlines():
+        spans = re.findall(r"`([^`]+)`", line)
+        folders = [span for span in spans if FOLDER.match(span)]
+        for span in spans:
+            candidates = [(match, True) for match in PY_PATH.findall(span)]
+            candidates += [(match, False) for match in MODULE_NAME.findall(span) if not match.endswith("/")]
+            for stem, is_file in candidates:
+                first = stem.split("/")[0]
+                if "/" in stem and first in SOURCE_ROOTS:
+                    places = [stem + ".py"]
+                elif "/" in stem and first in rooms:
+                    places = ["coati/" + stem + ".py"]
+                elif "/" not in stem and folders:
+                    places = [folder + stem + ".py" for folder in folders]
+                else:
+                    continue  # a name outside the source (a user's file.py, examples/, tests/, a config key)
+                hits = [place for place in places if os.path.exists(os.path.join(ROOT, place))]
+                named.update(hits)
+                if not hits and (is_file or "/" in stem):
+                    broken.append(f"{span} (on the line naming {folders})" if folders else span)
+    return named, broken
+
+
+def test_every_source_file_is_on_the_map():
+    named, _ = map_names()
+    unnamed = sorted(source_files() - named)
+    assert not unnamed, (f"docs/architecture.md does not name {len(unnamed)} source files: {unnamed}; add each to its "
+                         "room's row or to 'Every other file, by folder' with a few words on what it is")
+
+
+def test_every_file_the_map_names_exists():
+    _, broken = map_names()
+    assert not broken, f"docs/architecture.md names source files that do not exist: {sorted(set(broken))}"
