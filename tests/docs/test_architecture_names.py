@@ -111,7 +111,7 @@ def map_names() -> tuple[set[str], list[str]]:
                     places = [stem + ".py"]
                 elif "/" in stem and first in rooms:
                     places = ["coati/" + stem + ".py"]
-                elif "/" not in stem and folders:
+                elif "/" not in stem and folders and not os.path.exists(os.path.join(ROOT, stem + ".py")):
                     places = [folder + stem + ".py" for folder in folders]
                 else:
                     continue  # a name outside the source (a user's file.py, examples/, tests/, a config key)
@@ -132,3 +132,63 @@ def test_every_source_file_is_on_the_map():
 def test_every_file_the_map_names_exists():
     _, broken = map_names()
     assert not broken, f"docs/architecture.md names source files that do not exist: {sorted(set(broken))}"
+
+
+# --- The step's path --------------------------------------------------------------------------------------------
+
+STEP_HEAD = re.compile(r"opens these (\d+) files, in the order it runs through them")
+STEP_ITEM = re.compile(r"^\d+\. `((?:coati|rewards)/[\w/]+\.py)`: ([^;]+);", re.MULTILINE)
+STEP_DEF = re.compile(r"`([\w.]+)`(?: as `(\w+)`)?")
+
+
+def step_path() -> tuple[int, list[tuple[str, str, str]]]:
+    """(the count the map claims, [(file, definition, the name its caller calls it by)] in the map's order)."""
+    text = architecture()
+    head = STEP_HEAD.search(text)
+    assert head, "docs/architecture.md no longer says which files a GRPO step opens"
+    section = text[head.end():text.index("\n## ", head.end())]
+    hops = [(path, name, called or name.split(".")[-1])
+            for path, chain in STEP_ITEM.findall(section) for name, called in STEP_DEF.findall(chain)]
+    return int(head.group(1)), hops
+
+
+def definitions(path: str) -> dict:
+    """``name`` / ``Class.name`` -> its function node (or the class's body for a class), of a source file."""
+    import ast
+
+    with open(os.path.join(ROOT, path)) as handle:
+        tree = ast.parse(handle.read())
+    found = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found[node.name] = node
+        elif isinstance(node, ast.ClassDef):
+            found[node.name] = node
+            for member in node.body:
+                if isinstance(member, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    found[f"{node.name}.{member.name}"] = member
+    return found
+
+
+def calls(node) -> set[str]:
+    """The names a definition calls: ``f(...)``, ``x.f(...)``."""
+    import ast
+
+    return {call.func.id if isinstance(call.func, ast.Name) else call.func.attr for call in ast.walk(node)
+            if isinstance(call, ast.Call) and isinstance(call.func, (ast.Name, ast.Attribute))}
+
+
+def test_the_steps_path_is_the_code_in_order():
+    claimed, hops = step_path()
+    files = list(dict.fromkeys(path for path, _, _ in hops))
+    assert len(files) == claimed, f"the map says a GRPO step opens {claimed} files and lists {len(files)}: {files}"
+    assert hops[0][:2] == ("coati/trainer/learner.py", "Learner.train_step"), hops[0]
+    callers = []
+    for path, name, called in hops:
+        assert os.path.exists(os.path.join(ROOT, path)), f"the step's path names {path}, which does not exist"
+        node = definitions(path).get(name)
+        assert node is not None, f"the step's path names {name} in {path}, which defines no such function"
+        if callers:
+            assert any(called in calls(caller) for caller in callers), (
+                f"the step's path says {path} {name} is called as {called!r} by a function above it; none calls it")
+        callers.append(node)
