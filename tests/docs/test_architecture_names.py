@@ -99,7 +99,7 @@ def map_names() -> tuple[set[str], list[str]]:
     """(the source files the map names, the names that look like a source file and are none)."""
     rooms = coati_rooms()
     named, broken = set(), []
-    for line in architecture().splitlines():
+    for line in re.split(r"\n(?! )", architecture()):  # a list item with its indented continuation lines is one
         spans = re.findall(r"`([^`]+)`", line)
         folders = [span for span in spans if FOLDER.match(span)]
         for span in spans:
