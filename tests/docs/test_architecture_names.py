@@ -192,3 +192,94 @@ def test_the_steps_path_is_the_code_in_order():
             assert any(called in calls(caller) for caller in callers), (
                 f"the step's path says {path} {name} is called as {called!r} by a function above it; none calls it")
         callers.append(node)
+
+
+# --- The rules the map names ------------------------------------------------------------------------------------
+
+def module_imports(path: str) -> list[tuple[int, str]]:
+    """(line, module) of every import in a source file, those inside functions too (a lazy import is an arrow)."""
+    import ast
+
+    with open(os.path.join(ROOT, path)) as handle:
+        tree = ast.parse(handle.read())
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def room_floors() -> dict[str, int]:
+    """The rooms table: a room as a module prefix (``coati.trainer``, ``coati.cli``, ``rewards``) -> its floor."""
+    floors = {}
+    for floor, rooms in re.findall(r"^\| (\d+) \| ([^|]+) \|", architecture(), re.MULTILINE):
+        for room in re.findall(r"`([^`]+)`", rooms):
+            floors[room.rstrip("/").removesuffix(".py").replace("/", ".")] = int(floor)
+    return floors
+
+
+def room_of(module: str, floors: dict[str, int]) -> str | None:
+    parts = module.split(".")
+    return next((".".join(parts[:k]) for k in (2, 1) if ".".join(parts[:k]) in floors), None)
+
+
+def test_every_import_points_down_the_room_table():
+    # "a room imports only rooms on lower rows (or its own row)"; farm-studio checks circles
+    floors = room_floors()
+    unplaced, upward = [], []
+    for path in sorted(source_files()):
+        module = path.removesuffix(".py").replace("/", ".")  # coati/__init__.py: the room `coati/__init__.py`
+        room = room_of(module, floors)
+        if room is None:
+            unplaced.append(path)
+            continue
+        upward += [f"{path}:{line} imports {name} (floor {floors[room]} -> {floors[room_of(name, floors)]})"
+                   for line, name in module_imports(path)
+                   if room_of(name, floors) and floors[room_of(name, floors)] > floors[room]]
+    assert not unplaced, f"source files in no room of docs/architecture.md's table: {unplaced}"
+    assert not upward, f"imports that run up the room table: {upward}"
+
+
+REGISTRY_FILES = ("coati/registry/", "coati/layouts/registry.py", "rewards/builtin.py")
+
+
+def test_no_file_compares_against_a_registered_name():
+    # "No other file compares against one of these names: it asks the part's row"
+    import ast
+
+    from coati.registry.plugins import PLUGIN_FAMILIES
+
+    names = set(BACKENDS) | set(PLUGINS) | set(PLUGIN_FAMILIES) | set(WEIGHT_SYNCS) | set(REWARD_TYPES) | set(LAYOUTS)
+
+    def strings(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            yield node.value
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            for element in node.elts:
+                yield from strings(element)
+
+    found = []
+    for path in sorted(source_files()):
+        if path.startswith(REGISTRY_FILES):
+            continue
+        with open(os.path.join(ROOT, path)) as handle:
+            tree = ast.parse(handle.read())
+        for node in ast.walk(tree):
+            sides = [node.left, *node.comparators] if isinstance(node, ast.Compare) else \
+                [node.value] if isinstance(node, ast.MatchValue) else []
+            found += [f"{path}:{node.lineno} {name!r}" for side in sides for name in strings(side) if name in names]
+    assert not found, f"comparisons against a registered part's name outside its registry: {found}"
+
+
+def test_producers_ship_no_advantages():
+    # "Producers ship rewards and behaviour logprobs, never advantages": a RolloutGroup has no such field
+    import ast
+
+    with open(os.path.join(ROOT, "coati/rollout/group.py")) as handle:
+        tree = ast.parse(handle.read())
+    group = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "RolloutGroup")
+    fields = {node.target.id for node in group.body if isinstance(node, ast.AnnAssign)}
+    assert {"rewards", "logprobs"} <= fields, fields
+    assert not {field for field in fields if "advantage" in field}, fields
