@@ -3,6 +3,8 @@ file and function names exist."""
 
 from __future__ import annotations
 
+import ast
+import functools
 import os
 import re
 
@@ -63,12 +65,15 @@ PY_PATH = re.compile(r"(?<![\w/.-])((?:\w+/)*\w+)\.py\b")
 MODULE_NAME = re.compile(r"(?<![\w/.-])((?:\w+/)*[a-z_]\w*)\.[A-Za-z_]\w*")
 
 
-def defines_something(path: str) -> bool:
-    import ast
+@functools.lru_cache(maxsize=None)
+def parsed(path: str) -> ast.Module:
+    """A source file's syntax tree, ``path`` from the repository root (read once for every test here)."""
+    with open(os.path.join(ROOT, path)) as handle:
+        return ast.parse(handle.read())
 
-    with open(path) as handle:
-        tree = ast.parse(handle.read())
-    for node in tree.body:
+
+def defines_something(path: str) -> bool:
+    for node in parsed(path).body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             return True
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
@@ -86,7 +91,7 @@ def source_files() -> set[str]:
                 if not name.endswith(".py"):
                     continue
                 path = os.path.relpath(os.path.join(folder, name), ROOT)
-                if name != "__init__.py" or defines_something(os.path.join(ROOT, path)):
+                if name != "__init__.py" or defines_something(path):
                     found.add(path)
     return found
 
@@ -154,10 +159,7 @@ def step_path() -> tuple[int, list[tuple[str, str, str]]]:
 
 def definitions(path: str) -> dict:
     """``name`` / ``Class.name`` -> its function node (or the class's body for a class), of a source file."""
-    import ast
-
-    with open(os.path.join(ROOT, path)) as handle:
-        tree = ast.parse(handle.read())
+    tree = parsed(path)
     found = {}
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -172,8 +174,6 @@ def definitions(path: str) -> dict:
 
 def calls(node) -> set[str]:
     """The names a definition calls: ``f(...)``, ``x.f(...)``."""
-    import ast
-
     return {call.func.id if isinstance(call.func, ast.Name) else call.func.attr for call in ast.walk(node)
             if isinstance(call, ast.Call) and isinstance(call.func, (ast.Name, ast.Attribute))}
 
@@ -198,10 +198,7 @@ def test_the_steps_path_is_the_code_in_order():
 
 def module_imports(path: str) -> list[tuple[int, str]]:
     """(line, module) of every import in a source file, those inside functions too (a lazy import is an arrow)."""
-    import ast
-
-    with open(os.path.join(ROOT, path)) as handle:
-        tree = ast.parse(handle.read())
+    tree = parsed(path)
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -247,8 +244,6 @@ REGISTRY_FILES = ("coati/registry/", "coati/layouts/registry.py", "rewards/built
 
 def test_no_file_compares_against_a_registered_name():
     # "No other file compares against one of these names: it asks the part's row"
-    import ast
-
     from coati.registry.plugins import PLUGIN_FAMILIES
 
     names = set(BACKENDS) | set(PLUGINS) | set(PLUGIN_FAMILIES) | set(WEIGHT_SYNCS) | set(REWARD_TYPES) | set(LAYOUTS)
@@ -264,8 +259,7 @@ def test_no_file_compares_against_a_registered_name():
     for path in sorted(source_files()):
         if path.startswith(REGISTRY_FILES):
             continue
-        with open(os.path.join(ROOT, path)) as handle:
-            tree = ast.parse(handle.read())
+        tree = parsed(path)
         for node in ast.walk(tree):
             sides = [node.left, *node.comparators] if isinstance(node, ast.Compare) else \
                 [node.value] if isinstance(node, ast.MatchValue) else []
@@ -275,11 +269,35 @@ def test_no_file_compares_against_a_registered_name():
 
 def test_producers_ship_no_advantages():
     # "Producers ship rewards and behaviour logprobs, never advantages": a RolloutGroup has no such field
-    import ast
-
-    with open(os.path.join(ROOT, "coati/rollout/group.py")) as handle:
-        tree = ast.parse(handle.read())
-    group = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "RolloutGroup")
+    group = next(node for node in parsed("coati/rollout/group.py").body if isinstance(node, ast.ClassDef) and node.name == "RolloutGroup")
     fields = {node.target.id for node in group.body if isinstance(node, ast.AnnAssign)}
     assert {"rewards", "logprobs"} <= fields, fields
     assert not {field for field in fields if "advantage" in field}, fields
+
+
+# "Every engine a run's actor loads is built by rollout/engine_guard.build_engine ... Three places make a
+# TransformersBackend themselves": who calls an engine's class or a row's build function by name, or resolves a
+# row's wraps_trained_module (engine_guard.py resolves a row's build: no name to read)
+ENGINE_MAKERS = {"TransformersBackend", "VLLMBackend", "build_transformers_backend", "build_vllm_backend"}
+MAKES_ITS_OWN_ENGINE = {
+    "coati/rollout/inference_backend.py", "coati/rollout/vllm_backend.py",  # the rows' build functions themselves
+    "coati/trainer/colocated.py", "coati/rlhf/evaluate.py", "coati/demo/math_demo.py", "coati/demo/tool_demo.py",
+}
+
+
+def test_engines_are_built_where_the_map_says():
+    makers = set()
+    for path in source_files():
+        tree = parsed(path)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else \
+                func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else None
+            resolved = name == "resolve" and node.args and ast.unparse(node.args[0]).endswith(".wraps_trained_module")
+            if name in ENGINE_MAKERS or resolved:
+                makers.add(path)
+    assert makers == MAKES_ITS_OWN_ENGINE, (f"engines built outside rollout/engine_guard.build_engine: "
+                                           f"{sorted(makers - MAKES_ITS_OWN_ENGINE)}; no longer: "
+                                           f"{sorted(MAKES_ITS_OWN_ENGINE - makers)}")
