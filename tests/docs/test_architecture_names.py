@@ -301,3 +301,14 @@ def test_engines_are_built_where_the_map_says():
     assert makers == MAKES_ITS_OWN_ENGINE, (f"engines built outside rollout/engine_guard.build_engine: "
                                            f"{sorted(makers - MAKES_ITS_OWN_ENGINE)}; no longer: "
                                            f"{sorted(MAKES_ITS_OWN_ENGINE - makers)}")
+
+
+def test_only_the_schedule_reads_the_staleness():
+    # "RolloutSchedule ... owns the rule between producers and trainers ... none re-derives the rule": outside the
+    # config that holds it, only cluster/schedule.py reads max_staleness
+    readers = sorted({path for path in source_files() if not path.startswith(("coati/config/", "coati/cluster/schedule.py"))
+                      for node in ast.walk(parsed(path))
+                      if isinstance(node, (ast.Attribute, ast.Name, ast.keyword))
+                      and "max_staleness" in (getattr(node, "attr", None), getattr(node, "id", None),
+                                              getattr(node, "arg", None))})
+    assert not readers, f"files that read max_staleness themselves instead of asking RolloutSchedule: {readers}"
