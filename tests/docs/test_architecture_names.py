@@ -1,5 +1,7 @@
-"""docs/architecture.md's "Registered today" lists name exactly what the registries hold, and the map's
-file and function names exist."""
+"""docs/architecture.md held against the code: its "Registered today" lists name exactly what the registries hold;
+every source file of coati/ and rewards/ is named on it and every file it names exists; a GRPO step's path is the
+code's calls in order; and the rules it names (imports point down the rooms, no comparison against a registered
+name, where engines are built, who reads the staleness, what producers ship) hold."""
 
 from __future__ import annotations
 
