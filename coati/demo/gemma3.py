@@ -15,7 +15,7 @@ import importlib.util
 import json
 import os
 
-from coati.demo.real_model import rows_in_cache
+from coati.demo.assets import rows_in_cache
 from coati.dataset import arithmetic_task
 from coati.utils.cache import build_once, default_cache_dir
 

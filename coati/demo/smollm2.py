@@ -14,7 +14,7 @@ import json
 import os
 
 from coati.dataset import arithmetic_task
-from coati.demo.real_model import rows_in_cache
+from coati.demo.assets import rows_in_cache
 
 NAME = "smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -43,6 +43,7 @@ from coati.plugins.mesh import TrainerMesh
 from coati.plugins.precision import autocast
 from coati.parallel.dims import ParallelDims
 from coati.plugins.validation import validate_layout
+from coati.registry.plugins import PLUGINS
 
 
 def launch_colossalai() -> list[str]:
@@ -374,10 +375,11 @@ def colossal_mismatch(saved: dict, requested: dict) -> str | None:
         return "the precisions differ"
     if saved.get("adapters", False) != requested["adapters"]:
         return "one holds LoRA adapters (--lora-rank), the other full weights"
-    if saved["plugin"] == "colossalai-hybrid" and saved["pp_size"] == 1 and \
-            (requested["plugin"] != "colossalai-hybrid" or requested["pp_size"] > 1):
-        return ("a HybridParallel checkpoint without pipeline stores tied embeddings once (no lm_head.weight); "
-                "only colossalai-hybrid with pp_size 1 reads it")
+    writer = PLUGINS.get(saved["plugin"])  # its row says how it stores a tied head, not its name
+    if writer is not None and writer.ties_head_once_without_pp and saved["pp_size"] == 1 and \
+            (requested["plugin"] != saved["plugin"] or requested["pp_size"] > 1):
+        return (f"a {saved['plugin']} checkpoint without pipeline stores tied embeddings once (no lm_head.weight); "
+                f"only {saved['plugin']} with pp_size 1 reads it")
     return None
 
 

@@ -9,9 +9,6 @@ from __future__ import annotations
 from coati.parallel.dims import ParallelDims
 from coati.registry.plugins import PLUGINS, PluginSpec, plugin_spec
 
-TORCH_PLUGINS = tuple(name for name, spec in PLUGINS.items() if spec.family == "torch")
-
-
 def validate_layout(plugin: str, dims: ParallelDims, model_config=None) -> None:
     """All checks for ``plugin`` on ``dims``; ``model_config`` is the HF config (None: skip model checks)."""
     dims.validate()

@@ -42,6 +42,9 @@ class PluginSpec:
     # reducer expects one, and the sharded plugins were not tried
     shares_prompts: bool = False
     launch: str | None = None  # "module:function" run once per rank after the process group exists
+    # its trainer state without pipeline stages stores a tied embedding once (no lm_head.weight): only the same
+    # plugin without pipeline stages reads it back (ColossalAI's HybridParallel)
+    ties_head_once_without_pp: bool = False
 
     def reads_state(self, state_format: str, precision: str) -> bool:
         """Whether it resumes a trainer state written in ``state_format`` while training in ``precision``."""
@@ -101,7 +104,8 @@ PLUGINS: dict[str, PluginSpec] = {spec.name: spec for spec in (
     _colossal("colossalai-hybrid", lambda n, tp, pp, zero: tp > 1 or pp > 1, tensor_parallel=True,
               pipeline_parallel=True, zero_stages=(0, 1, 2), zero_needs_mixed_precision=True, pipeline_max_zero=1,
               precisions=ALL_PRECISIONS, gradient_checkpointing=False, packs_rows=False,  # shardformer's forward
-              tp_model_families=("qwen2",)),  # ColossalAI 0.5.0's llama policy fails to import under transformers 5
+              tp_model_families=("qwen2",),  # ColossalAI 0.5.0's llama policy fails to import under transformers 5
+              ties_head_once_without_pp=True),
 )}
 
 

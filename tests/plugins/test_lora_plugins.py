@@ -112,3 +112,21 @@ def test_a_colossalai_state_resumes_only_with_or_without_adapters_as_saved():
     assert colossal_mismatch(manifest, full) is None  # written before adapters were recorded: full weights
     for saved, requested in ((lora, full), (full, lora), (manifest, lora)):
         assert colossal_mismatch(saved, requested) == "one holds LoRA adapters (--lora-rank), the other full weights"
+
+
+def test_a_state_whose_plugin_ties_its_head_once_resumes_only_on_that_plugin_without_pipeline():
+    # the rule is the writer's row (ties_head_once_without_pp), not its name: colossalai-hybrid's row says it
+    from coati.plugins.colossal import colossal_mismatch
+    from coati.plugins.state import layout_manifest
+
+    def state(plugin, **sizes):
+        return {"format": "colossalai", "adapters": False, **layout_manifest(plugin, 2, **sizes)}
+
+    hybrid_tp, hybrid_pp, zero = state("colossalai-hybrid", tp_size=2), state("colossalai-hybrid", pp_size=2), \
+        state("colossalai-zero", zero_stage=1)
+    assert colossal_mismatch(hybrid_tp, hybrid_tp) is None
+    assert colossal_mismatch(hybrid_pp, zero) is None and colossal_mismatch(zero, hybrid_pp) is None
+    for requested in (zero, hybrid_pp):
+        assert colossal_mismatch(hybrid_tp, requested) == (
+            "a colossalai-hybrid checkpoint without pipeline stores tied embeddings once (no lm_head.weight); "
+            "only colossalai-hybrid with pp_size 1 reads it")

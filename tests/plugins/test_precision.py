@@ -16,12 +16,14 @@ from test_equivalence import TOL, check
 
 from coati.plugins import make_plugin
 from coati.parallel.dims import ParallelDims
-from coati.plugins.validation import TORCH_PLUGINS, validate_layout
+from coati.plugins.validation import validate_layout
+from coati.registry.plugins import PLUGINS
 
 BF16, FP32 = ["torch.bfloat16"], ["torch.float32"]
 TORCH_BF16 = ["torch-ddp:precision=bf16", "torch-fsdp2:precision=bf16", "torch-fsdp2:zero=3:precision=bf16",
               "torch-tp:tp=2:precision=bf16", "torch-pp:pp=2:precision=bf16"]
 TORCH_CHECKPOINTED = ["torch-ddp:gc=1", "torch-fsdp2:gc=1", "torch-tp:tp=2:gc=1", "torch-pp:pp=2:gc=1"]
+TORCH_PLUGINS = tuple(name for name, spec in PLUGINS.items() if spec.family == "torch")
 has_colossalai = importlib.util.find_spec("colossalai") is not None
 
 
