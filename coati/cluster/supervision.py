@@ -136,6 +136,11 @@ class Supervisor:
         The first failure to arrive is often not the dead rank's own but a survivor's (its collective lost a
         peer): the dead actor is then found by pinging every actor, the dead one failing as soon as Ray has
         marked it dead, which may take a few seconds on a loaded machine."""
+        if isinstance(error, ray.exceptions.OutOfMemoryError):
+            dead = self._find_dead(None)
+            who = self._name(*dead) if dead is not None else "an actor of the run"
+            return RunStopped(f"Ray's memory monitor killed {who}: {memory_line(str(error))}; the run stopped. "
+                              f"{resume_hint(self.run_dir)}")
         if not isinstance(error, (ray.exceptions.RayActorError, ray.exceptions.RayTaskError)):
             return error
         stop = _own_line(error)
@@ -209,6 +214,17 @@ def _own_line(error: Exception):
 
     cause = getattr(error, "cause", None)
     return cause if isinstance(cause, (RewardFnError, RemoteRewardError, OneLineFailure)) else None
+
+
+def memory_line(message: str) -> str:
+    """What a Ray out-of-memory kill says of the node's memory, and what to change: the run's own knobs first, since
+    the plan fitted the defaults (``--dry-run`` shows each actor's estimate)."""
+    import re
+
+    found = re.search(r"was ([\d.]+)GB used / ([\d.]+)GB limit", message)
+    used = f"the node used {found.group(1)} of {found.group(2)} GB" if found else "the node ran out of memory"
+    return (f"{used}. Lower -tmbs (the trainer's micro-batch) or --vllm-kv-cache-gb, or end other processes on the "
+            "node (--dry-run shows each actor's estimate)")
 
 
 def resume_hint(run_dir: str) -> str:

@@ -148,7 +148,7 @@ def _run(config: RLConfig, log, reservation, start: float, stop: StopRequest) ->
     try:
         return _train(config, log, start, consumers, producers, buffer, supervisor, evaluator_threads, reservation,
                       stop)
-    except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as err:
+    except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.OutOfMemoryError) as err:
         stopped = supervisor.stopped(err)
         if stopped is err:
             raise

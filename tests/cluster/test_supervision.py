@@ -11,7 +11,7 @@ import pytest
 import ray
 
 from coati.cluster.connect import where
-from coati.cluster.supervision import RunStopped, Supervisor
+from coati.cluster.supervision import RunStopped, Supervisor, memory_line
 
 
 @ray.remote(num_cpus=0)
@@ -122,3 +122,19 @@ def test_a_rank_that_never_begins_its_step_is_named_not_its_waiting_peer(local_r
                          lambda ts: [ts[0].step.remote(True, 3600.0), ts[1].step.remote(False, 3600.0)])
     assert line.startswith("trainer rank 1 (pid "), line
     assert " is stuck before step 5 (its peers wait for it in the step's collectives): no answer within 1.8 s" in line
+
+
+def test_a_memory_kill_is_one_line_with_the_nodes_numbers_and_what_to_lower(tmp_path):
+    """Ray's memory monitor killing a trainer rank's call (Gemma 3 270M beside a busy machine) stops the run in one
+    line: the node's memory, the run's knobs, the resume hint; never Ray's traceback."""
+    import ray
+
+    killed = ray.exceptions.OutOfMemoryError(
+        "1 worker(s) were killed due to the node running low on memory. Memory on the node (IP: 192.0.2.2, ID: ab) "
+        "was 22.44GB used / 23.54GB limit (0.953433)\nOOM kill reason: Memory usage 24044429312B exceeded ...")
+    stopped = Supervisor(str(tmp_path), [], [], {}).stopped(killed)
+    assert isinstance(stopped, RunStopped) and "\n" not in str(stopped)
+    assert str(stopped).startswith("Ray's memory monitor killed an actor of the run: the node used 22.44 of 23.54 "
+                                   "GB. Lower -tmbs")
+    assert str(stopped).endswith("start again (-si N saves one every N steps).")
+    assert memory_line("killed").startswith("the node ran out of memory. Lower -tmbs")
