@@ -196,22 +196,23 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, evaluat
     first, skipped = (state["step"], state["skipped"]) if resume else (0, 0)
     supervisor.last_step = first
     # (path, skipped steps) of the newest checkpoint of this state: the final save does not repeat it
-    last_saved = [(os.path.join(config.run.run_dir, f"step_{first}"), skipped) if resume else None]
+    last_saved = (os.path.join(config.run.run_dir, f"step_{first}"), skipped) if resume else None
 
     def step(done: int) -> dict | None:
         return rollouts.take(supervisor.gather([consumer.step.remote() for consumer in consumers], "step",
                                                f"in step {done + 1}")[0])
 
     def save(at_step: int) -> str:
+        nonlocal last_saved
         path = os.path.join(config.run.run_dir, f"step_{at_step}")
-        if (path, loop.skipped) != last_saved[0] or not os.path.isdir(path):
+        if (path, loop.skipped) != last_saved or not os.path.isdir(path):
             save_checkpoint(path, consumers, buffer, config,
                             {"step": at_step, "skipped": loop.skipped, "eval_before": evals.before_accuracy(),
                              "eval_reward_before": evals.before_mean_reward()},
                             lambda refs: supervisor.gather(refs, "save", f"saving step {at_step}"))
             if config.run.keep_checkpoints:
                 prune_checkpoints(config.run.run_dir, config.run.keep_checkpoints, path)
-        last_saved[0] = (path, loop.skipped)
+        last_saved = (path, loop.skipped)
         return path
 
     health = HealthChecks(run_monitors(config), logger, log)

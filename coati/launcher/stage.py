@@ -1,6 +1,6 @@
 """One supervised stage (``coati sft`` / ``coati rm``), the driver's side: the trainer ranks, the hooks it gives
-the run loop (run_loop.py: metrics, progress bar, -ei evaluations, -si checkpoints; a signal's stop), and the final
-model.
+the run loop (run_loop.py: metrics, the gradient-spike warning, progress bar, -ei evaluations, -si checkpoints;
+a signal's stop), and the final model.
 
 ``run_stage`` runs one ``StageRank`` (coati/trainer/stage_rank.py) in-process, or ``-t`` of them as Ray
 actors (a local cluster, or the one RAY_ADDRESS names), and writes ``metrics.jsonl`` and the final HF directory
@@ -21,7 +21,8 @@ from coati.config.errors import ConfigError
 from coati.config.stage import StageConfig
 from coati.launcher import stage_checkpoint
 from coati.launcher.checkpoints import trim_metrics
-from coati.launcher.run_loop import Every, MetricsRows, ProgressBar, RunLoop
+from coati.launcher.health import stage_monitors
+from coati.launcher.run_loop import Every, HealthChecks, MetricsRows, ProgressBar, RunLoop
 from coati.launcher.stop import StopRequest
 from coati.trainer.stage_rank import StageRank
 
@@ -111,7 +112,9 @@ def run_stage(config: StageConfig, train_path: str, eval_path: str | None, model
                 return path
 
             bar = tqdm(total=steps, initial=first, desc=config.stage, disable=not config.progress_bar, leave=False)
-            hooks = [MetricsRows(logger), ProgressBar(bar, lambda row: {"loss": f"{row['loss']:.4f}"}),
+            health = stage_monitors(config.health_settings, config.lr, config.max_grad_norm)
+            hooks = [MetricsRows(logger), HealthChecks(health, logger, log),
+                     ProgressBar(bar, lambda row: {"loss": f"{row['loss']:.4f}"}),
                      # the last step's evaluation and model are the stage's end, not a checkpoint's
                      Every(config.eval_interval, evaluate, before=steps),
                      Every(config.save_interval, save, before=steps)]
