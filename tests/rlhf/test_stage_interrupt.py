@@ -1,7 +1,7 @@
-"""``coati rm`` stopped by SIGINT mid-run, in this process through the CLI (the signal is real, sent from inside
-the third step): exit 130, one line naming the checkpoint of the last finished step and the command that
-continues, and that command ends where an uninterrupted run ends. ``coati sft`` in a child process, as a terminal's
-Ctrl-C: tests/e2e/test_interrupts.py."""
+"""``coati rm``, and ``coati rlhf`` in its rm stage, stopped by a real signal sent from inside a step, in this
+process through the CLI: exit 130/143, one line naming the checkpoint of the last finished step and the command
+that continues, and that command ends where an uninterrupted run ends. ``coati sft`` in a child process, as a
+terminal's Ctrl-C: tests/e2e/test_interrupts.py."""
 
 from __future__ import annotations
 
@@ -71,3 +71,33 @@ def test_coati_rm_stops_on_sigint_with_a_checkpoint_and_resumes_to_the_same_mode
     assert train_steps(str(run_dir)) == [1, 2, 3, 4, 5, 6]  # none lost, none twice
     got = scores(str(run_dir / "final"))
     assert all(torch.allclose(whole[name], got[name], atol=1e-6) for name in whole)
+
+
+def test_coati_rlhf_stopped_in_its_rm_stage_says_so_and_resume_finishes_it(tiny_model_dir, tmp_path, monkeypatch,
+                                                                           capsys):
+    from coati.rlhf import pipeline
+
+    data = write_dummy_data(str(tmp_path / "data"), num_sft=8, num_pairs=48, num_eval=8)
+    plan = tmp_path / "rlhf.yaml"
+    plan.write_text(json.dumps({"save_dir": str(tmp_path / "runs"), "project": "p", "model": tiny_model_dir,
+                                "stages": ["rm"], "rm": {"dataset": data["preferences"], "batch_size": 8,
+                                                         "micro_batch_size": 8, "eval_fraction": 0,
+                                                         "save_interval": 0, "progress_bar": False}}))
+    real_step = StageRank.step
+
+    def step_then_sigterm(self, step: int) -> dict:
+        row = real_step(self, step)
+        if step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+        return row
+
+    monkeypatch.setattr(StageRank, "step", step_then_sigterm)
+    assert pipeline.main(["--config", str(plan)]) == 143
+    run_dir = tmp_path / "runs" / "p" / "rm"
+    lines = [line for line in capsys.readouterr().err.splitlines() if "SIGTERM" in line]
+    assert lines == [f"SIGTERM: stopped after step 2, saved {run_dir / 'step_2'}; continue with: coati rlhf --config "
+                     f"{plan} --resume"]
+    monkeypatch.setattr(StageRank, "step", real_step)
+    assert pipeline.main(["--config", str(plan), "--resume"]) == 0
+    assert train_steps(str(run_dir)) == [1, 2, 3, 4, 5, 6]
