@@ -7,10 +7,12 @@ Checks raise ``ConfigError`` with one line naming the problem and the fix, befor
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
 from coati.config.errors import ConfigError, require
+from coati.config.health import HealthSettings, parse_health
 from coati.config.layout import TrainerLayout
 from coati.config.lora import LoraConfig
 from coati.config.optim import OptimConfig
@@ -22,6 +24,8 @@ from coati.utils.user_parts import UserParts, UserPartsError, import_user_parts
 # Defaults that differ between the embedded demo (no --model) and a user's model (TRL/OpenRLHF-like values).
 DEMO_LR = {"sft": 1e-3, "rm": 5e-4}
 MODEL_LR = {"sft": 2e-5, "rm": 9e-6}
+# --health keys of the one monitor that applies to a stage (launcher/health.stage_monitors)
+STAGE_HEALTH_KEYS = ("grad_spike", "window", "quiet_steps")
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,9 @@ class StageConfig(TrainerLayout):
                                       "<save-dir>/<project>); the layout (-t/-tp/-pp/-zero) may differ",
                                 metavar="PATH|latest")
     progress_bar: bool = option(True, "a progress bar while training", "--progress-bar", flag="--progress")
+    health: str | None = option(None, "the gradient-spike warning's thresholds as coati train's --health takes them: "
+                                      f"{', '.join(STAGE_HEALTH_KEYS)} (0 turns it off), or off",
+                                metavar="KEY=VALUE,...|off")
     lora: LoraConfig = LoraConfig()  # adapters instead of full fine-tuning (--lora-rank); the final model is merged
     # the RL run's schedule, warm-up, weight decay, gradient checkpointing and --max-steps (over the stage's steps)
     optim: OptimConfig = OptimConfig()
@@ -84,6 +91,11 @@ class StageConfig(TrainerLayout):
     @property
     def run_dir(self) -> str:
         return os.path.join(self.save_dir, self.project or self.stage)
+
+    @property
+    def health_settings(self) -> HealthSettings | None:
+        """--health's thresholds; None: off."""
+        return parse_health(self.health)
 
     @property
     def rows_per_micro_batch(self) -> int:
@@ -122,6 +134,12 @@ def validate(config: StageConfig) -> None:
     require(0 <= config.eval_fraction < 1, f"--eval-fraction must lie in [0, 1), got {config.eval_fraction}")
     require(config.eval_interval >= 0, f"-ei/--eval-interval must be >= 0, got {config.eval_interval}")
     require(config.save_interval >= 0, f"-si/--save-interval must be >= 0 (0: none), got {config.save_interval}")
+    settings = config.health_settings
+    if settings is not None:
+        others = [f.name for f in dataclasses.fields(settings)
+                  if f.name not in STAGE_HEALTH_KEYS and getattr(settings, f.name) != f.default]
+        require(not others, f"--health: {', '.join(others)}: no such monitor in coati {config.stage}; its keys: "
+                            f"{', '.join(STAGE_HEALTH_KEYS)}")
     config.check()
     config.optim.check(config.plugin_spec)
     dp = config.dp_size

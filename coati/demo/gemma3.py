@@ -27,7 +27,7 @@ STEPS = 10
 REWARD = "first_integer_reward"
 SHOTS = "Q: What is 3 + 4?\nA: 7\n\nQ: What is 8 - 5?\nA: 3\n\nQ: What is 6 * 2?\nA: 12\n\n"
 TEMPLATE = SHOTS + "Q: {prompt}\nA:"
-STOP = "\nQ:"
+STOP = "\n"
 SUMMARY = (f"{NAME}: the base-model demo: Gemma 3 270M (the GGUF chunk wheels, set-up installs them) learns one-digit "
            f"arithmetic from a three-shot plain-text prompt (--prompt-template, --stop) with GRPO on vLLM, {STEPS} "
            "steps")

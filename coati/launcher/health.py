@@ -7,7 +7,8 @@ quiet for ``quiet_steps`` steps), and the driver prints each warning as one line
 row of kind "health". The driver feeds every training (and skipped) row, and every evaluation row marked
 ``"kind": "eval"``; a monitor reads only the rows that hold its metric. A warning names ``metric``, the key of the
 rows it read, so that ``coati plot`` marks it on that panel. A new monitor is one class here and one entry in
-``run_monitors``; its threshold is one field of ``HealthSettings`` (coati/config/health.py, ``--health``).
+``run_monitors`` (``stage_monitors``: those that apply to the SFT/RM stages); its threshold is one field of
+``HealthSettings`` (coati/config/health.py, ``--health``).
 """
 
 from __future__ import annotations
@@ -328,6 +329,7 @@ class GradSpike(Windowed):
     window: int
     learning_rate: float
     max_grad_norm: float
+    look: str = "read that step's rollouts (-rsd DIR) for an odd batch"  # where the odd batch can be seen
     name = "grad_spike"
     metric = "grad_norm"
     windows = 4  # the steps before a step, whose median it is measured against
@@ -344,7 +346,7 @@ class GradSpike(Windowed):
                 else "unclipped: --max-grad-norm is 0")
         text = (f"warning: step {step}: gradient-norm spike: {value:.3g}, {value / median:.1f}x the median "
                 f"{median:.3g} of the {count} steps before (the bound: {self.factor:g}x; {clip}): one batch pulled the weights "
-                f"hard. Try: read that step's rollouts (-rsd DIR) for an odd batch; a lower learning rate (-lr, now "
+                f"hard. Try: {self.look}; a lower learning rate (-lr, now "
                 f"{self.learning_rate:g})" + ("" if self.max_grad_norm > 0 else "; --max-grad-norm 1"))
         return HealthWarning(self.name, step, step, text,
                              {"grad_norm": value, "median": median, "bound": self.factor}, self.metric)
@@ -481,3 +483,13 @@ def run_monitors(config) -> RunHealth:
     )
     monitors += [build() for threshold, build in built if threshold > 0]
     return RunHealth(monitors, s.quiet_steps)
+
+
+def stage_monitors(settings, learning_rate: float, max_grad_norm: float) -> RunHealth:
+    """The monitors of an SFT/RM stage (``--health`` as parsed; None: off): the gradient spike; the others read
+    what a stage has not (rollouts, rewards, a reference's KL, accuracy beside a training reward)."""
+    if settings is None or settings.grad_spike <= 0:
+        return RunHealth([])
+    return RunHealth([GradSpike(settings.grad_spike, settings.window, learning_rate, max_grad_norm,
+                                look="read that step's rows for an odd one (a step's batch depends only on the step "
+                                     "and --seed)")], settings.quiet_steps)

@@ -1,8 +1,9 @@
 """Builds the Ray actors for a run, wires buffer and weight sync, drives training and evaluation.
 
-The driver only orchestrates: producers run their own generation loop; the driver calls ``step()`` on
-the trainers, logs what they return (and writes -rsd rollout logs), and has the model evaluated at step 0,
-every -ei steps and at the end (eval_schedule.py).
+The driver only orchestrates: producers run their own generation loop; the driver's run loop (run_loop.py)
+calls ``step()`` on the trainers and hands what they return to this run's hooks: the metrics log, the health
+monitors, the weight-delivery check, the -rsd rollout logs, held-out evaluation at step 0, every -ei steps and at
+the end (eval_schedule.py), the progress bar and the -si checkpoints.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from coati.launcher.checkpoints import (
     save_checkpoint,
     trim_metrics,
 )
+from coati.launcher.run_loop import Every, HealthChecks, Hook, MetricsRows, ProgressBar, RunLoop
 from coati.launcher.stop import RunInterrupted, StopRequest
 from coati.trainer.consumer import Consumer
 from coati.utils.checkpoint import prune_checkpoints
@@ -177,7 +179,6 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, evaluat
     log(supervisor.gather([consumers[0].micro_batching_line.remote()])[0])
     rounds, engine_precisions = _rounds_to_run(config, consumers, producers, log)
     rounds, total_groups = config.run_length(rounds)
-    delivery = DeliveryCheck.of(config, engine_precisions)
     # Every trainer rank draws its share of all rounds (or of --max-steps steps); a step returns None once its
     # share is used up. Without filtering that is exactly total_groups / (dp * tbs) steps; with it (DAPO), fewer.
     max_steps = total_groups // (config.parallel.dp_size * config.batch.train_batch_size)
@@ -192,100 +193,115 @@ def _train(config, log, start, consumers, producers, buffer, supervisor, evaluat
                                                                                         "evaluating"))
     start_rounds = state["producer_rounds"] if resume else [0] * len(producers)
     supervisor.watch([producer.run.remote(rounds, begin) for producer, begin in zip(producers, start_rounds)])
-    step, skipped = (state["step"], state["skipped"]) if resume else (0, 0)
-    supervisor.last_step = step
+    first, skipped = (state["step"], state["skipped"]) if resume else (0, 0)
+    supervisor.last_step = first
     # (path, skipped steps) of the newest checkpoint of this state: the final save does not repeat it
-    last_saved = (os.path.join(config.run.run_dir, f"step_{step}"), skipped) if resume else None
-    bar = tqdm(total=max_steps, initial=step, desc=config.algo.name, unit="step", disable=not config.run.progress_bar)
-    health = run_monitors(config)
+    last_saved = (os.path.join(config.run.run_dir, f"step_{first}"), skipped) if resume else None
 
-    def check_health(at_step: int, row: dict) -> None:
-        for warning in health.feed(at_step, row):
-            log(warning.text)
-            logger.log(at_step, warning.row(), kind="health")
-
-    evals.watch(lambda at_step, row: check_health(at_step, {**row, "kind": "eval"}))
+    def step(done: int) -> dict | None:
+        return rollouts.take(supervisor.gather([consumer.step.remote() for consumer in consumers], "step",
+                                               f"in step {done + 1}")[0])
 
     def save(at_step: int) -> str:
+        nonlocal last_saved
         path = os.path.join(config.run.run_dir, f"step_{at_step}")
-        if (path, skipped) != last_saved or not os.path.isdir(path):
+        if (path, loop.skipped) != last_saved or not os.path.isdir(path):
             save_checkpoint(path, consumers, buffer, config,
-                            {"step": at_step, "skipped": skipped, "eval_before": evals.before_accuracy(),
+                            {"step": at_step, "skipped": loop.skipped, "eval_before": evals.before_accuracy(),
                              "eval_reward_before": evals.before_mean_reward()},
                             lambda refs: supervisor.gather(refs, "save", f"saving step {at_step}"))
             if config.run.keep_checkpoints:
                 prune_checkpoints(config.run.run_dir, config.run.keep_checkpoints, path)
+        last_saved = (path, loop.skipped)
         return path
 
-    stop.deferred = True  # from here a signal stops the run at the next step boundary, with a checkpoint
-    while not stop.requested:
-        metrics = supervisor.gather([consumer.step.remote() for consumer in consumers], "step",
-                                    f"in step {step + 1}")[0]
-        if metrics is None:
-            break
-        records = metrics.pop("rollouts", None)  # -rsd: trainer rank 0's records of this step's samples
-        if "skipped" in metrics:
-            skipped += 1
-            logger.log(step, metrics, kind="skipped")
-            check_health(step, metrics)
-            log(f"after step {step}: a step was skipped: {metrics['skipped']} "
-                f"(groups drawn {metrics['groups_drawn']}, weights v{metrics['weight_version']})")
-            continue
-        step += 1
-        supervisor.last_step = step
-        logger.log(step, metrics)
-        check_health(step, metrics)
-        problem = delivery.problem(step, metrics)
-        if problem and delivery.stops:  # the step is kept: the trainer's weights are right, the engines' were not
-            path = save(step)
+    health = HealthChecks(run_monitors(config), logger, log)
+    evals.watch(lambda at_step, row: health.feed(at_step, {**row, "kind": "eval"}))
+    bar = tqdm(total=max_steps, initial=first, desc=config.algo.name, unit="step", disable=not config.run.progress_bar)
+    hooks = [Hook(after_step=lambda at_step, row: setattr(supervisor, "last_step", at_step)),
+             MetricsRows(logger), health,
+             Hook(after_skip=lambda at_step, row: log(
+                 f"after step {at_step}: a step was skipped: {row['skipped']} "
+                 f"(groups drawn {row['groups_drawn']}, weights v{row['weight_version']})")),
+             _DeliveryHook(DeliveryCheck.of(config, engine_precisions), save, evals, logger, log),
+             rollouts, _EvalHook(evals),
+             ProgressBar(bar, lambda row: dict(reward=f"{row['reward']:.3f}", acc=accuracy_text(row.get("accuracy")),
+                                               loss=f"{row['loss']:.4f}", v=row["weight_version"])),
+             Every(config.run.save_interval, save)]
+    with RunLoop(stop, step, save, hooks) as loop:
+        total_steps = loop.run(first, skipped)  # a stop raises RunInterrupted after its checkpoint
+        bar.close()
+        if resume and not loop.calls:
+            # the first step found no group left (a finished run resumed): one line, not a second final evaluation
             evals.settle()
-            logger.close()
-            raise WeightsNotDelivered(f"{problem}; the run stopped after saving {path}")
-        if problem:
-            log(f"warning: {problem}")
-            logger.log(step, {"monitor": "delivery", "metric": "delivery_gap", "first_step": step, "last_step": step,
-                              "message": problem}, kind="health")
-        if records and rollouts is not None:
-            rollouts.write(step, records)
-        if evals.due(step):
-            evals.submit(step)
-        evals.poll()
-        bar.update(1)
-        bar.set_postfix(reward=f"{metrics['reward']:.3f}", acc=accuracy_text(metrics.get("accuracy")),
-                        loss=f"{metrics['loss']:.4f}", v=metrics["weight_version"])
-        if config.run.save_interval and step % config.run.save_interval == 0:
-            last_saved = (save(step), skipped)
-    bar.close()
-    if resume and not stop.requested and (step, skipped) == (state["step"], state["skipped"]):
-        # the first step found no group left (a finished run resumed): one line, not a second final evaluation
-        evals.settle()
-        logger.close()
-        supervisor.kill_all()
-        raise NothingToResume(nothing_left_line(resume, step))
-    if stop.requested:  # a step boundary, the run's last included: save it (skipping the final evaluation) and stop
-        trained = (step, skipped) != ((state["step"], state["skipped"]) if resume else (0, 0))
-        path = save(step) if trained else None
-        evals.settle()
-        if rollouts is not None:
-            rollouts.close()
-        logger.close()
-        raise stop.interrupted(step, path)
-    # A signal from here on lets the final evaluation and save finish: the run then ends as if none had come.
-    supervisor.wait_generation()  # every producer's run() has returned
-    total_steps = step
-    if skipped:
-        log(f"{skipped} steps were skipped because no group survived the filter")
-    eval_before, eval_after = evals.finish(total_steps)
-    if rollouts is not None:
+            supervisor.kill_all()
+            raise NothingToResume(nothing_left_line(resume, total_steps))
+        supervisor.wait_generation()  # every producer's run() has returned
+        if loop.skipped:
+            log(f"{loop.skipped} steps were skipped because no group survived the filter")
+        eval_before, eval_after = evals.finish(total_steps)
         rollouts.close()
-    final_dir = save(total_steps)
-    supervisor.gather([consumer.shutdown.remote() for consumer in consumers])
-    # Their work is done: end them now, not by the SIGTERM of Ray's shutdown, which can land in an actor handle's
-    # __del__ and print a SystemExit traceback after the results.
-    supervisor.kill_all()
-    logger.close()
+        final_dir = save(total_steps)
+        supervisor.gather([consumer.shutdown.remote() for consumer in consumers])
+        # Their work is done: end them now, not by the SIGTERM of Ray's shutdown, which can land in an actor
+        # handle's __del__ and print a SystemExit traceback after the results.
+        supervisor.kill_all()
     return RunResult(total_steps, eval_before, eval_after, final_dir, logger.path, time.time() - start,
                      evals.mean_reward.get(0, {}), evals.mean_reward.get(total_steps, {}))
+
+
+class _DeliveryHook(Hook):
+    """--delivery-check: a trained step whose rows show weights the engines did not get stops the run after saving
+    it (the trainer's weights are right, the engines' were not), or is one warning line and a "health" row."""
+
+    def __init__(self, delivery: DeliveryCheck, save, evals: EvalSchedule, logger, log):
+        self.delivery, self.save, self.evals, self.logger, self.log = delivery, save, evals, logger, log
+
+    def after_step(self, step: int, row: dict) -> None:
+        problem = self.delivery.problem(step, row)
+        if problem and self.delivery.stops:
+            path = self.save(step)
+            self.evals.settle()
+            raise WeightsNotDelivered(f"{problem}; the run stopped after saving {path}")
+        if problem:
+            self.log(f"warning: {problem}")
+            self.logger.log(step, {"monitor": "delivery", "metric": "delivery_gap", "first_step": step,
+                                   "last_step": step, "message": problem}, kind="health")
+
+
+class _EvalHook(Hook):
+    """Held-out evaluation every -ei trained steps, collected between steps without waiting (eval_schedule.py); a
+    stop waits for those in flight."""
+
+    def __init__(self, evals: EvalSchedule):
+        self.evals = evals
+
+    def after_step(self, step: int, row: dict) -> None:
+        if self.evals.due(step):
+            self.evals.submit(step)
+        self.evals.poll()
+
+    def settle(self) -> None:
+        self.evals.settle()
+
+
+class _Rollouts(Hook):
+    """-rsd: trainer rank 0's records of each step's samples, taken out of the step's row before it is logged."""
+
+    def __init__(self, writer: RolloutWriter | None):
+        self.writer, self.records = writer, None
+
+    def take(self, row: dict | None) -> dict | None:
+        self.records = row.pop("rollouts", None) if row is not None else None
+        return row
+
+    def after_step(self, step: int, row: dict) -> None:
+        if self.records and self.writer is not None:
+            self.writer.write(step, self.records)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
 
 
 def _open_outputs(config, log, producers, consumers, resume, state, evaluator_threads, reservation, gather):
@@ -295,10 +311,10 @@ def _open_outputs(config, log, producers, consumers, resume, state, evaluator_th
     evals = EvalSchedule(config, producers[0] if producers else None, consumers, logger, gather, log,
                          num_threads=evaluator_threads,
                          resume=bool(resume), actor_options=reservation.evaluator_options())
-    rollouts = None
+    rollouts = _Rollouts(None)
     if config.run.rollout_save_dir:
-        rollouts = RolloutWriter(os.path.join(config.run.rollout_save_dir, config.run.project), log=log,
-                                 resume=bool(resume))
+        rollouts = _Rollouts(RolloutWriter(os.path.join(config.run.rollout_save_dir, config.run.project), log=log,
+                                           resume=bool(resume)))
     if resume:
         log(f"resuming from {resume}: step {state['step']}, weights v{state['policy_version']}, "
             f"{state['pending_groups']} pending groups, producers from rounds {state['producer_rounds']}")

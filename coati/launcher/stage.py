@@ -1,5 +1,6 @@
-"""One supervised stage (``coati sft`` / ``coati rm``), the driver's side: the trainer ranks, the loop over steps
-with evaluations and checkpoints, and the final model.
+"""One supervised stage (``coati sft`` / ``coati rm``), the driver's side: the trainer ranks, the hooks it gives
+the run loop (run_loop.py: metrics, the gradient-spike warning, progress bar, -ei evaluations, -si checkpoints;
+a signal's stop), and the final model.
 
 ``run_stage`` runs one ``StageRank`` (coati/trainer/stage_rank.py) in-process, or ``-t`` of them as Ray
 actors (a local cluster, or the one RAY_ADDRESS names), and writes ``metrics.jsonl`` and the final HF directory
@@ -20,6 +21,9 @@ from coati.config.errors import ConfigError
 from coati.config.stage import StageConfig
 from coati.launcher import stage_checkpoint
 from coati.launcher.checkpoints import trim_metrics
+from coati.launcher.health import stage_monitors
+from coati.launcher.run_loop import Every, HealthChecks, MetricsRows, ProgressBar, RunLoop
+from coati.launcher.stop import StopRequest
 from coati.trainer.stage_rank import StageRank
 
 
@@ -70,9 +74,11 @@ class _Group:
 
 def run_stage(config: StageConfig, train_path: str, eval_path: str | None, model_path: str, log=print) -> StageResult:
     """Train the stage (from ``--resume``'s checkpoint when given) and save the final model; metrics go to
-    <run_dir>/metrics.jsonl."""
+    <run_dir>/metrics.jsonl. SIGINT/SIGTERM stop it at a step boundary with a checkpoint: ``RunInterrupted``
+    (run_loop.py, stop.py)."""
     from tqdm import tqdm
 
+    from coati.utils.checkpoint import prune_checkpoints
     from coati.utils.metrics import MetricsLogger
 
     start = time.time()
@@ -82,36 +88,56 @@ def run_stage(config: StageConfig, train_path: str, eval_path: str | None, model
     os.makedirs(config.run_dir, exist_ok=True)
     if resume and trim_metrics(config.run_dir, stage_checkpoint.read_state(resume)["step"]):
         log("metrics.jsonl: dropped the rows after the checkpoint's step, which this resumed run redoes")
-    logger = MetricsLogger(config.run_dir, config.project or config.stage, asdict(config), log=log,
-                           resume=bool(resume))
     group = None
-    try:
-        group = _Group(config, train_path, eval_path, model_path)
-        info = group.info
-        _check_start(config, info, train_path, log)
+    with StopRequest(config.run_dir) as stop:  # before the loop a signal ends the stage at once: nothing to save
+        try:
+            group = _Group(config, train_path, eval_path, model_path)
+            stop.reclaim()  # ray.init (-t > 1) sets its own SIGTERM handler
+            info, steps = group.info, group.info["steps"]
+            _check_start(config, info, train_path, log)
+            first, before = 0, {}
+            if resume:
+                state = stage_checkpoint.restore(group, resume)
+                log(f"resuming from {resume}: step {state['step']} of {steps}")
+                first, before = state["step"], state["before"]
+            logger = MetricsLogger(config.run_dir, config.project or config.stage, asdict(config), log=log,
+                                   resume=bool(resume))
 
-        def evaluate(step: int) -> dict:
-            return _evaluate(group, config, logger, log, step)
+            def evaluate(step: int) -> dict:
+                return _evaluate(group, config, logger, log, step)
 
-        if resume:
-            state = stage_checkpoint.restore(group, resume)
-            log(f"resuming from {resume}: step {state['step']} of {info['steps']}")
-            first, before = state["step"], state["before"]
-        else:
-            first, before = 0, evaluate(0)
-        _train(group, config, info["steps"], logger, evaluate, first, before)
-        after = evaluate(info["steps"])
-        model_dir = os.path.join(config.run_dir, "final")
-        group.call("save_pretrained", model_dir)
-        with open(os.path.join(config.run_dir, "stage_config.json"), "w") as handle:
-            json.dump({**asdict(config), "model_path": model_path, "train_path": train_path,
-                       "eval_path": eval_path}, handle, indent=1)
-    finally:
-        if group is not None:
-            group.close()
-        logger.close()
+            def save(step: int) -> str:  # a new checkpoint replaces the previous one (the final model is apart)
+                path = stage_checkpoint.save(group, config, step, before)
+                prune_checkpoints(config.run_dir, 1, path)
+                return path
+
+            bar = tqdm(total=steps, initial=first, desc=config.stage, disable=not config.progress_bar, leave=False)
+            health = stage_monitors(config.health_settings, config.lr, config.max_grad_norm)
+            hooks = [MetricsRows(logger), HealthChecks(health, logger, log),
+                     ProgressBar(bar, lambda row: {"loss": f"{row['loss']:.4f}"}),
+                     # the last step's evaluation and model are the stage's end, not a checkpoint's
+                     Every(config.eval_interval, evaluate, before=steps),
+                     Every(config.save_interval, save, before=steps)]
+            with RunLoop(stop, lambda step: group.call("step", step)[0], save, hooks) as loop:
+                if not resume:
+                    before = evaluate(0)
+                loop.run(first, last=steps)
+                bar.close()
+                after = evaluate(steps)
+                model_dir = os.path.join(config.run_dir, "final")
+                group.call("save_pretrained", model_dir)
+                with open(os.path.join(config.run_dir, "stage_config.json"), "w") as handle:
+                    json.dump({**asdict(config), "model_path": model_path, "train_path": train_path,
+                               "eval_path": eval_path}, handle, indent=1)
+        except KeyboardInterrupt:
+            if stop.requested is None:
+                raise
+            raise stop.interrupted() from None  # before the loop: nothing trained, nothing to save
+        finally:
+            if group is not None:
+                group.close()
     losses = stage_checkpoint.earlier_losses(logger.path)  # a resumed run's too
-    return StageResult(info["steps"], before, after, losses, model_dir, logger.path, info, time.time() - start)
+    return StageResult(steps, before, after, losses, model_dir, logger.path, info, time.time() - start)
 
 
 def _check_start(config: StageConfig, info: dict, train_path: str, log) -> None:
@@ -132,24 +158,3 @@ def _evaluate(group: _Group, config: StageConfig, logger, log, step: int) -> dic
                           **{k.removeprefix("eval_"): v for k, v in result.items()}}, kind="eval")
         log(f"eval step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in result.items()))
     return result
-
-
-def _train(group: _Group, config: StageConfig, steps: int, logger, evaluate, first: int, before: dict) -> None:
-    """Steps ``first`` .. ``steps`` - 1, with evaluations and checkpoints (-ei, -si) between them; a new
-    checkpoint replaces the previous one (the final model is written after the loop)."""
-    from tqdm import tqdm
-
-    from coati.utils.checkpoint import prune_checkpoints
-
-    bar = tqdm(total=steps, initial=first, desc=config.stage, disable=not config.progress_bar, leave=False)
-    for step in range(first, steps):
-        row = group.call("step", step)[0]
-        logger.log(step + 1, row)
-        bar.update(1)
-        bar.set_postfix(loss=f"{row['loss']:.4f}")
-        done = step + 1
-        if config.eval_interval and done % config.eval_interval == 0 and done < steps:
-            evaluate(done)
-        if config.save_interval and done % config.save_interval == 0 and done < steps:
-            prune_checkpoints(config.run_dir, 1, stage_checkpoint.save(group, config, done, before))
-    bar.close()

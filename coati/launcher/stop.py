@@ -6,9 +6,10 @@ run is:
 - before the training loop (cluster start, actors loading models, the first evaluation): nothing is trained, so
   there is nothing to save; the handler raises ``KeyboardInterrupt`` at once, and the run turns it into a
   ``RunInterrupted`` that says no checkpoint was written;
-- in the training loop (``deferred``): the handler only records the signal; the driver looks at ``requested``
-  at each step boundary, writes the same ``step_N`` checkpoint its periodic saves write and raises
-  ``RunInterrupted``, whose line names the checkpoint and the command that continues the run;
+- in the training loop (``deferred``; run_loop.py, the one loop of ``coati train`` and ``coati sft`` / ``rm``):
+  the handler only records the signal; the loop looks at ``requested`` at each step boundary, writes the same
+  ``step_N`` checkpoint the periodic saves write and raises ``RunInterrupted``, whose line names the checkpoint
+  and the command that continues the run;
 - a second signal while a stop is under way exits at once (``os._exit``) with one line naming the newest
   checkpoint, if any: the steps since it are not saved.
 

@@ -9,6 +9,7 @@ with one ``error:`` line before any training.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 
 from coati.config.errors import ConfigError
@@ -75,6 +76,20 @@ def resolve_inputs(config: StageConfig, log=print) -> tuple[str, str, str | None
     return model_path, train_path, eval_path
 
 
+def resume_command(prog: str, argv: list[str]) -> str:
+    """The command that continues a stopped stage: its own options again (the stage keeps no copy of them until
+    it ends), with ``--resume latest`` in place of any ``--resume``."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--resume":
+            skip = True  # and its value
+        elif not arg.startswith("--resume="):
+            kept.append(arg)
+    return shlex.join([*prog.split(), *kept, "--resume", "latest"])
+
+
 def run(cls, argv: list[str] | None, prog: str) -> int:
     from coati.trainer.supervised import load_stage_rows
 
@@ -90,12 +105,17 @@ def run(cls, argv: list[str] | None, prog: str) -> int:
         return 2
 
     from coati.launcher.stage import run_stage
+    from coati.launcher.stop import RunInterrupted
 
     try:
         result = run_stage(config, train_path, eval_path, model_path)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except RunInterrupted as stopped:  # SIGINT/SIGTERM: one line, 130/143
+        given = argv if argv is not None else sys.argv[1:]
+        print(stopped.line(resume=resume_command(prog, given)), file=sys.stderr)
+        return stopped.exit_code
     losses = result.losses
     print(f"\n{config.stage}: {result.steps} steps in {result.wall_s:.0f} s; training loss {losses[0]:.4f} (first "
           f"step) -> {losses[-1]:.4f} (last)")

@@ -1,7 +1,7 @@
-"""Stopping real runs with real signals: ``python rl_example.py`` in a child process (its own session, so that a
-signal to its process group is what a terminal's Ctrl-C sends), then ``--resume latest`` to the end.
+"""Stopping real runs with real signals: ``python rl_example.py`` and ``coati sft`` in a child process (its own
+session, so that a signal to its process group is what a terminal's Ctrl-C sends), then the resume to the end.
 
-Every run: 24 prompts, -ibs 8 x -g 2, 4 groups a step: 3 rounds of 2 steps (round-level minibatches: a stop can
+Every RL run: 24 prompts, -ibs 8 x -g 2, 4 groups a step: 3 rounds of 2 steps (round-level minibatches: a stop can
 land inside a round), 6 steps, a held-out set of 8 prompts.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -120,3 +121,36 @@ def test_colocated_run_stops_on_sigterm_and_resumes(demo_assets, argv, tmp_path)
     assert len(lines) == 1 and lines[0].startswith(f"SIGTERM: stopped after step {reached}, saved ")
     assert checkpoints(run_dir) == [reached] and reached < STEPS
     # resuming it is the first test's (and tests/trainer/test_colocated.py's colocated resume, exact)
+
+
+def test_coati_sft_stops_on_ctrl_c_with_a_checkpoint_and_its_line_resumes_it(tiny_model_dir, tmp_path, monkeypatch):
+    """The SFT stage runs through the same loop: a terminal's Ctrl-C mid-run saves the last finished step (with
+    -si 0 too) and prints the one line whose command finishes the run (run here, in this process: no second
+    start-up). The tiny model, 100 steps of 2 rows; no wandb, whose start alone costs seconds."""
+    from coati import cli
+    from coati.rlhf.dummy import write_dummy_data
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    data = write_dummy_data(str(tmp_path / "data"), num_sft=200, num_pairs=8, num_eval=8)
+    run_dir = tmp_path / "runs" / "s"
+    argv = ["-m", tiny_model_dir, "-d", data["sft"], "-ed", data["sft_eval"], "-bs", "2", "-tmbs", "2", "-si", "0",
+            "--no-progress", "-sd", str(tmp_path / "runs"), "-p", "s"]
+    proc = subprocess.Popen([sys.executable, "-m", "coati.cli", "sft", *argv], cwd=ROOT, env=clean_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    wait_until(proc, lambda: len(train_steps(run_dir)) >= 2)
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130 and "Traceback" not in out + err, err[-3000:]
+    reached = max(train_steps(run_dir))
+    # the one line (the rest of stderr: transformers' bars of the model loads)
+    lines = [line for line in err.splitlines() if "SIGINT" in line or "continue with" in line]
+    resume = shlex.join(["coati", "sft", *argv, "--resume", "latest"])
+    assert lines == [f"SIGINT: stopped after step {reached}, saved {run_dir / f'step_{reached}'}; continue with: "
+                     f"{resume}"]
+    assert checkpoints(run_dir) == [reached] and reached < 100 and train_steps(run_dir) == list(range(1, reached + 1))
+    assert not (run_dir / "final").exists()
+
+    command = shlex.split(lines[0].split("continue with: ")[1])
+    assert command[:2] == ["coati", "sft"] and cli.main(command[1:]) == 0
+    assert train_steps(run_dir) == list(range(1, 101))  # none lost, none twice
+    assert (run_dir / "final" / "config.json").exists()

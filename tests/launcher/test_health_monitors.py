@@ -167,6 +167,21 @@ def test_grad_spike_quiet_before_a_window_and_on_steady_norms():
     assert "unclipped: --max-grad-norm is 0" in warning.text and "--max-grad-norm 1" in warning.text
 
 
+def test_a_stage_has_the_grad_spike_monitor_alone_with_its_own_hint():
+    from coati.config.health import HealthSettings, parse_health
+    from coati.launcher.health import stage_monitors
+
+    health = stage_monitors(parse_health("window=3"), 2e-5, 1.0)
+    assert [type(monitor) for monitor in health.monitors] == [GradSpike] and health.quiet_steps == 100
+    fired = [(step, w) for step, norm in enumerate([1.0, 1.2, 0.8, 1.1, 6.0], 1)
+             for w in health.feed(step, {"loss": 1.0, "grad_norm": norm})]
+    assert [step for step, _ in fired] == [5]
+    assert "Try: read that step's rows for an odd one (a step's batch depends only on the step and --seed); a " \
+           "lower learning rate (-lr, now 2e-05)" in fired[0][1].text and "-rsd" not in fired[0][1].text
+    assert stage_monitors(None, 2e-5, 1.0).monitors == []  # --health off
+    assert stage_monitors(HealthSettings(grad_spike=0), 2e-5, 1.0).monitors == []
+
+
 # --- one reward dominating ---
 
 def test_one_reward_dominating_the_weighted_sum():

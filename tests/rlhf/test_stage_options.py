@@ -56,6 +56,9 @@ def run(argv, capsys):
     (["sft", "-bs", "3", "-t", "2", "-m", "x"], "-bs (3) must be a multiple of the 2 data-parallel trainers"),
     (["sft", "-bs", "4", "-tmbs", "8"], "-bs / data-parallel trainers (4) must be >= -tmbs (8)"),
     (["sft", "-lr", "0"], "-lr/--learning-rate must be > 0"),
+    (["rm", "--health", "entropy_min=0.1,grad_spike=3"], "--health: entropy_min: no such monitor in coati rm; its "
+                                                         "keys: grad_spike, window, quiet_steps"),
+    (["sft", "--health", "grad_spik=3"], "--health: unknown key 'grad_spik' (did you mean 'grad_spike'?)"),
     (["sft", "--weight-decay", "-1"], "--weight-decay must be >= 0, got -1.0"),
     (["rm", "--lr-warmup-ratio", "1"], "--lr-warmup-ratio must lie in [0, 1)"),
     (["sft", "--eval-fraction", "1"], "--eval-fraction must lie in [0, 1)"),
