@@ -15,6 +15,7 @@ and has ``rendezvous_address()`` and ``setup(master_address, master_port)``.
 from __future__ import annotations
 
 import socket
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -48,15 +49,33 @@ def one_unit_each(world_size: int) -> Callable[[int], dict]:
     return lambda rank: {"num_cpus": 1, **gpus}
 
 
+class RanksStuck(RuntimeError):
+    """Trainer ranks that did not answer a call within its bound."""
+
+    def __init__(self, ranks: list[int], method: str, bound: float):
+        super().__init__(f"trainer rank(s) {ranks} gave no answer to {method} within {bound:.1f} s")
+        self.ranks, self.method, self.bound = ranks, method, bound
+
+
 @dataclass
 class TrainerGroup:
     actors: list  # Ray actor handles, by rank
 
-    def call(self, method: str, *args) -> list:
-        """Every rank's result of ``method(*args)`` (collective calls reach all ranks together)."""
+    def call(self, method: str, *args, deadlines=None) -> list:
+        """Every rank's result of ``method(*args)`` (collective calls reach all ranks together). With
+        ``deadlines`` (coati.cluster.deadlines.Deadlines) the wait has its bound for calls of ``method``: past it,
+        ``RanksStuck`` names the ranks that did not answer (their peers wait for them in a collective)."""
         import ray
 
-        return ray.get([getattr(actor, method).remote(*args) for actor in self.actors])
+        refs = [getattr(actor, method).remote(*args) for actor in self.actors]
+        bound = deadlines.bound(method) if deadlines is not None else None
+        start = time.monotonic()
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=bound)
+        if pending:
+            raise RanksStuck([rank for rank, ref in enumerate(refs) if ref in pending], method, bound)
+        if deadlines is not None:
+            deadlines.record(method, time.monotonic() - start)
+        return ray.get(refs)
 
     def kill(self) -> None:
         import ray

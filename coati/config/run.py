@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
+from coati.config.errors import require
 from coati.config.health import HealthSettings, health_help, parse_health
 from coati.utils.dataclass_cli import option
 
@@ -17,6 +19,19 @@ DELIVERY_BOUNDS = {"fp32": 1e-3, "bf16": 5.0}
 # embedded demo's (a 2 MB model) cost well under a second each.
 SAVE_INTERVAL = 50
 
+
+def wait_scale_option():
+    """``--wait-scale``, as every command whose driver waits for Ray actors takes it (an RL run, an SFT/RM stage of
+    -t > 1 ranks)."""
+    return option(1.0, "scales how long the driver waits for an actor (a step, a save, a round) before it calls it "
+                       "stuck and stops the run with one line naming it: a first wait of a kind may take 30 min, a "
+                       "later one 10x the slowest of its kind and at least 5 min "
+                       "(docs/checkpoints.md#a-stuck-actor). 0: wait forever")
+
+
+def check_wait_scale(value: float) -> None:
+    require(math.isfinite(value) and value >= 0,
+            f"--wait-scale must be a number >= 0 (0: wait forever, 1: the default bounds), got {value:g}")
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -56,10 +71,7 @@ class RunConfig:
                 "not arrive as trained; stop: end the run after a checkpoint with one line; warn: a warning line; off",
         choices=("stop", "warn", "off"))
     delivery_bound: float = option(0.0, "--delivery-check's bound on the gap in nats (0: by precision)")
-    wait_scale: float = option(
-        1.0, "scales how long the driver waits for an actor (a step, a save, a round) before it calls it stuck and "
-             "stops the run with one line naming it: a first wait of a kind may take 30 min, a later one 10x the "
-             "slowest of its kind and at least 5 min (docs/checkpoints.md#a-stuck-actor). 0: wait forever")
+    wait_scale: float = wait_scale_option()
     ray_dir: str | None = option(
         None, "Ray's temp directory: the local cluster's, or, when joining, the --temp-dir that this machine's node "
               "of the cluster was started with (`ray start --temp-dir`)", flag="--ray_dir")

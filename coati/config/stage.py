@@ -16,7 +16,7 @@ from coati.config.health import HealthSettings, parse_health
 from coati.config.layout import TrainerLayout
 from coati.config.lora import LoraConfig
 from coati.config.optim import OptimConfig
-from coati.config.run import SAVE_INTERVAL
+from coati.config.run import SAVE_INTERVAL, check_wait_scale, wait_scale_option
 from coati.utils.dataclass_cli import option
 from coati.utils.gguf import GGUF_FILE_HELP
 from coati.utils.user_parts import UserParts, UserPartsError, import_user_parts
@@ -62,6 +62,7 @@ class StageConfig(TrainerLayout):
                                       "<save-dir>/<project>); the layout (-t/-tp/-pp/-zero) may differ",
                                 metavar="PATH|latest")
     progress_bar: bool = option(True, "a progress bar while training", "--progress-bar", flag="--progress")
+    wait_scale: float = wait_scale_option()  # -t > 1: how long the driver waits for its trainer ranks
     health: str | None = option(None, "the gradient-spike warning's thresholds as coati train's --health takes them: "
                                       f"{', '.join(STAGE_HEALTH_KEYS)} (0 turns it off), or off",
                                 metavar="KEY=VALUE,...|off")
@@ -134,6 +135,7 @@ def validate(config: StageConfig) -> None:
     require(0 <= config.eval_fraction < 1, f"--eval-fraction must lie in [0, 1), got {config.eval_fraction}")
     require(config.eval_interval >= 0, f"-ei/--eval-interval must be >= 0, got {config.eval_interval}")
     require(config.save_interval >= 0, f"-si/--save-interval must be >= 0 (0: none), got {config.save_interval}")
+    check_wait_scale(config.wait_scale)
     settings = config.health_settings
     if settings is not None:
         others = [f.name for f in dataclasses.fields(settings)

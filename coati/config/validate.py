@@ -14,7 +14,7 @@ from coati.config.lora_sync import family_refusal, lora_sync_choice
 from coati.config.errors import ConfigError, require
 from coati.config.health import parse_health
 from coati.config.layout import ParallelConfig
-from coati.config.run import RunConfig
+from coati.config.run import RunConfig, check_wait_scale
 from coati.config.tree import RLConfig
 from coati.dataset.jsonl import SYSTEM_SLOT, prompt_template_problem
 from coati.config.validate_algo import validate_algo
@@ -169,8 +169,7 @@ def _validate_cluster(r: RunConfig) -> None:
             raise ConfigError(str(err)) from None
     require(r.master_port is None or 1 <= r.master_port <= 65535,
             f"--master_port must lie in 1..65535 (the trainers' rendezvous port), got {r.master_port}")
-    require(math.isfinite(r.wait_scale) and r.wait_scale >= 0,
-            f"--wait-scale must be a number >= 0 (0: wait forever, 1: the default bounds), got {r.wait_scale:g}")
+    check_wait_scale(r.wait_scale)
 
 
 def _validate_weight_sync(p: ParallelConfig) -> None:

@@ -16,7 +16,10 @@ import time
 from dataclasses import asdict, dataclass
 
 from coati.cluster.connect import init_ray_for
-from coati.cluster.trainer_group import even_threads, join_trainer_group, one_unit_each, start_trainer_group
+from coati.cluster.deadlines import Deadlines
+from coati.cluster.supervision import ActorStuck, resume_hint
+from coati.cluster.trainer_group import (RanksStuck, even_threads, join_trainer_group, one_unit_each,
+                                         start_trainer_group)
 from coati.config.errors import ConfigError
 from coati.config.stage import StageConfig
 from coati.launcher import stage_checkpoint
@@ -43,7 +46,7 @@ class _Group:
     """The trainer ranks: one in-process StageRank, or -t Ray actors called in lockstep."""
 
     def __init__(self, config: StageConfig, train_path: str, eval_path: str | None, model_path: str):
-        self.ray = config.num_trainers > 1
+        self.ray, self.stuck = config.num_trainers > 1, False
         if not self.ray:
             self.ranks = [StageRank(config, train_path, eval_path, model_path)]
             self.info = self.ranks[0].setup()
@@ -54,6 +57,8 @@ class _Group:
                                                                model_path=model_path, actor=True),
                                          even_threads(n), one_unit_each(n))
         self.ranks = self.group.actors
+        self.run_dir = config.run_dir
+        self.deadlines = Deadlines(config.wait_scale)  # every wait of the driver for its ranks has a bound
         try:
             self.info = join_trainer_group(self.group)[0]
         except BaseException:
@@ -61,13 +66,22 @@ class _Group:
             raise
 
     def call(self, method: str, *args):
-        """Every rank's result of ``method(*args)`` (collective calls reach all ranks together)."""
+        """Every rank's result of ``method(*args)`` (collective calls reach all ranks together); ranks that do not
+        answer within the call's bound stop the stage: ``ActorStuck``, one line naming them."""
         if not self.ray:
             return [getattr(self.ranks[0], method)(*args)]
-        return self.group.call(method, *args)
+        try:
+            return self.group.call(method, *args, deadlines=self.deadlines)
+        except RanksStuck as stuck:
+            self.stuck = True
+            names = ", ".join(f"trainer rank {rank}" for rank in stuck.ranks)
+            raise ActorStuck(f"{names} {'is' if len(stuck.ranks) == 1 else 'are'} stuck in {stuck.method}: no answer "
+                             f"within {stuck.bound:.1f} s (--wait-scale {self.deadlines.scale:g}); the stage "
+                             f"stopped. {resume_hint(self.run_dir)}") from None
 
     def close(self) -> None:
-        self.call("shutdown")
+        if not self.stuck:  # a stuck rank would never answer its shutdown
+            self.call("shutdown")
         if self.ray:
             self.group.kill()
 

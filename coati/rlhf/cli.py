@@ -105,6 +105,7 @@ def run(cls, argv: list[str] | None, prog: str) -> int:
         return 2
 
     from coati.launcher.stage import run_stage
+    from coati.cluster.supervision import RunStopped
     from coati.launcher.stop import RunInterrupted
 
     try:
@@ -116,6 +117,9 @@ def run(cls, argv: list[str] | None, prog: str) -> int:
         given = argv if argv is not None else sys.argv[1:]
         print(stopped.line(resume=resume_command(prog, given)), file=sys.stderr)
         return stopped.exit_code
+    except RunStopped as stopped:  # a rank stuck past its wait's bound: its one line
+        print(f"error: {stopped}", file=sys.stderr)
+        return 1
     losses = result.losses
     print(f"\n{config.stage}: {result.steps} steps in {result.wall_s:.0f} s; training loss {losses[0]:.4f} (first "
           f"step) -> {losses[-1]:.4f} (last)")

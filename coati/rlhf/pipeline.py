@@ -334,7 +334,8 @@ def main(argv: list[str] | None = None, prog: str = "coati rlhf") -> int:
                         help="continue a stopped pipeline: stages whose model is written are skipped, the stage that "
                              "stopped continues from its newest checkpoint (-si)")
     args = parser.parse_args(argv)
-    from coati.launcher.stop import RunInterrupted  # imports Ray: not for --help
+    from coati.cluster.supervision import RunStopped  # imports Ray: not for --help
+    from coati.launcher.stop import RunInterrupted
 
     try:
         plan = read_plan(args.config) if args.config else dummy_plan(args.save_dir, args.project)
@@ -347,6 +348,9 @@ def main(argv: list[str] | None = None, prog: str = "coati rlhf") -> int:
         again = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--resume"]
         print(stopped.line(resume=shlex.join([*prog.split(), *again, "--resume"])), file=sys.stderr)
         return stopped.exit_code
+    except RunStopped as stopped:  # a stage's rank stuck past its wait's bound, or a dead one: its one line
+        print(f"error: {stopped}", file=sys.stderr)
+        return 1
     print("\n" + "\n".join(report(result)))
     return 0
 

@@ -138,3 +138,48 @@ def test_a_memory_kill_is_one_line_with_the_nodes_numbers_and_what_to_lower(tmp_
                                    "GB. Lower -tmbs")
     assert str(stopped).endswith("start again (-si N saves one every N steps).")
     assert memory_line("killed").startswith("the node ran out of memory. Lower -tmbs")
+
+
+@ray.remote(num_cpus=0)
+class Sleeper:
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def step(self) -> float:
+        time.sleep(self.seconds)
+        return self.seconds
+
+
+def test_a_stage_rank_that_does_not_answer_stops_the_stage_in_one_line_naming_it(local_ray, tmp_path):
+    """An SFT/RM stage of -t > 1 ranks waits for each call within its bound (deadlines.py), like an RL run: rank 1
+    never answering its step is named in one line; the call that answered in time sets the kind's later bound."""
+    from coati.cluster.deadlines import Deadlines
+    from coati.cluster.supervision import ActorStuck
+    from coati.cluster.trainer_group import RanksStuck, TrainerGroup
+    from coati.launcher.stage import _Group
+
+    def started(*seconds) -> TrainerGroup:  # the bound is for a call, not for Ray starting its processes
+        actors = [Sleeper.remote(s) for s in seconds]
+        ray.get([actor.__ray_ready__.remote() for actor in actors])
+        return TrainerGroup(actors)
+
+    deadlines = Deadlines(scale=1.0, start_s=3.0)
+    group = started(0.1, 0.1)
+    assert group.call("step", deadlines=deadlines) == [0.1, 0.1]
+    assert 0.1 <= deadlines.slowest["step"] < 3.0
+    group.kill()
+    group = started(0.0, 60.0)
+    with pytest.raises(RanksStuck) as stuck:
+        group.call("step", deadlines=Deadlines(scale=1.0, start_s=2.0))
+    assert (stuck.value.ranks, stuck.value.method, stuck.value.bound) == ([1], "step", 2.0)
+
+    stage = _Group.__new__(_Group)  # the stage's ranks as run_stage holds them, without a model to train
+    stage.ray, stage.stuck, stage.group, stage.run_dir = True, False, group, str(tmp_path)
+    stage.deadlines = Deadlines(scale=0.5, start_s=2.0)
+    with pytest.raises(ActorStuck) as line:
+        stage.call("step")
+    assert str(line.value) == (f"trainer rank 1 is stuck in step: no answer within 1.0 s (--wait-scale 0.5); the "
+                               f"stage stopped. No complete checkpoint under {tmp_path} yet: start again (-si N "
+                               "saves one every N steps).")
+    assert stage.stuck  # its close kills the ranks without asking the stuck one to shut down
+    group.kill()
