@@ -20,7 +20,8 @@ A hook is a ``Hook`` with some of its methods, called in the order the command l
 A stop: the step under way finishes, the loop writes ``checkpoint(step)`` (none when no step call returned since the
 start or the resume: the newest checkpoint already is that state), settles the hooks and raises ``RunInterrupted``
 (one line; exit status 130/143). Bounded waits live in the step itself: RL's waits go through the run's supervisor
-(coati/cluster/supervision.py), whose deadlines (coati/cluster/deadlines.py) call a silent actor stuck.
+(coati/cluster/supervision.py), a Ray stage's through its trainer group's calls (coati/cluster/trainer_group.py);
+both take their bounds from coati/cluster/deadlines.py and call a silent actor stuck in one line.
 """
 
 from __future__ import annotations
