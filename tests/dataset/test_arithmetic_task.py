@@ -36,3 +36,14 @@ def test_the_reward_is_one_and_correct_only_for_the_gold_last_integer():
     assert last_integer_reward("56, or maybe 54", "56") == (0.0, {"correct": False})
     assert last_integer_reward("I cannot say", "56") == (0.0, {"correct": False})
     assert last_integer_reward("The result is -6.", "-6", {"gt_answer": "-6"}) == (1.0, {"correct": True})
+
+
+def test_a_base_models_answer_is_its_first_integer_and_its_rows_plain_text():
+    from coati.dataset.arithmetic_task import first_integer, first_integer_reward, plain_row
+
+    assert [first_integer(text) for text in (" 12\n", " -3 then 4", "no number", "7*8=56")] == [12, -3, None, 7]
+    assert first_integer_reward(" 56\n", "56") == (1.0, {"correct": True})
+    assert first_integer_reward(" 7 * 8 = 56", "56") == (0.0, {"correct": False})  # what follows is not read
+    assert plain_row(7, "*", 8) == {"messages": "What is 7 * 8?", "gt_answer": "56"}
+    train, held_out = splits(96, row=plain_row)
+    assert len(train) == 204 and all(isinstance(row["messages"], str) for row in train + held_out)
