@@ -29,6 +29,7 @@ from collections import deque
 import ray
 
 from coati.config.tree import RLConfig
+from coati.launcher.plan import evaluates_apart
 from coati.rollout.evaluation import EVAL_NUMBERS
 from rewards.correctness import NOT_DEFINED
 from coati.rollout.evaluator import MAX_PENDING, Evaluator
@@ -69,7 +70,7 @@ class EvalSchedule:
         self.writer = EvalWriter(eval_dir(config), log, resume=resume) if self.jobs else None
         self.evaluator = None
         self.on_trainers = bool(config.parallel.colocate)  # the trainer ranks' own engines evaluate
-        if self.jobs and self.interval > 0 and not self.on_trainers:
+        if evaluates_apart(config):
             # Default num_cpus=0: it shares the cores with producers and trainers (as buffer and store do), so the
             # run needs no extra Ray CPU slot and cannot wait for one; GPU clusters give it a bundle (placement.py).
             self.evaluator = ray.remote(Evaluator).options(**(actor_options or {"num_cpus": 0})).remote(
