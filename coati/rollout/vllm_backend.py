@@ -349,6 +349,9 @@ class VLLMBackend:
         if os.path.isdir(model_path):
             os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory needs no hub look-ups
         if options.multiprocessing is not None:
+            # this engine's choice only, like the one below: left set, it would move every later engine of the
+            # process (and of a Ray cluster started from it) out of process, ~40 s a start on a CPU
+            self._environment = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if options.multiprocessing else "0"
         elif not on_gpu and not runs_in_process(model_architectures(model_path), _vllm_architectures()):
             # this engine's choice only: the environment is restored on close (a later engine of a native
@@ -404,7 +407,11 @@ class VLLMBackend:
             # seeds stay reproducible and a sample never depends on what else the step held.
             # vLLM then takes max(max_model_len, its CPU default) tokens a step: BackendSpec.cpu_step_budget.
             engine_args["enable_chunked_prefill"] = False
-        self.llm = LLM(**engine_args)
+        try:
+            self.llm = LLM(**engine_args)
+        except BaseException:
+            self._restore_environment()  # no engine, so no close() to undo this engine's choice
+            raise
         engine = self.llm.llm_engine
         self.transport = "inproc" if (type(engine.engine_core).__name__ == "InprocClient" and
                                       engine.vllm_config.parallel_config.world_size == 1) else "shm"
@@ -531,6 +538,9 @@ class VLLMBackend:
             llm.llm_engine.engine_core.shutdown()
             self.llm = None
             torch.set_num_threads = self._set_num_threads
+        self._restore_environment()
+
+    def _restore_environment(self) -> None:
         if self._environment is not False:
             if self._environment is None:
                 os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)

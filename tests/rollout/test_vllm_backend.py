@@ -7,6 +7,7 @@ is skipped with the install command; the start-up checks of ``-b vllm`` run ever
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -306,6 +307,7 @@ def test_adapter_versions_load_in_memory_and_agree_with_the_trainer(demo_assets,
         monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)  # an earlier engine's choice: CPU's default
         engine = make_backend(config)
     else:
+        before = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
         engine = VLLMBackend(demo_assets.model_dir, VLLMEngineOptions(
             max_model_len=128, kv_cache_gb=0.25, gpu_memory_utilization=0.2, seed=0, multiprocessing=True),
             adapters=lora)
@@ -332,6 +334,8 @@ def test_adapter_versions_load_in_memory_and_agree_with_the_trainer(demo_assets,
             assert_engine_agrees(engine, policy, prompts, (greedy, sampled))
     finally:
         engine.close()
+    if layout == "multiprocess":  # the engine's own choice, undone: left set, later engines start out of process
+        assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == before
 
 
 def test_vllm_adapter_buffers_and_config():
