@@ -20,12 +20,11 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", description
     from coati.config.errors import ConfigError
     from coati.launcher.preflight import check_engine, check_inputs, check_paths, choose_engine, resolve_model_names
     from coati.utils.dataclass_cli import ConfigFileError
-    from coati.utils.user_parts import UserPartsError
 
     try:
         parser = command_parser(argv, prog, description or DESCRIPTION, defaults)
         args = parser.parse_args(argv)
-    except (ConfigFileError, ConfigError, UserPartsError) as err:
+    except (ConfigFileError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     dry_run, dry_run_cluster = command_flags(args)
@@ -84,12 +83,12 @@ def main(argv: list[str] | None = None, prog: str = "rl_example.py", description
 
 def command_parser(argv: list[str] | None, prog: str, description: str, defaults: dict):
     """The command's whole parser: the config's flags (with ``--demo``'s defaults when the arguments ask for it,
-    and the command's ``defaults`` above them), --dry-run's and --demo. The line's --plugins are imported first:
-    a reward kind they register is an -rt choice."""
+    and the command's ``defaults`` above them), --dry-run's and --demo. The line's plugins (--plugins, and its
+    --config file's plugins:) are imported first: a reward kind they register is an -rt choice."""
     from coati.config.cli import build_parser
-    from coati.utils.user_parts import import_plugins_of
+    from coati.config.user_plugins import load_line_plugins
 
-    import_plugins_of(argv)
+    load_line_plugins(argv)
 
     parser = build_parser(prog, description, **{**real_model_demo_defaults(argv), **defaults})
     add_dry_run_flags(parser)

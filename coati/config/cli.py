@@ -26,12 +26,13 @@ from coati.config.layout import ParallelConfig
 from coati.config.ppo import PPOConfig
 from coati.config.sampling import SamplingParams
 from coati.config.tree import RLConfig
+from coati.config.user_plugins import load_user_plugins, plugins_of_mapping
 from coati.config.validate import validate
 from coati.config.validate_algo import check_families
 from coati.registry.backends import DEFAULT_BACKEND
 from coati.utils import dataclass_cli
 from coati.utils.dataclass_cli import construct, option
-from coati.utils.user_parts import UserParts, UserPartsError, import_user_parts
+from coati.utils.user_parts import UserParts, UserPartsError
 from rewards import REWARD_TYPES, default_system_prompt
 
 # Defaults that differ between the embedded demo (no --model) and a user's model, for the flags declared
@@ -102,10 +103,7 @@ def config_from_dict(mapping: dict, defaults: dict | None = None, demo=None, sou
     names too; ``grpo_config`` and ``eval_dataset`` may be the object itself), with ``defaults`` (the command's,
     e.g. ``{"algo": "PPO"}``) below it, exactly as ``build_parser(**defaults)`` and the same flags would give.
     A bad key or value is one ConfigFileError line starting with ``source``."""
-    plugins = mapping.get("plugins") or ()
-    plugins = [plugins] if isinstance(plugins, str) else plugins
-    if isinstance(plugins, (list, tuple)) and all(isinstance(entry, str) for entry in plugins):
-        load_plugins(plugins)  # first: a reward kind they register is an -rt choice (a bad value: check_values's)
+    load_user_plugins(plugins_of_mapping(mapping))  # first: a reward kind they register is an -rt choice
     values = dataclass_cli.defaults(RLOptions)
     values.update(dataclass_cli.check_values(RLOptions, defaults or {}, f"{source} defaults"))
     given = dataclass_cli.check_values(RLOptions, mapping, source)
@@ -214,15 +212,6 @@ def run_name(model: str) -> str:
     return os.path.basename(os.path.normpath(model)) if model.strip("/. ") else "run"
 
 
-def load_plugins(entries) -> None:
-    """Import --plugins in this process before anything is checked, so that the names they register validate;
-    a bad entry is one ConfigError line."""
-    try:
-        import_user_parts(entries)
-    except UserPartsError as err:
-        raise ConfigError(str(err)) from None
-
-
 def ship_parts(plugins) -> UserParts:
     """The run's UserParts: its --plugins and the rows the driver's own code registered (pickled by value for
     the actors); rows that cannot travel are one ConfigError line."""
@@ -237,7 +226,7 @@ def config_from_values(values: dict, demo=None, given: set[str] | None = None) -
     the user set, checked against the algorithm's options."""
     values = dict(values)
     options = {dest: values[dest] for dest in dataclass_cli.defaults(RLOptions)}
-    load_plugins(values["plugins"] or ())
+    load_user_plugins(values["plugins"] or ())  # already imported by the command's door: a no-op then
     embedded, eval_paths, grpo_overrides, situation = _situation(values, demo)
     _colocation(values, given or set())
     _batches(values, situation)

@@ -17,9 +17,10 @@ from coati.config.layout import TrainerLayout
 from coati.config.lora import LoraConfig
 from coati.config.optim import OptimConfig
 from coati.config.run import SAVE_INTERVAL, check_wait_scale, wait_scale_option
+from coati.config.user_plugins import load_user_plugins
 from coati.utils.dataclass_cli import option
 from coati.utils.gguf import GGUF_FILE_HELP
-from coati.utils.user_parts import UserParts, UserPartsError, import_user_parts
+from coati.utils.user_parts import UserParts
 
 # Defaults that differ between the embedded demo (no --model) and a user's model (TRL/OpenRLHF-like values).
 DEMO_LR = {"sft": 1e-3, "rm": 5e-4}
@@ -123,10 +124,7 @@ class RMConfig(StageConfig):
 
 def validate(config: StageConfig) -> None:
     """Cheap checks of the options themselves, after --plugins is imported (a bad entry: one line)."""
-    try:
-        import_user_parts(config.parts.plugins)
-    except UserPartsError as err:
-        raise ConfigError(str(err)) from None
+    load_user_plugins(config.parts.plugins)
     for flag, value in (("-e/--epochs", config.epochs), ("-bs/--batch-size", config.batch_size),
                         ("-tmbs/--micro-batch-size", config.micro_batch_size), ("-ml/--max-length", config.max_length)):
         require(value >= 1, f"{flag} must be at least 1, got {value}")

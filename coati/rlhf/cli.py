@@ -91,9 +91,11 @@ def resume_command(prog: str, argv: list[str]) -> str:
 
 
 def run(cls, argv: list[str] | None, prog: str) -> int:
+    from coati.config.user_plugins import load_line_plugins
     from coati.trainer.supervised import load_stage_rows
 
     try:
+        load_line_plugins(argv)  # first, as every command does (coati/config/user_plugins.py)
         config = resolve_model_name(parse(cls, argv, prog, DESCRIPTIONS[cls.stage]))
         validate(config)
         check_given_inputs(config)  # the user's model and rows, before the embedded ones are built

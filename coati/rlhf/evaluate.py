@@ -246,16 +246,13 @@ def resolve_model_names(config):
 def parse_options(argv: list[str] | None, prog: str) -> tuple[EvalConfig, str]:
     """(the options, the line naming the reward): the flags, --plugins imported, and on a run's checkpoint the
     run's reward settings for those not given (eval_config.run_reward_defaults)."""
-    from coati.utils.user_parts import UserPartsError, import_plugins_of, import_user_parts
+    from coati.config.user_plugins import load_line_plugins, load_user_plugins
 
-    try:
-        import_plugins_of(argv)  # first: a reward kind they register is an -rt choice
-        parser = build_parser(EvalConfig, prog, DESCRIPTION)
-        values = vars(parser.parse_args(argv))
-        line = run_reward_defaults(values, parser.given)
-        import_user_parts(values["plugins"] or ())  # --config's, and the run's
-    except UserPartsError as err:
-        raise ConfigError(str(err)) from None
+    load_line_plugins(argv)  # first: a reward kind they register is an -rt choice
+    parser = build_parser(EvalConfig, prog, DESCRIPTION)
+    values = vars(parser.parse_args(argv))
+    line = run_reward_defaults(values, parser.given)
+    load_user_plugins(values["plugins"] or ())  # the run's, when its reward settings were taken
     return construct(EvalConfig, values), line
 
 

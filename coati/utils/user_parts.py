@@ -7,7 +7,8 @@ process that ran that code. A Ray actor is another process, so two ways bring th
 anything:
 
 - ``--plugins PATH_OR_MODULE`` (repeatable; a YAML list): files or importable modules that every process imports
-  first, the driver included (before the config is validated, so their names validate). Their rows register
+  first, the driver included (before any flag or key is checked, so their names validate: a command's one door
+  for that is coati/config/user_plugins.py). Their rows register
   themselves in each process, as coati's do. A file on every node at the same path, or a module installed there.
 - rows registered anywhere else in the driver (the user's script, its ``__main__``, which a worker cannot import):
   every registration is noted here (``registrar`` / ``note_row``); building the run's config (coati/config/cli.py,
@@ -123,16 +124,6 @@ def import_user_parts(entries) -> list:
                 _importing.pop()
         modules.append(_imported[key])
     return modules
-
-
-def import_plugins_of(argv: list[str] | None) -> None:
-    """A command line's --plugins imported before the line is parsed, so that the names they register are choices
-    of its flags (``-rt`` a reward kind of the user's); a bad entry is one UserPartsError line."""
-    import argparse
-
-    reader = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    reader.add_argument("--plugins", action="append", default=[])
-    import_user_parts(reader.parse_known_args(argv)[0].plugins)
 
 
 def _import_one(entry: str):
