@@ -118,10 +118,8 @@ class Supervisor:
             who, what = [("trainer rank", rank) for rank in behind or silent], phase
             if behind:
                 what = f"before step {self.last_step + 1} (its peers wait for it in the step's collectives)"
-        names = ", ".join(self._name(role, rank) for role, rank in who)
-        return ActorStuck(f"{names} {'is' if len(who) == 1 else 'are'} stuck {what}: no answer within {bound:.1f} s "
-                          f"(--wait-scale {self.deadlines.scale:g}); last completed step {self.last_step}; the run "
-                          f"stopped. {resume_hint(self.run_dir)}")
+        return ActorStuck(stuck_line([self._name(role, rank) for role, rank in who], what, bound,
+                                     self.deadlines.scale, self.run_dir, last_step=self.last_step))
 
     def _name(self, role: str, rank: int) -> str:
         from coati.cluster.connect import node_label
@@ -225,6 +223,18 @@ def memory_line(message: str) -> str:
     used = f"the node used {found.group(1)} of {found.group(2)} GB" if found else "the node ran out of memory"
     return (f"{used}. Lower -tmbs (the trainer's micro-batch) or --vllm-kv-cache-gb, or end other processes on the "
             "node (--dry-run shows each actor's estimate)")
+
+
+def stuck_line(names: list[str], doing: str, bound: float, wait_scale: float, run_dir: str, stopped: str = "run",
+               last_step: int | None = None) -> str:
+    """The one line of a wait past its bound, for an RL run and an SFT/RM stage alike: who is stuck (``names``),
+    doing what (``doing``: "in step", "generating round 3"), how long the driver waited and under which
+    --wait-scale, the last completed step when known, that the ``stopped`` ("run", "stage") stopped, what to
+    change when the call was only slow, and how to continue."""
+    step = f"last completed step {last_step}; " if last_step is not None else ""
+    return (f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} stuck {doing}: no answer within {bound:.1f} s "
+            f"(--wait-scale {wait_scale:g}); {step}the {stopped} stopped. If the call is only slow, raise "
+            f"--wait-scale. {resume_hint(run_dir)}")
 
 
 def resume_hint(run_dir: str) -> str:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 from coati.cluster.connect import init_ray_for
 from coati.cluster.deadlines import Deadlines
-from coati.cluster.supervision import ActorStuck, resume_hint
+from coati.cluster.supervision import ActorStuck, stuck_line
 from coati.cluster.trainer_group import (RanksStuck, even_threads, join_trainer_group, one_unit_each,
                                          start_trainer_group)
 from coati.config.errors import ConfigError
@@ -74,10 +74,8 @@ class _Group:
             return self.group.call(method, *args, deadlines=self.deadlines)
         except RanksStuck as stuck:
             self.stuck = True
-            names = ", ".join(f"trainer rank {rank}" for rank in stuck.ranks)
-            raise ActorStuck(f"{names} {'is' if len(stuck.ranks) == 1 else 'are'} stuck in {stuck.method}: no answer "
-                             f"within {stuck.bound:.1f} s (--wait-scale {self.deadlines.scale:g}); the stage "
-                             f"stopped. {resume_hint(self.run_dir)}") from None
+            raise ActorStuck(stuck_line([f"trainer rank {rank}" for rank in stuck.ranks], f"in {stuck.method}",
+                                        stuck.bound, self.deadlines.scale, self.run_dir, "stage")) from None
 
     def close(self) -> None:
         if not self.stuck:  # a stuck rank would never answer its shutdown

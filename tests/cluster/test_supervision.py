@@ -11,7 +11,7 @@ import pytest
 import ray
 
 from coati.cluster.connect import where
-from coati.cluster.supervision import RunStopped, Supervisor, memory_line
+from coati.cluster.supervision import RunStopped, Supervisor, memory_line, stuck_line as the_stuck_line
 
 
 @ray.remote(num_cpus=0)
@@ -108,7 +108,8 @@ def test_a_step_waiting_for_a_missing_round_names_the_inferencer_generating_it(l
     trainers = [Trainer.remote(buffer, rank) for rank in range(2)]
     line, seconds = stuck_line(tmp_path, buffer, trainers, lambda ts: [t.step.remote(True) for t in ts])
     assert line.startswith("inferencer 1 (pid ? on ? (node ?)) is stuck generating round 0: no answer within 1.8 s "
-                           "(--wait-scale 0.001); last completed step 4; the run stopped. No complete checkpoint"), line
+                           "(--wait-scale 0.001); last completed step 4; the run stopped. If the call is only slow, "
+                           "raise --wait-scale. No complete checkpoint"), line
     assert "\n" not in line and 1.8 <= seconds < 1.8 + 10.0
 
 
@@ -122,6 +123,25 @@ def test_a_rank_that_never_begins_its_step_is_named_not_its_waiting_peer(local_r
                          lambda ts: [ts[0].step.remote(True, 3600.0), ts[1].step.remote(False, 3600.0)])
     assert line.startswith("trainer rank 1 (pid "), line
     assert " is stuck before step 5 (its peers wait for it in the step's collectives): no answer within 1.8 s" in line
+
+
+def test_one_function_writes_the_stuck_line_of_a_run_and_of_a_stage(tmp_path):
+    """An RL run's Supervisor and an SFT/RM stage's ranks stop with the same line: who, doing what, how long the
+    driver waited, the last completed step where the run knows it, what to change, how to continue."""
+    from coati.utils.checkpoint import COMPLETE_MARKER
+
+    run = the_stuck_line(["inferencer 0 (pid 7 on a (node b))"], "generating round 3", 300.0, 1.0, str(tmp_path),
+                         last_step=6)
+    assert run == ("inferencer 0 (pid 7 on a (node b)) is stuck generating round 3: no answer within 300.0 s "
+                   "(--wait-scale 1); last completed step 6; the run stopped. If the call is only slow, raise "
+                   f"--wait-scale. No complete checkpoint under {tmp_path} yet: start again (-si N saves one every N "
+                   "steps).")
+    (tmp_path / "step_4").mkdir()
+    (tmp_path / "step_4" / COMPLETE_MARKER).write_text("{}")  # a complete checkpoint: the hint names it
+    stage = the_stuck_line(["trainer rank 1", "trainer rank 3"], "in save", 12.34, 0.05, str(tmp_path), "stage")
+    assert stage == ("trainer rank 1, trainer rank 3 are stuck in save: no answer within 12.3 s (--wait-scale 0.05); "
+                     "the stage stopped. If the call is only slow, raise --wait-scale. Continue it with --resume "
+                     f"{tmp_path / 'step_4'} (the newest complete checkpoint; or --resume latest).")
 
 
 def test_a_memory_kill_is_one_line_with_the_nodes_numbers_and_what_to_lower(tmp_path):
@@ -179,7 +199,7 @@ def test_a_stage_rank_that_does_not_answer_stops_the_stage_in_one_line_naming_it
     with pytest.raises(ActorStuck) as line:
         stage.call("step")
     assert str(line.value) == (f"trainer rank 1 is stuck in step: no answer within 1.0 s (--wait-scale 0.5); the "
-                               f"stage stopped. No complete checkpoint under {tmp_path} yet: start again (-si N "
-                               "saves one every N steps).")
+                               f"stage stopped. If the call is only slow, raise --wait-scale. No complete checkpoint "
+                               f"under {tmp_path} yet: start again (-si N saves one every N steps).")
     assert stage.stuck  # its close kills the ranks without asking the stuck one to shut down
     group.kill()
