@@ -1,12 +1,12 @@
 """The one place a command imports a user's ``--plugins`` (coati/utils/user_parts.py), before anything asks a
 registry: a name those files register (a reward kind, a policy loss, an estimator, a shaper, a mask, a filter, an
-environment, a micro-batch layout) is then a valid ``-rt`` choice, ``--reward-weights`` name or ``--grpo-config``
-value wherever it is given, on the line or in a ``--config`` YAML.
+environment) is then a valid ``-rt`` choice, ``--reward-weights`` name, ``--grpo-config`` value or ``--env``
+wherever it is given, on the line or in a ``--config`` YAML.
 
-Every entry point calls ``load_user_plugins`` first, with the entries of what it was given: ``plugins_of_line``
-(the line's ``--plugins`` and its ``--config`` file's ``plugins:``; coati train/ppo, rl_example.py, coati
-evaluate, coati sft/rm) or ``plugins_of_mapping`` (a mapping's ``plugins`` key: coati.build_config and coati.run,
-an RLHF pipeline's section).
+Every entry point calls one of these first: ``load_line_plugins(argv)`` (the line's ``--plugins`` and its
+``--config`` file's ``plugins:``; coati train/ppo, rl_example.py, coati evaluate, coati sft/rm), or
+``load_user_plugins(plugins_of_mapping(mapping))`` (a mapping's ``plugins`` key: coati.build_config and
+coati.run, an RLHF pipeline's ppo section; config/cli.py's config_from_dict).
 """
 
 from __future__ import annotations
