@@ -45,12 +45,13 @@ def config_file_plugins(path: str | None) -> list[str]:
 
 def plugins_of_line(argv: list[str] | None) -> tuple[str | None, list[str], list[str]]:
     """(the line's ``--config`` file or None, that file's ``plugins:``, the line's ``--plugins``), read before the
-    line is parsed; ``argv`` None: this process's arguments."""
+    line is parsed; ``argv`` None: this process's arguments. The line's ``--plugins`` replace the file's, as any
+    flag's value replaces the file's (the parsed option, which the actors import, holds the line's alone)."""
     reader = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     reader.add_argument("--config", default=None)
     reader.add_argument("--plugins", action="append", default=[])
     known = reader.parse_known_args(argv)[0]
-    return known.config, config_file_plugins(known.config), known.plugins
+    return known.config, [] if known.plugins else config_file_plugins(known.config), known.plugins
 
 
 def load_user_plugins(entries=(), source: str | None = None) -> None:
@@ -64,8 +65,7 @@ def load_user_plugins(entries=(), source: str | None = None) -> None:
 
 
 def load_line_plugins(argv: list[str] | None) -> None:
-    """A command line's plugins imported before it is parsed: its ``--config`` file's (first, as the parsed option
-    lists them), then its own ``--plugins``."""
+    """A command line's plugins imported before it is parsed: its own ``--plugins``, else its ``--config`` file's."""
     config, from_file, from_line = plugins_of_line(argv)
     load_user_plugins(from_file, f"--config {config}")
     load_user_plugins(from_line)

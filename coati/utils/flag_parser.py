@@ -52,13 +52,25 @@ def _recording(base: type) -> type:
 RecordedBool = _recording(argparse.BooleanOptionalAction)
 
 
+class _AppendOverDefault(argparse._AppendAction):
+    """A repeatable flag whose first value on the line replaces its default (a command's own, e.g. a demo's
+    ``--stop``, or ``--config``'s list), as every other flag's value does; the line's values then add up.
+    argparse's own append adds to the default (and fails on a tuple one)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if isinstance(parser, FlagParser) and self.dest not in parser.given:
+            setattr(namespace, self.dest, None)
+        super().__call__(parser, namespace, values, option_string)
+
+
 class FlagParser(argparse.ArgumentParser):
     def __init__(self, *args, retired: dict[str, str] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.retired = dict(retired or {})  # flag -> what to use in this command instead
         self.given: set[str] = set()
-        for name in (None, "store", "append", "store_true", "store_false", "store_const"):
+        for name in (None, "store", "store_true", "store_false", "store_const"):
             self.register("action", name, _recording(self._registry_get("action", name)))
+        self.register("action", "append", _recording(_AppendOverDefault))
 
     def spelling(self, token: str) -> str:
         """``token`` with its long flag in the spelling this parser knows (``--a_b`` <-> ``--a-b``)."""

@@ -156,8 +156,10 @@ def test_evaluate_takes_a_config_files_plugins_first(parts, tmp_path, tiny_model
 def test_where_a_commands_plugins_are_read_from(tmp_path):
     (tmp_path / "run.yaml").write_text("plugins: [a.py, my_pkg.parts]\nlearning_rate: 1e-4\n")
     config = str(tmp_path / "run.yaml")
+    assert plugins_of_line(["--config", config, "-rt", "boxed"]) == (config, ["a.py", "my_pkg.parts"], [])
+    # the line's replace the file's, as any flag's value does (the parsed option holds the line's alone)
     assert plugins_of_line(["--config", config, "--plugins", "b.py", "-rt", "boxed", "--plugins=c.py"]) == \
-        (config, ["a.py", "my_pkg.parts"], ["b.py", "c.py"])
+        (config, [], ["b.py", "c.py"])
     assert plugins_of_line(["-rt", "boxed"]) == (None, [], [])
     # a file that is missing or not YAML has none here: the parser says what is wrong with it
     (tmp_path / "bad.yaml").write_text("plugins: [a.py\n")

@@ -42,6 +42,22 @@ def test_a_field_with_option_is_a_flag_with_no_other_edit(tmp_path):
     assert parser.parse_args([]).depth == 3  # the file's values were that call's defaults only
 
 
+def test_a_repeated_flag_on_the_line_replaces_its_default_then_adds_up(tmp_path):
+    @dataclass(frozen=True)
+    class Stops:
+        stop: tuple[str, ...] = option((), "stops", kind=str, repeat=True)
+
+    parser = build_parser(Stops, "stops", "", defaults={"stop": ("\n",)})  # a command's own default: a tuple
+    assert parser.parse_args([]).stop == ("\n",)
+    assert parser.parse_args(["--stop", "Q:"]).stop == ["Q:"]
+    assert parser.parse_args(["--stop", "Q:", "--stop", "A:"]).stop == ["Q:", "A:"]
+    path = tmp_path / "stops.yaml"
+    path.write_text("stop: [x, y]\n")
+    assert parser.parse_args(["--config", str(path)]).stop == ["x", "y"]
+    assert parser.parse_args(["--config", str(path), "--stop", "z"]).stop == ["z"]  # the line beats the file
+    assert parser.parse_args([]).stop == ("\n",)
+
+
 def test_flat_dataclass_parse_is_unchanged():
     @dataclass(frozen=True)
     class Flat:
