@@ -3,7 +3,7 @@ registry: a name those files register (a reward kind, a policy loss, an estimato
 environment) is then a valid ``-rt`` choice, ``--reward-weights`` name, ``--grpo-config`` value or ``--env``
 wherever it is given, on the line or in a ``--config`` YAML.
 
-Every entry point calls one of these first: ``load_line_plugins(argv)`` (the line's ``--plugins`` and its
+Every entry point calls one of these first: ``load_line_plugins(argv)`` (the line's ``--plugins``, else its
 ``--config`` file's ``plugins:``; coati train/ppo, rl_example.py, coati evaluate, coati sft/rm), or
 ``load_user_plugins(plugins_of_mapping(mapping))`` (a mapping's ``plugins`` key: coati.build_config and
 coati.run, an RLHF pipeline's ppo section; config/cli.py's config_from_dict).
