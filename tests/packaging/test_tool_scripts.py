@@ -63,3 +63,20 @@ def test_record_baseline_reads_the_summary_and_appends_below_the_last_row(tmp_pa
     assert doc.read_text() == f"# R\n\n{record.TABLE_HEADER}\n|---|\n| old |\n| new |\n\n## Next\n"
     line = record.row("smollm2", steps, 5.04, results)
     assert line.endswith("| smollm2 | 12 | 5.0 | arithmetic/sampled: 0.240 -> 0.812; arithmetic/greedy: 0.302 -> 0.906 |")
+
+
+def test_the_peer_benchmarks_user_run_names_the_task_and_no_batch_or_layout_flag(tmp_path):
+    """benchmarks/peer_trl.py --run user: the flags parse as a user's run, and every micro-batch, layout, engine
+    and thread choice is left to the defaults (what the issue's "no batch flags" run measures)."""
+    import importlib.util
+
+    from coati.config.cli import build_parser
+
+    spec = importlib.util.spec_from_file_location("peer_trl", f"{ROOT}/benchmarks/peer_trl.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    parser = build_parser()
+    args = parser.parse_args(module.user_run_flags(str(tmp_path / "model.gguf"), str(tmp_path / "rows.jsonl")))
+    assert parser.given == {"model", "dataset", "reward_fn", "reward_weights", "system_prompt", "num_generations",
+                            "train_batch_size", "inference_batch_size", "max_new_tokens", "learning_rate", "project"}
+    assert (args.num_generations, args.train_batch_size, args.max_new_tokens) == (8, 8, 32)
