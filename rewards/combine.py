@@ -105,5 +105,15 @@ class CombinedRewards:
                     parts[f"{name}/correct"] = verdict
             correct = sample_correct(result.correct, self.weights[self.builtin], verdicts, total,
                                      self.correct_threshold)
+            if self.weights[self.builtin] == 0:
+                result = unweighted_builtin(result, correct, total)
             out.append(dataclasses.replace(result, reward=total, parts=parts, correct=correct))
         return out
+
+
+def unweighted_builtin(result: RewardResult, correct: bool | None, total: float) -> RewardResult:
+    """A result whose built-in reward is weighted 0: its format check, extracted answer and reason are the built-in
+    kind's (e.g. "no \\boxed{} answer" for a plain-text reply), which decide nothing, so they give way to what the
+    weighted rewards decided: no format asked of the response, and the verdict (or the reward) as the reason."""
+    reason = {True: "correct", False: "incorrect", None: f"reward {total:g}"}[correct]
+    return dataclasses.replace(result, format_ok=True, extracted=None, reason=reason, cause=None)

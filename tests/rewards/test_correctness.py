@@ -47,7 +47,8 @@ def test_a_function_that_says_what_is_correct_decides_the_accuracy(tmp_path):
                                                           example())
     assert near.reward == pytest.approx(1 - 2 / 42) and near.correct is False
     assert exact_unboxed.reward == 1.0 and exact_unboxed.correct is True  # no box: the built-in says wrong
-    assert exact_unboxed.reason == "no \\boxed{} answer" and not exact_unboxed.format_ok  # kept for the logs
+    # the built-in's reason and format check, weighted 0, give way to the verdict (its score stays in the parts)
+    assert exact_unboxed.reason == "correct" and exact_unboxed.format_ok and near.reason == "incorrect"
     assert boxed_wrong.correct is False and none.reward == 0.0 and none.correct is False
     assert exact_unboxed.parts == {"boxed": 0.0, "closeness": 1.0, "closeness/abs_error": 0.0,
                                    "closeness/correct": True}

@@ -160,7 +160,8 @@ def test_the_server_may_say_what_is_correct():
     (boxed, unboxed), (wrong,) = groups
     # the server's verdict, not the built-in one: "7, no box" has no box yet is correct
     assert [boxed.correct, unboxed.correct, wrong.correct] == [True, True, False]
-    assert unboxed.parts["remote/correct"] is True and not unboxed.format_ok
+    # and no format check of the built-in (weighted 0) fails it
+    assert unboxed.parts["remote/correct"] is True and unboxed.format_ok and unboxed.reason == "correct"
 
 
 def test_a_bad_verdict_from_the_server_is_one_line():

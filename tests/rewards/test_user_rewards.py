@@ -43,8 +43,22 @@ def test_builtin_weight_zero_replaces_it_and_its_verdict():
     scorer = RewardScorer("boxed", reward_fns=[f"{EXAMPLE}:exact_label"], reward_weights="boxed:0")
     [result] = scorer.score_each(["the answer is 42, \\boxed{41}"], [example()])
     assert result.reward == 1.0  # the user's function alone decides the reward
-    # and no reward of the run says what is correct: the built-in verdict (wrong) is not reported as the run's
-    assert result.correct is None and result.reason == "wrong answer" and result.format_ok
+    # and no reward of the run says what is correct: the built-in verdict (wrong) is not reported as the run's,
+    # nor is its reason: the reason is what the weighted rewards decided
+    assert result.correct is None and result.reason == "reward 1" and result.format_ok
+    assert result.extracted is None
+
+
+def test_a_builtin_at_weight_zero_leaves_no_format_check_or_reason_of_its_own(tmp_path):
+    """A plain-text answer scored by the user's verdict alone: not "no \\boxed{} answer", not a format failure."""
+    path = write(tmp_path, "def f(response, label, row):\n    return 1.0, {'correct': label in response}\n")
+    scorer = RewardScorer("boxed", reward_fns=[f"{path}:f"], reward_weights="boxed:0")
+    right, wrong = scorer.score_each([" 42", " 41"], [example("42"), example("42")])
+    assert (right.correct, right.reason, right.reason_code, right.format_ok) == (True, "correct", "correct", True)
+    assert (wrong.correct, wrong.reason, wrong.format_ok, wrong.extracted) == (False, "incorrect", True, None)
+    kept = RewardScorer("boxed", reward_fns=[f"{path}:f"], reward_weights="boxed:0.5").score_each([" 42"],
+                                                                                                   [example("42")])
+    assert not kept[0].format_ok and kept[0].reason_code == "no \\boxed{} answer"  # weighted: its check stands
 
 
 def test_only_builtin_at_weight_one_is_unchanged():
