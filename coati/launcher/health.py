@@ -104,8 +104,8 @@ class EqualRewards:
             return None
         values = ", ".join(f"{v:g}" for v in sorted(self._values)[:3]) or "?"
         reasons = _percentages(self._reasons) if self._reasons else "not recorded"
-        # at weight 0 the built-in reasons explain nothing of the reward: say whose they are
-        whose = "Reasons" if self.builtin_weighted else f"The built-in {self.reward_type} verdicts (weighted 0)"
+        # at weight 0 a record's reason is the weighted rewards' verdict (rewards/combine.unweighted_builtin)
+        whose = "Reasons" if self.builtin_weighted else "Verdicts of the weighted rewards"
         yours = f"{self._yours()} gave every sample of a prompt the same score. " \
             if self.user_reward_names and not self.builtin_weighted else ""
         text = (f"warning: steps {self._first}-{step}: every group's rewards are equal (all {values}): nothing to "
@@ -119,7 +119,7 @@ class EqualRewards:
         return f"your reward{'s' if len(self.user_reward_names) > 1 else ''} {names}"
 
     def suggestions(self) -> list[str]:
-        if self.builtin_weighted and set(self._reasons) == {"ok"}:
+        if set(self._reasons) == ({"ok"} if self.builtin_weighted else {"correct"}):
             return ["harder prompts: every sample is already right",
                     f"more samples per prompt (-g, now {self.group_size}) to find the rare miss"]
         tips = []

@@ -70,12 +70,16 @@ def test_all_right_suggests_harder_prompts_and_user_reward_hints_are_left_out():
     mine = monitor(user_rewards=True)
     [(_, warning)] = feed(RunHealth([mine]), [flat({"ok": 32}, values=(1.0,))] * 3)
     assert "(all 1)" in warning.text and "harder prompts" in warning.text and "--reward-fn" not in warning.text
+    # the same with the built-in weighted 0: the records say the weighted rewards' "correct"
+    theirs = monitor(user_rewards=True, builtin_weighted=False, user_reward_names=("first_number",))
+    [(_, warning)] = feed(RunHealth([theirs]), [flat({"correct": 32}, values=(1.0,))] * 3)
+    assert "harder prompts" in warning.text and "Verdicts of the weighted rewards: correct 100%." in warning.text
 
 
-def test_a_user_reward_that_never_differs_is_named_and_builtin_reasons_are_labelled():
+def test_a_user_reward_that_never_differs_is_named_and_its_verdicts_are_labelled():
     mine = monitor(user_rewards=True, builtin_weighted=False)
-    [(_, warning)] = feed(RunHealth([mine]), [flat({"wrong answer": 20, "ok": 12})] * 3)
-    assert "The built-in boxed verdicts (weighted 0): wrong answer 62%, ok 38%." in warning.text
+    [(_, warning)] = feed(RunHealth([mine]), [flat({"incorrect": 20, "correct": 12})] * 3)
+    assert "Verdicts of the weighted rewards: incorrect 62%, correct 38%." in warning.text
     assert "that scores the samples of a prompt apart" in warning.text and "system prompt" not in warning.text
 
 
@@ -120,9 +124,9 @@ def test_with_the_built_in_reward_weighted_0_the_warning_names_the_users_reward_
     """--reward-fn first_number.py:first_number --reward-weights boxed:0 (issue 53's Gemma run): the flat reward is
     the user's, and the advice is to change it, not to pass --reward-fn again."""
     mine = monitor(user_rewards=True, builtin_weighted=False, user_reward_names=("first_number",))
-    [(_, warning)] = feed(RunHealth([mine]), [flat({"no \\boxed{} answer": 32})] * 3)
-    assert ("nothing to learn. your reward first_number gave every sample of a prompt the same score. The built-in "
-            "boxed verdicts (weighted 0): no \\boxed{} answer 100%.") in warning.text
+    [(_, warning)] = feed(RunHealth([mine]), [flat({"incorrect": 32})] * 3)
+    assert ("nothing to learn. your reward first_number gave every sample of a prompt the same score. Verdicts of "
+            "the weighted rewards: incorrect 100%.") in warning.text
     assert ("Try: a version of your reward first_number that scores the samples of a prompt apart (the rollout logs, "
             "-rsd DIR, show each part's score per sample); more samples per prompt (-g, now 8)") in warning.text
     assert "--reward-fn" not in warning.text and "system prompt" not in warning.text
