@@ -116,4 +116,6 @@ def unweighted_builtin(result: RewardResult, correct: bool | None, total: float)
     kind's (e.g. "no \\boxed{} answer" for a plain-text reply), which decide nothing, so they give way to what the
     weighted rewards decided: no format asked of the response, and the verdict (or the reward) as the reason."""
     reason = {True: "correct", False: "incorrect", None: f"reward {total:g}"}[correct]
-    return dataclasses.replace(result, format_ok=True, extracted=None, reason=reason, cause=None)
+    # counted over samples by its short form: one "no verdict", not one entry per graded value
+    return dataclasses.replace(result, format_ok=True, extracted=None, reason=reason,
+                               cause="no verdict" if correct is None else None)

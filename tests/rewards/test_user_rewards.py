@@ -46,6 +46,7 @@ def test_builtin_weight_zero_replaces_it_and_its_verdict():
     # and no reward of the run says what is correct: the built-in verdict (wrong) is not reported as the run's,
     # nor is its reason: the reason is what the weighted rewards decided
     assert result.correct is None and result.reason == "reward 1" and result.format_ok
+    assert result.reason_code == "no verdict"  # counted over samples as one cause, whatever the graded value
     assert result.extracted is None
 
 
