@@ -38,17 +38,18 @@ def test_soak_refuses_a_prompt_count_of_no_whole_quarters(prompts):
         "--prompts must be a multiple of 32, at least 64 (four quarters of whole rounds)")
 
 
-def _record_baseline():
+def _benchmark(name: str):
+    """benchmarks/NAME.py as a module (the directory is no package)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("record_baseline", f"{ROOT}/benchmarks/record_baseline.py")
+    spec = importlib.util.spec_from_file_location(name, f"{ROOT}/benchmarks/{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def test_record_baseline_reads_the_summary_and_appends_below_the_last_row(tmp_path):
-    record = _record_baseline()
+    record = _benchmark("record_baseline")
     printed = ("eval step 12 arithmetic/sampled: accuracy 0.812\n"
                "trained 12 steps in 301 s; final model: runs/demo-smollm2/step_12\n"
                "held-out accuracy arithmetic/sampled: 0.240 -> 0.812 (+57.2 points)\n"
@@ -65,21 +66,12 @@ def test_record_baseline_reads_the_summary_and_appends_below_the_last_row(tmp_pa
     assert line.endswith("| smollm2 | 12 | 5.0 | arithmetic/sampled: 0.240 -> 0.812; arithmetic/greedy: 0.302 -> 0.906 |")
 
 
-def _peer_trl():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("peer_trl", f"{ROOT}/benchmarks/peer_trl.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_peer_benchmarks_user_run_names_the_task_and_no_batch_or_layout_flag(tmp_path):
     """benchmarks/peer_trl.py --run user: the flags parse as a user's run, and every micro-batch, layout, engine
     and thread choice is left to the defaults (what the issue's "no batch flags" run measures)."""
     from coati.config.cli import build_parser
 
-    module = _peer_trl()
+    module = _benchmark("peer_trl")
     parser = build_parser()
     args = parser.parse_args(module.user_run_flags(str(tmp_path / "model.gguf"), str(tmp_path / "rows.jsonl")))
     assert parser.given == {"model", "dataset", "reward_fn", "reward_weights", "system_prompt", "num_generations",
@@ -104,7 +96,7 @@ def test_the_peer_benchmarks_addition_task_gives_trl_the_embedded_demos_settings
     from coati.plugins.base import TrainerPlugin
     from coati.train import placeholder_demo
 
-    module = _peer_trl()
+    module = _benchmark("peer_trl")
     config = _embedded_demo_config()
     trl = module.trl_settings(module.demo_config(placeholder_demo()))
     batch, algo, sampling = config.batch, config.algo, config.sampling
