@@ -88,12 +88,12 @@ def producer_weights(path: str) -> list[tuple[str, torch.Tensor]]:
 
 
 def bench_transformers(path: str, args) -> dict:
-    """Per microbatch (samples per ``generate`` call): 64 is what a producer uses by default (-imbs 64), the
-    whole batch in one call is transformers' best case."""
+    """Per microbatch (samples per ``generate`` call): 64 samples, as a producer took before -imbs counted prompts,
+    and the whole batch in one call, what a producer's default -imbs 64 prompts now takes."""
     torch.set_num_threads(os.cpu_count() or 1)
     results = {}
     for microbatch in (64, args.prompts * args.samples):
-        backend = TransformersBackend.from_pretrained(path, microbatch_size=microbatch)
+        backend = TransformersBackend.from_pretrained(path, prompts_per_call=max(1, microbatch // args.samples))
         generate = backend.model.generate
         backend.model.generate = lambda *a, **k: generate(*a, min_new_tokens=args.tokens, **k)  # no early EOS
         prompts = make_prompts(backend.tokenizer, args.prompts)

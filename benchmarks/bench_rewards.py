@@ -223,7 +223,7 @@ def demo_step_share(steps: int) -> dict:
     policy = AutoModelForCausalLM.from_pretrained(assets.model_dir, dtype=torch.float32)
     generator = AutoModelForCausalLM.from_pretrained(assets.model_dir, dtype=torch.float32)  # the producer's copy
     examples, _ = tokenise_prompts(tokenizer, load_jsonl(assets.train_path, "boxed"), "", 64)
-    backend = TransformersBackend(generator, tokenizer, microbatch_size=64)
+    backend = TransformersBackend(generator, tokenizer, prompts_per_call=64 // G)  # 64 samples a call
     sampling = SamplingParams(n=G, temperature=1.0, max_new_tokens=8)
     plugin = SingleProcessPlugin()
     plugin.setup(policy, 3e-4)

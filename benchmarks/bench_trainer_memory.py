@@ -32,6 +32,11 @@ from torch.utils._pytree import tree_leaves  # noqa: E402
 BATCH, SEQ = 4, 128
 QWEN2 = dict(vocab_size=32768, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=1024, tie_word_embeddings=True, use_cache=False)
+# Gemma 3's quirks at a small width (its 262k vocabulary, sandwich norms, QK norms, one KV head, tanh GELU,
+# sliding windows, tied embeddings): the logits dominate, as in Gemma 3 270M
+GEMMA3 = dict(vocab_size=262144, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1,
+              head_dim=64, intermediate_size=1024, sliding_window=64, tie_word_embeddings=True, use_cache=False)
+FAMILIES = {"qwen2": ("Qwen2", QWEN2), "gemma3": ("Gemma3Text", GEMMA3)}
 CASES = (("fp32", 0, False), ("bf16", 0, False), ("fp32", 0, True), ("bf16", 16, False), ("bf16", 16, True))
 
 
@@ -62,9 +67,10 @@ class LiveStorageBytes(TorchDispatchMode):
         return out
 
 
-def measure(precision: str, lora_rank: int, checkpointing: bool, entropy_slice: float) -> tuple[float, float]:
+def measure(precision: str, lora_rank: int, checkpointing: bool, entropy_slice: float,
+            family: str = "qwen2") -> tuple[float, float]:
     """(measured peak, estimated peak) in bytes for one case."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    import transformers
 
     from coati.algorithm.batch import token_logprobs
     from coati.algorithm.loss import token_entropy
@@ -75,8 +81,9 @@ def measure(precision: str, lora_rank: int, checkpointing: bool, entropy_slice: 
     from coati.plugins import make_plugin
 
     torch.manual_seed(0)
-    config = Qwen2Config(**QWEN2)
-    model = Qwen2ForCausalLM(config)
+    prefix, fields = FAMILIES[family]
+    config = getattr(transformers, f"{prefix}Config")(**fields)
+    model = getattr(transformers, f"{prefix.removesuffix('Text')}ForCausalLM")(config)
     shape = ModelShape.from_config(config.to_dict())
     if lora_rank:
         model = add_adapters(model, LoraConfig(lora_rank=lora_rank))
@@ -107,17 +114,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entropy-slice", type=float, default=0.04,
                         help="the entropy metric's slice, as a fraction of the float32 logits (1: all at once)")
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="qwen2",
+                        help="the model's family and shape (gemma3: a 262k vocabulary; the logits dominate)")
     args = parser.parse_args()
     if not 0 < args.entropy_slice <= 1:
         parser.error(f"--entropy-slice {args.entropy_slice:g}: a fraction of the logits, in (0, 1]")
     torch.set_num_threads(1)
-    logits_mib = BATCH * (SEQ - 1) * QWEN2["vocab_size"] * 4 / 2**20
-    print(f"Qwen2 vocab {QWEN2['vocab_size']}, hidden {QWEN2['hidden_size']}, {QWEN2['num_hidden_layers']} layers; "
+    name, fields = FAMILIES[args.family]
+    logits_mib = BATCH * (SEQ - 1) * fields["vocab_size"] * 4 / 2**20
+    print(f"{name} vocab {fields['vocab_size']}, hidden {fields['hidden_size']}, {fields['num_hidden_layers']} layers; "
           f"{BATCH} x {SEQ} tokens (float32 logits {logits_mib:.0f} MiB); entropy slice {args.entropy_slice:g}")
     print("| precision | LoRA rank | checkpointing | measured MiB | estimate MiB | estimate / measured |")
     print("|---|---|---|---|---|---|")
     for precision, rank, checkpointing in CASES:
-        measured, estimate = measure(precision, rank, checkpointing, args.entropy_slice)
+        measured, estimate = measure(precision, rank, checkpointing, args.entropy_slice, args.family)
         print(f"| {precision} | {rank or '-'} | {'on' if checkpointing else 'off'} | {measured / 2**20:.1f} | "
               f"{estimate / 2**20:.1f} | {estimate / measured:.2f} |")
 

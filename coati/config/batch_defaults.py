@@ -16,7 +16,7 @@ from coati.config.validate import validate
 from coati.utils import dataclass_cli
 
 # The knobs the memory plan may choose when the user did not give them (by dest): the trainer's micro-batch and
-# the engine's generation memory (the transformers engine's samples per generate call, vLLM's KV-cache budget).
+# the engine's generation memory (the transformers engine's prompts per generate call, vLLM's KV-cache budget).
 MEMORY_KNOBS = ("train_microbatch_size", "inference_microbatch_size", "vllm_kv_cache_gb")
 BATCHES = ("inference_batch_size", "inference_microbatch_size", "train_batch_size", "train_minibatch_size",
            "train_microbatch_size")

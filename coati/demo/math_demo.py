@@ -112,7 +112,7 @@ def warm_start(model, tokenizer, recipe, data: WarmStart, log=print) -> tuple[di
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.learning_rate)
 
     def dev_accuracy(temperature: float) -> float:
-        backend = TransformersBackend(model, tokenizer, microbatch_size=256)
+        backend = TransformersBackend(model, tokenizer, prompts_per_call=256)
         params = SamplingParams(temperature=temperature, max_new_tokens=data.max_new_tokens)
         accuracy = evaluate(backend, data.dev_prompts, data.dev_examples, data.scorer, params).accuracy
         model.train()

@@ -85,7 +85,7 @@ def episode_batch(pairs_and_tool: list[tuple[int, int, bool]], tokenizer):
 
 def dev_check(model, tokenizer, dev_pairs, recipe: ToolDemoRecipe, temperature: float) -> dict:
     """Accuracy and tool-use rate of dev episodes played with the real environment."""
-    backend = TransformersBackend(model, tokenizer, microbatch_size=256)
+    backend = TransformersBackend(model, tokenizer, prompts_per_call=256)
     batch = [(Example(messages=(), label=str(a * b)), prompt_text(a, b), tokenizer(prompt_text(a, b)).input_ids)
              for a, b in dev_pairs]
     params = SamplingParams(temperature=temperature, max_new_tokens=recipe.max_new_tokens)

@@ -170,8 +170,8 @@ def estimate(config, shape: ModelShape, actors: list[Actor], unit: str, nodes: l
         kv = p.vllm_kv_cache_gb * GiB if on_cpu else p.vllm_gpu_memory_utilization * nodes[node].memory - weights
         if trainer is not None and not on_cpu:  # colocated: vLLM's share of the GPU holds the trainer's part too
             kv -= trainer.get("weights", 0.0) + trainer.get("optimizer", 0.0) * (not p.offload_optimizer)
-        # the transformers engine generates -imbs samples per call (its flat list of prompts x G, cut in -imbs)
-        return inferencer_memory(shape, p.backend, engine, ptp, kv, batch.inference_microbatch_size, seq,
+        # the transformers engine generates all G samples of -imbs prompts per call
+        return inferencer_memory(shape, p.backend, engine, ptp, kv, engine_call_samples(config), seq,
                                  config.sampling.max_new_tokens, on_cpu)
 
     for actor in actors:
@@ -339,7 +339,7 @@ def trainer_rungs(config, free: tuple[str, ...]) -> list[dict]:
 
 def engine_rungs(config, shape: ModelShape, unit: str, free: tuple[str, ...]) -> list[dict]:
     """The engine's memory knob, smallest first, when left to the plan: an engine without a KV budget
-    (transformers) takes -imbs samples per generate call; vLLM on CPU its --vllm-kv-cache-gb, halving from the
+    (transformers) takes -imbs prompts per generate call; vLLM on CPU its --vllm-kv-cache-gb, halving from the
     default down to one longest sequence. (vLLM on a GPU takes --vllm-gpu-memory-utilization of its own GPU.)"""
     p = config.parallel
     if not p.backend_spec.kv_cache_budget:
@@ -355,6 +355,12 @@ def engine_rungs(config, shape: ModelShape, unit: str, free: tuple[str, ...]) ->
         sizes.append(size)
         size /= 2
     return [{"vllm_kv_cache_gb": gb} for gb in reversed(sizes or [p.vllm_kv_cache_gb])]
+
+
+def engine_call_samples(config) -> int:
+    """Samples one generate call of an engine without a KV budget holds: -imbs prompts x G (a round's; an
+    evaluation samples one a prompt)."""
+    return config.batch.inference_microbatch_size * config.batch.num_generations
 
 
 def doublings(low: int, cap: int) -> list[int]:
@@ -427,8 +433,9 @@ def fit_memory(config, shape: ModelShape, nodes: list[Node], free: tuple[str, ..
 def _fit_line(config, chosen: dict, actors: list[Actor], unit: str, nodes: list[Node]) -> str:
     """``memory plan: trainer micro-batch 8 samples (-tmbs), ...: 17.1 of 23.5 GiB on node 0, 27% spare ...``"""
     described = {"train_microbatch_size": lambda n: f"trainer micro-batch {_samples(n)} (-tmbs)",
-                 "inference_microbatch_size": lambda n: f"{config.parallel.backend} engine {_samples(n)} per "
-                                                        "generate call (-imbs)",
+                 "inference_microbatch_size": lambda n: f"{config.parallel.backend} engine {n} prompt"
+                                                        f"{'s' * (n != 1)} ({_samples(engine_call_samples(config))}) "
+                                                        "per generate call (-imbs)",
                  "vllm_kv_cache_gb": lambda gb: f"vLLM KV cache {gb:g} GiB (--vllm-kv-cache-gb)"}
     parts = [described[dest](value) for dest, value in chosen.items()]
     engine = next((a for a in actors if not a.name.startswith("trainer")), None)

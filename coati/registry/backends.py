@@ -18,7 +18,7 @@ class BackendSpec:
     kv_cache_budget: bool = False  # memory: a fixed KV-cache budget (--vllm-*) instead of the generate cache
     cpu_runtime_bytes: float = 0.6 * GiB  # memory: an actor with the engine imported, before any model (CPU)
     sleeps: bool = False  # a colocated engine releases its GPU memory while its rank trains
-    wraps_trained_module: str | None = None  # "module:class" (module, tokenizer, micro_batch): a colocated
+    wraps_trained_module: str | None = None  # "module:class" (module, tokenizer, prompts per call): a colocated
     #   engine that generates with the trained module itself on plugins that yield it whole (no copy, no sync)
     colocates: bool = True  # can run inside a trainer rank (--colocate)
     takes_adapters: bool = False  # loads LoRA adapter tensors in place (else each version is merged first)

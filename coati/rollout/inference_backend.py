@@ -50,15 +50,15 @@ def truncate_completion(tokens: list[int], eos_id: int, stop_strings: tuple[str,
 class TransformersBackend:
     """Sampling with ``transformers``' ``generate``: the CPU fallback and the reference engine."""
 
-    def __init__(self, model, tokenizer, microbatch_size: int = 64):
+    def __init__(self, model, tokenizer, prompts_per_call: int = 64):
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self.microbatch_size = microbatch_size
+        self.prompts_per_call = prompts_per_call  # -imbs: a call samples all n completions of each of its prompts
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
 
     @classmethod
-    def from_pretrained(cls, model_path: str, microbatch_size: int = 64, placement=None, adapters=None):
+    def from_pretrained(cls, model_path: str, prompts_per_call: int = 64, placement=None, adapters=None):
         """``placement``: a ``coati.utils.device.ModelPlacement`` (where the caller's role puts the model; the
         CPU in float32 when not given). ``adapters``: the run's LoRA settings (``RLConfig.engine_adapters``) when
         weight versions are adapter tensors: the engine carries the same adapters and loads those alone."""
@@ -72,17 +72,20 @@ class TransformersBackend:
             from coati.models.lora import add_adapters
 
             model = add_adapters(model, adapters)
-        return cls(model.to(device), AutoTokenizer.from_pretrained(model_path), microbatch_size)
+        return cls(model.to(device), AutoTokenizer.from_pretrained(model_path), prompts_per_call)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         if params.seed is not None:  # generate() samples from the global torch RNG
             torch.manual_seed(params.seed)
-        flat = [p for p in prompts for _ in range(params.n)]
-        completions: list[Completion] = []
-        for start in range(0, len(flat), self.microbatch_size):
-            completions.extend(self._generate_batch(flat[start : start + self.microbatch_size], params))
-        return [completions[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
+        groups: list[list[Completion]] = []
+        # whole prompts per call (-imbs), as every engine and the async rounds count them: one call of many rows
+        # costs about what one of few does for a small model, whose steps are Python's time, not the matmuls'
+        for start in range(0, len(prompts), self.prompts_per_call):
+            chunk = prompts[start : start + self.prompts_per_call]
+            completions = self._generate_batch([p for p in chunk for _ in range(params.n)], params)
+            groups.extend(completions[i * params.n : (i + 1) * params.n] for i in range(len(chunk)))
+        return groups
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         width = max(len(p) for p in prompts)
@@ -162,6 +165,6 @@ def _generating_model(model):
 
 
 def build_transformers_backend(config, rank: int, placement) -> TransformersBackend:
-    """A producer's (or the evaluator's) engine for this run, in its -imbs micro-batches."""
+    """A producer's (or the evaluator's) engine for this run, -imbs prompts per generate call."""
     return TransformersBackend.from_pretrained(config.model.path, config.batch.inference_microbatch_size, placement,
                                                config.engine_adapters)

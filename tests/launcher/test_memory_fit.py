@@ -60,19 +60,19 @@ def test_the_cheaper_knob_climbs_first_until_neither_fits():
     assert grow(rungs, measure) == [2, 3]  # -tmbs 4, 8 engine samples
 
 
-def node_need(shape, tmbs, imbs, seq=1536, new=1024):
+def node_need(shape, tmbs, samples, seq=1536, new=1024):
     """This node's estimate by hand from the memory model: the trainer (fp32, no reference, the sender's publish
-    copies), the transformers inferencer (-imbs samples per call), the driver, buffer and weight store."""
+    copies), the transformers inferencer (``samples`` a call: -imbs prompts x G), the driver, buffer and weight store."""
     trainer = trainer_memory(shape, MemoryLayout(), tmbs, seq)["total"] + 2 * 4 * shape.params
-    engine = inferencer_memory(shape, "transformers", "fp32", 1, 0.0, imbs, seq, new)["total"]
+    engine = inferencer_memory(shape, "transformers", "fp32", 1, 0.0, samples, seq, new)["total"]
     return trainer + engine + 3 * CPU_RUNTIME
 
 
 def test_smollm2_without_batch_flags_fits_a_24_gb_cpu_node_and_says_what_it_chose(smol):
     lines, error = dry_run(config_of(smol), "1x0x24x2")
     assert error is None
-    assert lines[0].startswith("memory plan: trainer micro-batch 2 samples (-tmbs), transformers engine 8 samples "
-                               "per generate call (-imbs): ")
+    assert lines[0].startswith("memory plan: trainer micro-batch 2 samples (-tmbs), transformers engine 1 prompt "
+                               "(8 samples) per generate call (-imbs): ")
     assert "20% for the estimate's error" in lines[0] and lines[0].endswith("--dry-run for details")
     shape, room = ModelShape.from_config(SMOLLM2_135M), (1 - MARGIN) * parse_cluster("1x0x24x2")[0].memory
     assert node_need(shape, 2, 8) <= room  # the choice keeps the margin ...
@@ -83,12 +83,12 @@ def test_smollm2_without_batch_flags_fits_a_24_gb_cpu_node_and_says_what_it_chos
 def test_smollm2_on_one_gpu_and_an_explicit_ibs(smol):
     lines, error = dry_run(config_of([*smol, "-ibs", "8"]), "1x1x24")
     assert error is None and lines[0].startswith("one GPU:")  # colocated: the larger phase counts
-    assert "trainer micro-batch 4 samples (-tmbs), transformers engine 8 samples per generate call" in lines[1]
+    assert "trainer micro-batch 4 samples (-tmbs), transformers engine 2 prompts (16 samples) per generate call" in lines[1]
 
 
 def test_a_given_knob_stays_exact_and_the_other_follows_the_room(smol):
     lines, error = dry_run(config_of([*smol, "-tmbs", "1"]), "1x0x24x2")
-    assert error is None and lines[0].startswith("memory plan: transformers engine 8 samples per generate call")
+    assert error is None and lines[0].startswith("memory plan: transformers engine 1 prompt (8 samples) per generate call")
     shape, room = ModelShape.from_config(SMOLLM2_135M), (1 - MARGIN) * parse_cluster("1x0x24x2")[0].memory
     assert node_need(shape, 1, 8) <= room < node_need(shape, 1, 16)
 
@@ -106,7 +106,7 @@ def test_vllm_on_cpu_gets_its_kv_budget_chosen(smol):
 def test_the_half_b_shape_fits_one_80_gb_gpu_but_no_24_gb_cpu_node(half_b, capsys):
     lines, error = dry_run(config_of(half_b), "1x1x80")
     assert error is None and lines[1].startswith("memory plan: trainer micro-batch 4 samples (-tmbs), transformers "
-                                                 "engine 16 samples per generate call (-imbs)")
+                                                 "engine 2 prompts (16 samples) per generate call (-imbs)")
     assert main([*half_b, "--dry-run-cluster", "1x0x24x2"]) == 1
     out, err = capsys.readouterr()
     assert "memory plan" not in out  # even one sample does not fit: no choice to announce

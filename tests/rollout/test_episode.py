@@ -54,7 +54,7 @@ class RecordingBackend:
 @pytest.fixture(scope="module")
 def backend(tiny_model_dir):
     torch.manual_seed(0)
-    return TransformersBackend.from_pretrained(tiny_model_dir, microbatch_size=8)
+    return TransformersBackend.from_pretrained(tiny_model_dir, prompts_per_call=8)
 
 
 def _batch(tokenizer, texts=("12+34=", "5+6=")):

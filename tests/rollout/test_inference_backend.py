@@ -16,7 +16,7 @@ def test_truncate_completion_eos_stop_string_and_length():
 def test_behaviour_logprobs_match_trainer_recompute(tiny_model_dir):
     """The producer's logprobs equal a training forward's on right-padded prompt+response rows."""
     torch.manual_seed(0)
-    backend = TransformersBackend.from_pretrained(tiny_model_dir, microbatch_size=5)
+    backend = TransformersBackend.from_pretrained(tiny_model_dir, prompts_per_call=2)
     tokenizer = backend.tokenizer
     prompts = [tokenizer(text).input_ids for text in ("1+2=", "33+44=", "9+9=")]
     params = SamplingParams(n=4, temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=6)
