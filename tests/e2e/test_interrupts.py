@@ -66,15 +66,25 @@ def argv(demo_assets, tmp_path):
             "-tMbs", "4", "-tmbs", "8", "-mnt", "8", "-e", "1", "-sd", str(tmp_path / "runs"), "-p", "x", "--no-progress"]
 
 
-def resume_to_the_end(demo_assets, run_dir, tmp_path) -> None:
-    proc = start(["-sd", str(tmp_path / "runs"), "-p", "x", "--resume", "latest", "--no-progress"], demo_assets)
-    out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err[-3000:]
+def resume_to_the_end(demo_assets, run_dir, tmp_path, monkeypatch) -> None:
+    """The resumed run to its end, here in this process as the SFT test below does (its signals are the child
+    runs' part): no second interpreter and imports."""
+    import ray
+
+    import rl_example
+
+    monkeypatch.setenv("COATI_CACHE", os.path.dirname(os.path.dirname(demo_assets.model_dir)))
+    for key in [key for key in os.environ if key.startswith("RAY_")]:  # a local run, as the child's clean_env
+        monkeypatch.delenv(key)
+    try:
+        assert rl_example.main(["-sd", str(tmp_path / "runs"), "-p", "x", "--resume", "latest", "--no-progress"]) == 0
+    finally:
+        ray.shutdown()
     assert train_steps(run_dir) == list(range(1, STEPS + 1))  # none lost, none twice
     assert checkpoints(run_dir)[-1] == STEPS
 
 
-def test_ctrl_c_saves_a_second_ctrl_c_exits_and_resume_finishes(demo_assets, argv, tmp_path):
+def test_ctrl_c_saves_a_second_ctrl_c_exits_and_resume_finishes(demo_assets, argv, tmp_path, monkeypatch):
     run_dir = tmp_path / "runs" / "x"
     proc = start(argv, demo_assets)
     wait_until(proc, lambda: len(train_steps(run_dir)) >= 2)
@@ -99,7 +109,7 @@ def test_ctrl_c_saves_a_second_ctrl_c_exits_and_resume_finishes(demo_assets, arg
                          f"newest one (the newest is {run_dir / f'step_{reached}'})"), lines
     assert checkpoints(run_dir) == [reached]
 
-    resume_to_the_end(demo_assets, run_dir, tmp_path)
+    resume_to_the_end(demo_assets, run_dir, tmp_path, monkeypatch)
 
 
 def test_colocated_run_stops_on_sigterm_and_resumes(demo_assets, argv, tmp_path):
