@@ -354,8 +354,8 @@ class VLLMBackend:
             self._environment = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if options.multiprocessing else "0"
         elif not on_gpu and not runs_in_process(model_architectures(model_path), _vllm_architectures()):
-            # this engine's choice only: the environment is restored on close (a later engine of a native
-            # family runs in-process again)
+            # this engine's choice only: the environment is restored once the engine is built (a later engine of
+            # a native family runs in-process again)
             self._environment = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
         elif not on_gpu:
