@@ -354,8 +354,8 @@ class VLLMBackend:
             self._environment = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if options.multiprocessing else "0"
         elif not on_gpu and not runs_in_process(model_architectures(model_path), _vllm_architectures()):
-            # this engine's choice only: the environment is restored on close (a later engine of a native
-            # family runs in-process again)
+            # this engine's choice only: the environment is restored once the engine is built (a later engine of
+            # a native family runs in-process again)
             self._environment = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
         elif not on_gpu:
@@ -409,9 +409,10 @@ class VLLMBackend:
             engine_args["enable_chunked_prefill"] = False
         try:
             self.llm = LLM(**engine_args)
-        except BaseException:
-            self._restore_environment()  # no engine, so no close() to undo this engine's choice
-            raise
+        finally:
+            # vLLM reads the variable only while building the engine: undone now, not at close(), so that an
+            # engine (or a Ray cluster) started while this one lives gets its own default, not this choice
+            self._restore_environment()
         engine = self.llm.llm_engine
         self.transport = "inproc" if (type(engine.engine_core).__name__ == "InprocClient" and
                                       engine.vllm_config.parallel_config.world_size == 1) else "shm"

@@ -34,6 +34,18 @@ def reference(tmp_path_factory):
     return run_group(layouts, 1, str(tmp_path_factory.mktemp("single")), timeout_s=120)
 
 
+COLOSSAL_BF16 = {"colossalai-ddp:precision=bf16": BF16, "colossalai-zero:zero=2:precision=bf16": BF16,
+                 "colossalai-hybrid:tp=2:precision=bf16": BF16}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """Every two-rank layout below in one group of processes: a group's start (torch's and ColossalAI's imports)
+    costs more than its steps; torch-native and ColossalAI layouts mix in one group as in test_equivalence.py."""
+    layouts = TORCH_BF16 + TORCH_CHECKPOINTED + (list(COLOSSAL_BF16) if has_colossalai else [])
+    return run_group(layouts, 2, str(tmp_path_factory.mktemp("two_ranks")), timeout_s=480)
+
+
 def assert_precision(results: dict, forward: list[str]) -> None:
     for layout, result in results.items():
         assert result["forward_dtypes"] == forward, f"{layout}: the forward ran in {result['forward_dtypes']}"
@@ -48,8 +60,8 @@ def test_single_plugin_computes_in_its_precision(reference):
 
 
 @pytest.mark.e2e
-def test_torch_plugins_compute_in_bf16_with_fp32_masters_and_checkpoint_exactly(reference, tmp_path):
-    results = run_group(TORCH_BF16 + TORCH_CHECKPOINTED, 2, str(tmp_path), timeout_s=300)
+def test_torch_plugins_compute_in_bf16_with_fp32_masters_and_checkpoint_exactly(reference, two_ranks):
+    results = two_ranks
     bf16 = {layout: results[layout] for layout in TORCH_BF16}
     assert_precision(bf16, BF16)
     check(bf16, reference["single"], tol=2e-3)
@@ -72,11 +84,9 @@ def test_plugins_without_a_loss_scaler_refuse_fp16_in_one_line(plugin):
 
 @pytest.mark.e2e
 @pytest.mark.skipif(not has_colossalai, reason="colossalai is not installed (scripts/install_colossalai.sh)")
-def test_colossalai_plugins_compute_in_their_precision(reference, tmp_path):
+def test_colossalai_plugins_compute_in_their_precision(reference, two_ranks):
     # (fp16 is not here: ColossalAI 0.5.0's loss scaler asks the CPU accelerator for a device count and fails)
-    layouts = {"colossalai-ddp:precision=bf16": BF16, "colossalai-zero:zero=2:precision=bf16": BF16,
-               "colossalai-hybrid:tp=2:precision=bf16": BF16}
-    results = run_group(list(layouts), 2, str(tmp_path), timeout_s=300)
-    for layout, forward in layouts.items():
+    results = {layout: two_ranks[layout] for layout in COLOSSAL_BF16}
+    for layout, forward in COLOSSAL_BF16.items():
         assert_precision({layout: results[layout]}, forward)
     check(results, reference["single"], tol=2e-3)

