@@ -230,8 +230,8 @@ def main(argv=None) -> None:
     parser.add_argument("--layouts", required=True, help="comma-separated layouts, run in order")
     parser.add_argument("--out", required=True)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--save", action="store_true", help="also save_pretrained each layout and reload it")
-    parser.add_argument("--save-layouts", default="", help="comma-separated layouts that --save applies to alone")
+    parser.add_argument("--save-layouts", default="",
+                        help="comma-separated layouts that also save_pretrained their weights and reload them")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
@@ -241,7 +241,7 @@ def main(argv=None) -> None:
         init_group(layouts, rank, world_size)
         saved = set(args.save_layouts.split(",")) - {""}
         for layout in layouts:
-            result = run_step(layout, save_dir=args.out if args.save or layout in saved else None)
+            result = run_step(layout, save_dir=args.out if layout in saved else None)
             if rank == 0:
                 torch.save(result, os.path.join(args.out, layout.replace(":", "_") + ".pt"))
                 print(f"[rank0] {layout}: loss {result['loss']:.8f} grad_norm {result['grad_norm']:.6f} "

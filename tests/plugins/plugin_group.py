@@ -69,11 +69,10 @@ def run_ranks(module: str, args: list[str], world_size: int, out_dir: str, timeo
 
 
 def run_group(layouts: list[str], world_size: int, out_dir: str, timeout_s: float = 180.0,
-              threads: int = 1, save: bool = False, cuda: bool = False,
-              save_layouts: list[str] = ()) -> dict[str, dict]:
+              threads: int = 1, cuda: bool = False, save_layouts: list[str] = ()) -> dict[str, dict]:
     """``tests.plugins.equivalence`` over ``layouts`` on ``world_size`` ranks (see ``run_ranks``); results by layout.
-    ``save``: every layout also saves and reloads its weights; ``save_layouts``: those layouts alone."""
-    args = ["--layouts", ",".join(layouts), "--out", out_dir] + (["--save"] if save else []) + \
+    ``save_layouts``: those layouts also save and reload their weights."""
+    args = ["--layouts", ",".join(layouts), "--out", out_dir] + \
         (["--save-layouts", ",".join(save_layouts)] if save_layouts else [])
     run_ranks("tests.plugins.equivalence", args, world_size, out_dir, timeout_s, threads, cuda=cuda)
     results = {}
