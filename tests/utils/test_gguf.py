@@ -58,6 +58,7 @@ def test_a_file_transformers_cannot_read_is_one_line(tmp_path):
     assert not os.path.exists(converted_dir(path, str(tmp_path / "cache")))  # nothing half-built left
 
 
+@pytest.mark.e2e  # a real model's dequantization and two loads: ~40 s of a core
 def test_the_shipped_smollm2_converts_to_an_hf_directory_equal_to_the_gguf_model(smollm2_gguf, tmp_path, monkeypatch):
     """The conversion into a fresh cache, keeping the model transformers read from the GGUF file (a spy on its
     loader: the one dequantization this costs, about 20 s on a CI core, is not done twice), against what the
