@@ -2,8 +2,9 @@
 
 1. One test-case run of the same program: bare ``subprocess.run`` vs the sandbox (prlimit + bwrap + uid
    switch + supervision), side by side, with the extra milliseconds and the ratio.
-2. Ways to run one candidate's K cases: a fresh sandbox per case (what rewards.code does) vs one sandbox per
-   candidate that starts a process per case inside it vs one that forks a pre-started interpreter per case.
+2. Ways to run one candidate's K cases: a fresh sandbox per case (``run_program``, what the scorer does for a
+   single case) vs one sandbox per candidate that starts a process per case inside it vs the harness that
+   forks itself per case (``run_cases``, what the scorer does for two cases or more).
 3. Throughput of CodeRewardScorer.score_batch on a group of generated tasks (candidates/s), 1 worker vs all.
 
 Run: ``python benchmarks/bench_code_sandbox.py [--runs 40] [--group 16]`` (needs root and bubblewrap).
@@ -24,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from coati.dataset.code_task import generate_rows, reference_solution  # noqa: E402
 from rewards.code import CodeRewardScorer, SandboxLimits, check_sandbox_available  # noqa: E402
-from rewards.code.sandbox import DEFAULT_PYTHON, OK, run_program  # noqa: E402
+from rewards.code.sandbox import DEFAULT_PYTHON, OK, run_cases, run_program  # noqa: E402
 from rewards.code.uids import UidPool  # noqa: E402
 
 PROGRAM = "a, b = map(int, input().split())\nprint(a + b)\n"
@@ -38,29 +39,6 @@ outs = [subprocess.run([sys.executable, '-I', '/tmp/main.py'], input=x.encode(),
         for x in json.load(sys.stdin)]
 print(json.dumps(outs))
 """
-
-# One sandbox per candidate, a fork of the already started interpreter per case (no exec).
-FORK_HARNESS = """
-import io, json, os, sys
-code = compile({program!r}, 'main.py', 'exec')
-outs = []
-for x in json.load(sys.stdin):
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        sys.stdin = io.TextIOWrapper(io.BytesIO(x.encode()))
-        sys.stdout = os.fdopen(w, 'w')
-        exec(code, {{'__name__': '__main__'}})
-        sys.stdout.flush()
-        os._exit(0)
-    os.close(w)
-    with os.fdopen(r) as f:
-        outs.append(f.read())
-    os.waitpid(pid, 0)
-print(json.dumps(outs))
-"""
-
 
 def timed(fn, runs: int) -> list[float]:
     times = []
@@ -121,6 +99,10 @@ def main() -> None:
             for x, want in zip(inputs, expected):
                 assert run_program(PROGRAM, x.encode(), limits, uid).stdout.decode() == want
 
+        def harness():
+            results = list(run_cases(PROGRAM, [x.encode() for x in inputs], limits, uid))
+            assert [r.stdout.decode() for r in results] == expected, results
+
         def in_sandbox(harness):
             def go():
                 result = run_program(harness.format(program=PROGRAM), json.dumps(inputs).encode(), limits, uid)
@@ -130,12 +112,12 @@ def main() -> None:
 
         print(f"\n2. one candidate with {args.cases} cases ({runs} candidates each), per case:")
         for name, fn in [
-            ("sandbox per case (used)", per_case),
+            ("sandbox per case (run_program)", per_case),
             ("1 sandbox, process per case", in_sandbox(SUBPROCESS_HARNESS)),
-            ("1 sandbox, fork per case", in_sandbox(FORK_HARNESS)),
+            ("1 sandbox, fork per case (run_cases)", harness),
         ]:
             times = [t / args.cases for t in timed(fn, runs)]
-            print(f"   {name:30s}: {describe(times)}")
+            print(f"   {name:36s}: {describe(times)}")
 
     # 3. the scorer on a group of candidates
     rows = generate_rows(args.group, seed=0)

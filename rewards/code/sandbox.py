@@ -43,9 +43,11 @@ import os
 import selectors
 import shutil
 import signal
+import struct
 import subprocess
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from rewards.code.uids import (KILL_WAIT_S, DEFAULT_UID_BASE, SandboxUnavailable, UidPool, kill_uid_processes,
@@ -54,6 +56,13 @@ from rewards.code.uids import (KILL_WAIT_S, DEFAULT_UID_BASE, SandboxUnavailable
 
 DEFAULT_PYTHON = "/usr/bin/python3"
 _CODE_PATH = "/code/main.py"
+_HARNESS_PATH = "/code/harness.pyc"
+_HARNESS_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness.py")
+# rewards/code/harness.py's framing: in, a length before each case's stdin; out, a header before each result
+_LENGTH = struct.Struct("<Q")
+_RESULT = struct.Struct("<BiQQd")
+_EXITED, _WALL_TIME, _OUTPUT_LIMIT = 0, 1, 2
+_CASE_SLACK_S, _START_SLACK_S = 0.5, 5.0  # the host's own bound on a harness: each case's wall limit plus these
 _TOP_LEVEL_SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _READ_CHUNK = 1 << 16
 
@@ -140,12 +149,16 @@ def check_sandbox_available(python: str = DEFAULT_PYTHON) -> None:
         with UidPool(1, DEFAULT_UID_BASE) as pool:
             uid = pool.acquire()
             try:
-                result = run_program("print(sum(map(int, input().split())))", b"2 3\n", SandboxLimits(), uid, python)
+                program = "print(sum(map(int, input().split())))"
+                # both ways in: the program as the sandbox's pid 1, and cases forked by the harness
+                results = [run_program(program, b"2 3\n", SandboxLimits(), uid, python),
+                           *run_cases(program, [b"2 3\n", b"4 5\n"], SandboxLimits(), uid, python)]
             finally:
                 pool.release(uid)
-        if result.status != OK or result.stdout != b"5\n":
-            detail = result.stderr.decode("utf-8", "replace").strip()[-500:]
-            raise SandboxUnavailable(f"the sandbox does not run programs here ({result.status}): {detail}")
+        for result, expected in zip(results, (b"5\n", b"5\n", b"9\n")):
+            if result.status != OK or result.stdout != expected:
+                detail = result.stderr.decode("utf-8", "replace").strip()[-500:]
+                raise SandboxUnavailable(f"the sandbox does not run programs here ({result.status}): {detail}")
         _checked.add(python)
 
 
@@ -176,13 +189,16 @@ def _python_binds(python: str) -> list[str]:
     return ["--ro-bind", prefix, prefix]
 
 
-def _command(prlimit: str, bwrap: str, limits: SandboxLimits, python: str, code_fd: int, info_fd: int) -> list[str]:
+def _command(prlimit: str, bwrap: str, limits: SandboxLimits, python: str, info_fd: int, cpu_s: int,
+             files: Sequence[tuple[int, str]], argv: Sequence[str]) -> list[str]:
+    """prlimit + bwrap + ``python -I argv``, with each (fd, path) of ``files`` bound read-only."""
     def both(n: int) -> str:
         return f"{n}:{n}"
 
+    binds = [arg for fd, path in files for arg in ("--ro-bind-data", str(fd), path)]
     return [
         prlimit,
-        f"--cpu={both(limits.cpu_time_s)}",  # soft = hard: as pid 1 the program ignores SIGXCPU
+        f"--cpu={both(cpu_s)}",  # soft = hard: as pid 1 the program ignores SIGXCPU
         f"--as={both(limits.address_space_bytes)}",
         f"--nproc={both(limits.max_processes)}",
         f"--nofile={both(limits.max_open_files)}",
@@ -203,35 +219,35 @@ def _command(prlimit: str, bwrap: str, limits: SandboxLimits, python: str, code_
         "--size", str(limits.tmpfs_bytes), "--tmpfs", "/dev/shm",
         "--remount-ro", "/dev",
         "--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp",
-        "--ro-bind-data", str(code_fd), _CODE_PATH,
+        *binds,
         "--remount-ro", "/",
         "--chdir", "/tmp",
-        python, "-I", _CODE_PATH,
+        python, "-I", *argv,
     ]  # fmt: skip
 
 
-def run_program(
-    code: str, stdin: bytes, limits: SandboxLimits, uid: int, python: str = DEFAULT_PYTHON
-) -> RunResult:
-    """Run ``code`` with ``stdin`` in a fresh sandbox as ``uid`` (which nothing else may be using).
+def _memfd(name: str, content: str | bytes) -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    data = memoryview(content if isinstance(content, bytes) else content.encode("utf-8", "surrogatepass"))
+    while data:
+        data = data[os.write(fd, data) :]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
-    On return no process of the sandbox is left.
-    """
+
+def _start(files: Sequence[tuple[str | bytes, str]], argv: Sequence[str], cpu_s: int, limits: SandboxLimits, uid: int,
+           python: str) -> _Run:
+    """A sandbox running ``python -I argv`` as ``uid``, each (content, path) of ``files`` bound read-only."""
     bwrap, prlimit = _require_tools()
-    code_fd = os.memfd_create("main.py", os.MFD_CLOEXEC)
+    fds = [(_memfd(os.path.basename(path), content), path) for content, path in files]
     info_r, info_w = os.pipe2(os.O_CLOEXEC)
     try:
-        data = memoryview(code.encode("utf-8", "surrogatepass"))
-        while data:
-            data = data[os.write(code_fd, data) :]
-        os.lseek(code_fd, 0, os.SEEK_SET)
-        start = time.monotonic()
         proc = subprocess.Popen(
-            _command(prlimit, bwrap, limits, python, code_fd, info_w),
+            _command(prlimit, bwrap, limits, python, info_w, cpu_s, fds, argv),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            pass_fds=(code_fd, info_w),
+            pass_fds=(*(fd for fd, _ in fds), info_w),
             start_new_session=True,
             user=uid,
             group=uid,
@@ -243,9 +259,22 @@ def run_program(
         os.close(info_r)
         raise
     finally:
-        os.close(code_fd)
+        for fd, _ in fds:
+            os.close(fd)
         os.close(info_w)
-    run = _Run(proc, uid, info_r)
+    return _Run(proc, uid, info_r)
+
+
+def run_program(
+    code: str, stdin: bytes, limits: SandboxLimits, uid: int, python: str = DEFAULT_PYTHON
+) -> RunResult:
+    """Run ``code`` with ``stdin`` in a fresh sandbox as ``uid`` (which nothing else may be using), the program
+    itself pid 1 of the sandbox.
+
+    On return no process of the sandbox is left.
+    """
+    start = time.monotonic()
+    run = _start([(code, _CODE_PATH)], [_CODE_PATH], limits.cpu_time_s, limits, uid, python)
     try:
         return run.supervise(stdin, limits, start)
     except BaseException:
@@ -253,6 +282,109 @@ def run_program(
         raise
     finally:
         run.close()
+
+
+# The sandbox's interpreter compiles the harness once, here, outside any sandbox (it runs no untrusted code):
+# within each sandbox it would compile it again (~15 ms, a read-only /code keeps no .pyc).
+_COMPILE_PYC = (
+    "import importlib.util, marshal, sys\n"
+    "code = compile(sys.stdin.buffer.read(), sys.argv[1], 'exec', dont_inherit=True)\n"
+    "sys.stdout.buffer.write(importlib.util.MAGIC_NUMBER + bytes(12) + marshal.dumps(code))\n"
+)
+
+
+@functools.lru_cache(maxsize=None)
+def _harness_pyc(python: str) -> bytes:
+    """rewards/code/harness.py compiled by ``python`` (the sandbox's interpreter) into a .pyc file's bytes."""
+    with open(_HARNESS_SOURCE, "rb") as handle:
+        source = handle.read()
+    done = subprocess.run([python, "-I", "-c", _COMPILE_PYC, _HARNESS_PATH], input=source, capture_output=True,
+                          env={}, timeout=60)
+    if done.returncode != 0:
+        raise SandboxUnavailable(f"the sandbox interpreter {python!r} cannot compile the case harness: "
+                                 f"{done.stderr.decode('utf-8', 'replace').strip()[-300:]}")
+    return done.stdout
+
+
+def run_cases(code: str, stdins: Sequence[bytes], limits: SandboxLimits, uid: int,
+              python: str = DEFAULT_PYTHON) -> Iterator[RunResult]:
+    """Run ``code`` on each of ``stdins`` in one sandbox as ``uid`` (which nothing else may be using): the results,
+    in order, each as soon as its case ends.
+
+    Inside, rewards/code/harness.py forks one fresh process a case, with the limits of ``limits`` each, and
+    kills whatever a case left (processes, files in /tmp) before the next starts, so a case runs as
+    :func:`run_program` would run it, for the cost of a fork rather than of a sandbox and an interpreter. Two
+    differences a program could notice: it is not pid 1, so a signal it sends itself kills it; and every case
+    shares the interpreter's hash seed. Closing the iterator early kills the sandbox; once it is exhausted or
+    closed, no process of the sandbox is left.
+    """
+    stdins = list(stdins)
+    if not stdins:
+        return
+    start = time.monotonic()
+    argv = [_HARNESS_PATH, repr(limits.wall_time_s), str(limits.cpu_time_s), str(limits.max_output_bytes),
+            str(limits.max_stderr_bytes)]
+    # the harness's own CPU is a few milliseconds a case; each case lowers its own limit to cpu_time_s
+    cpu_s = limits.cpu_time_s + len(stdins)
+    run = _start([(code, _CODE_PATH), (_harness_pyc(python), _HARNESS_PATH)], argv, cpu_s, limits, uid, python)
+    deadline = start + len(stdins) * (limits.wall_time_s + _CASE_SLACK_S) + _START_SLACK_S
+    framed = b"".join(_LENGTH.pack(len(data)) + data for data in stdins)
+    frame_limit = _RESULT.size + limits.max_output_bytes + limits.max_stderr_bytes
+    err, pending, done, failed = bytearray(), bytearray(), 0, None
+    events = run.events(framed, deadline, err, limits.max_stderr_bytes)
+    try:
+        try:
+            for chunk in events:
+                pending += chunk
+                while done < len(stdins) and (result := _take_result(pending)) is not None:
+                    done += 1
+                    yield result
+                if len(pending) > frame_limit or (done == len(stdins) and pending):
+                    failed = SANDBOX_ERROR  # not the harness's framing: never trusted
+                    break
+        except _WallTime:
+            failed = TIMEOUT
+        if failed is None:
+            run.proc.wait()  # every pipe closed: it has exited
+            if done == len(stdins):
+                return
+            # bwrap could not build the sandbox, or the harness died (its traceback is in err)
+            failed = SANDBOX_ERROR
+        run.kill()
+        for _ in range(done, len(stdins)):
+            yield RunResult(failed, b"", bytes(err), None, time.monotonic() - start)
+    finally:
+        events.close()
+        if run.proc.returncode is None:  # closed early, or an error on the way
+            run.kill()
+        run.close()
+
+
+def _take_result(pending: bytearray) -> RunResult | None:
+    """The first whole result frame of the harness's output, removed from ``pending``; None if not all there."""
+    if len(pending) < _RESULT.size:
+        return None
+    outcome, status, out_len, err_len, wall = _RESULT.unpack_from(pending)
+    end = _RESULT.size + out_len + err_len
+    if len(pending) < end:
+        return None
+    out = bytes(pending[_RESULT.size : _RESULT.size + out_len])
+    err = bytes(pending[_RESULT.size + out_len : end])
+    del pending[:end]
+    if outcome == _WALL_TIME:
+        return RunResult(TIMEOUT, out, err, None, wall)
+    if outcome == _OUTPUT_LIMIT:
+        return RunResult(OUTPUT_LIMIT, out, err, None, wall)
+    if status == 0:
+        return RunResult(OK, out, err, 0, wall)
+    # killed by the CPU limit (SIGKILL at the hard limit, SIGXCPU at the soft one, which are equal)
+    if status in (-signal.SIGKILL, -signal.SIGXCPU):
+        return RunResult(TIMEOUT, out, err, status, wall)
+    return RunResult(RUNTIME_ERROR, out, err, status, wall)
+
+
+class _WallTime(Exception):
+    """The host's deadline for a sandbox passed."""
 
 
 class _Run:
@@ -289,7 +421,18 @@ class _Run:
         self.child_fd = fd
 
     def supervise(self, stdin: bytes, limits: SandboxLimits, start: float) -> RunResult:
-        out, err, killed_for = self._pump(stdin, limits, start + limits.wall_time_s)
+        out, err, killed_for = bytearray(), bytearray(), None
+        events = self.events(stdin, start + limits.wall_time_s, err, limits.max_stderr_bytes)
+        try:
+            for chunk in events:
+                out += chunk
+                if len(out) > limits.max_output_bytes:
+                    killed_for = OUTPUT_LIMIT
+                    break
+        except _WallTime:
+            killed_for = TIMEOUT
+        finally:
+            events.close()
         wall = time.monotonic() - start
         if killed_for:
             self.kill()
@@ -297,11 +440,10 @@ class _Run:
         returncode = self.proc.wait()  # it has exited already
         return RunResult(_exit_status(returncode, err), bytes(out), bytes(err), returncode, wall)
 
-    def _pump(self, stdin: bytes, limits: SandboxLimits, deadline: float) -> tuple[bytearray, bytearray, str | None]:
-        """Feed stdin and collect stdout/stderr/info until every pipe is closed and the outer bwrap has exited,
-        or a limit is hit: (stdout, stderr, the status it was killed for, or None)."""
+    def events(self, stdin: bytes, deadline: float, err: bytearray, max_stderr: int) -> Iterator[bytes]:
+        """Feed stdin and yield stdout as it comes, keeping up to ``max_stderr`` bytes of stderr in ``err``, until
+        every pipe is closed and the outer bwrap has exited; raises _WallTime at ``deadline``."""
         proc = self.proc
-        out, err = bytearray(), bytearray()
         out_fd, err_fd, in_fd = proc.stdout.fileno(), proc.stderr.fileno(), proc.stdin.fileno()
         sel = selectors.DefaultSelector()
         try:
@@ -317,7 +459,7 @@ class _Run:
             while sel.get_map():
                 timeout = deadline - time.monotonic()
                 if timeout <= 0:
-                    return out, err, TIMEOUT
+                    raise _WallTime()
                 for key, _ in sel.select(timeout):
                     fd = key.fd
                     if fd == self.outer_fd:
@@ -331,15 +473,12 @@ class _Run:
                             if fd == self.info_fd:
                                 self._open_child()
                         elif fd == out_fd:
-                            out += chunk
-                            if len(out) > limits.max_output_bytes:
-                                return out, err, OUTPUT_LIMIT
+                            yield chunk
                         elif fd == err_fd:
-                            if len(err) < limits.max_stderr_bytes:
-                                err += chunk[: limits.max_stderr_bytes - len(err)]
+                            if len(err) < max_stderr:
+                                err += chunk[: max_stderr - len(err)]
                         else:
                             self.info += chunk
-            return out, err, None
         finally:
             sel.close()
 

@@ -6,12 +6,12 @@ import json
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from rewards.code.calls import call_stdin, is_call_based, returned_matches
 from rewards.code.extract import extract_code, outputs_match, program_for, validate_test_cases
-from rewards.code.sandbox import (DEFAULT_PYTHON, OK, OUTPUT_LIMIT, RUNTIME_ERROR, SANDBOX_ERROR, TIMEOUT, SandboxLimits,
-                                  check_sandbox_available, run_program)
+from rewards.code.sandbox import (DEFAULT_PYTHON, OK, OUTPUT_LIMIT, RUNTIME_ERROR, SANDBOX_ERROR, TIMEOUT, RunResult,
+                                  SandboxLimits, check_sandbox_available, run_cases, run_program)
 from rewards.code.uids import DEFAULT_UID_BASE, UidPool
 from rewards.types import RewardResult, combine, regroup
 
@@ -28,8 +28,8 @@ _FAILURE = {
 class CodeRewardScorer:
     """Scores responses whose last ```python block is a stdin -> stdout program.
 
-    Each test case is one fresh sandboxed process (see :mod:`rewards.code.sandbox`). The cases of one
-    response run one after another; different responses run in parallel on ``max_workers`` threads, each
+    Each test case is one fresh process, the cases of one response one after another in one sandbox
+    (:func:`rewards.code.sandbox.run_cases`); different responses run in parallel on ``max_workers`` threads, each
     holding its own sandbox uid. Reward: ``combine(format_ok=code block found, score)`` where ``score`` is
     the fraction of cases passed, or 1/0 for all passed/not when ``all_or_nothing`` (which also stops at the
     first failing case). ``correct`` means every case passed.
@@ -108,12 +108,27 @@ class CodeRewardScorer:
 
     # -- internals ---------------------------------------------------------------------------------------
 
-    def _run_case(self, code: str, stdin: str, uid: int):
-        result = run_program(code, stdin.encode("utf-8"), self.limits, uid, self.python)
-        if result.status == SANDBOX_ERROR:  # transient (for example a fork refused): one more try
-            logger.warning("sandbox failed to start, retrying: %s", result.stderr[-300:])
-            result = run_program(code, stdin.encode("utf-8"), self.limits, uid, self.python)
-        return result
+    def _results(self, program: str, stdins: list[bytes], uid: int) -> Iterator[RunResult]:
+        """Each case's result, in order: one sandbox for the program, a fresh process a case in it."""
+        def alone() -> Iterator[RunResult]:
+            yield run_program(program, stdins[0], self.limits, uid, self.python)
+
+        def start() -> Iterator[RunResult]:
+            # one case: the program as the sandbox's pid 1 (the harness's start costs more than it saves)
+            return alone() if len(stdins) == 1 else run_cases(program, stdins, self.limits, uid, self.python)
+
+        results = start()
+        try:
+            first = next(results)
+            if first.status == SANDBOX_ERROR:  # transient (for example a fork refused): one more try
+                logger.warning("sandbox failed to start, retrying: %s", first.stderr[-300:])
+                results.close()
+                results = start()
+                first = next(results)
+            yield first
+            yield from results
+        finally:
+            results.close()
 
     def _run_cases(self, code: str, program: str, test_cases: Mapping, uid: int) -> RewardResult:
         # stdin -> stdout rows compare printed text; call-based rows the returned JSON value
@@ -121,18 +136,21 @@ class CodeRewardScorer:
         inputs = [call_stdin(args) for args in test_cases["inputs"]] if calls else test_cases["inputs"]
         matches = returned_matches if calls else outputs_match
         passed, first_failure, cause = 0, None, None
-        for i, (stdin, expected) in enumerate(zip(inputs, test_cases["outputs"])):
-            result = self._run_case(program, stdin, uid)
-            if result.status == OK and matches(result.stdout.decode("utf-8", "replace"), expected):
-                passed += 1
-                continue
-            if first_failure is None:
-                what = "wrong answer" if result.status == OK else _FAILURE[result.status]
-                first_failure, cause = f"{what} on case {i}", what
-                if result.status == SANDBOX_ERROR:
-                    logger.error("sandbox error on case %d: %s", i, result.stderr[-300:])
-            if self.all_or_nothing:
-                break
+        results = self._results(program, [stdin.encode("utf-8") for stdin in inputs], uid)
+        try:
+            for i, (result, expected) in enumerate(zip(results, test_cases["outputs"])):
+                if result.status == OK and matches(result.stdout.decode("utf-8", "replace"), expected):
+                    passed += 1
+                    continue
+                if first_failure is None:
+                    what = "wrong answer" if result.status == OK else _FAILURE[result.status]
+                    first_failure, cause = f"{what} on case {i}", what
+                    if result.status == SANDBOX_ERROR:
+                        logger.error("sandbox error on case %d: %s", i, result.stderr[-300:])
+                if self.all_or_nothing:
+                    break
+        finally:
+            results.close()  # at the first failure of all_or_nothing: the sandbox goes with the cases not run
         n = len(inputs)
         correct = passed == n
         score = float(correct) if self.all_or_nothing else passed / n

@@ -56,7 +56,7 @@ def sandbox_processes(uids) -> list[str]:
             continue
         process_uids = {int(u) for u in fields["Uid"].split()}
         in_module_range = any(UID_BASE <= uid < UID_BASE + UID_SLOTS for uid in process_uids)
-        if process_uids & set(uids) or MARKER in cmdline or (in_module_range and "/code/main.py" in cmdline):
+        if process_uids & set(uids) or MARKER in cmdline or (in_module_range and "/code/" in cmdline):
             found.append(f"{entry} {cmdline}")
     return found
 
@@ -67,12 +67,15 @@ def scorer():
         yield s
 
 
-@pytest.fixture
-def score_hostile(scorer):
-    """Score one hostile response; check it failed, with a reason, and left no process behind."""
+@pytest.fixture(params=["the program as pid 1", "the harness's forked cases"])
+def score_hostile(scorer, request):
+    """Score one hostile response; check it failed, with a reason, and left no process behind. Run both ways a
+    program is run: alone in its sandbox (one case) and forked by the harness (the case given twice)."""
     uids = set(scorer._uids._fds)
+    copies = 1 if request.param == "the program as pid 1" else 2
 
     def run(code: str, test_cases: dict, reasons: tuple[str, ...]):
+        test_cases = {key: value * copies for key, value in test_cases.items()}
         start = time.monotonic()
         result = scorer.score(fenced(code), test_cases)
         elapsed = time.monotonic() - start
@@ -80,7 +83,7 @@ def score_hostile(scorer):
         assert result.format_ok and not result.correct
         assert result.reward == pytest.approx(FORMAT_REWARD)  # score 0
         assert result.reason.startswith(reasons), result.reason
-        assert elapsed < LIMITS.wall_time_s + 3
+        assert elapsed < copies * LIMITS.wall_time_s + 3
         assert sandbox_processes(uids) == []  # nothing left, checked at once (no grace period)
         return result
 

@@ -1,0 +1,271 @@
+"""The inside of one sandbox that runs one program on many test cases (rewards/code/sandbox.py ``run_cases``).
+
+This file is not imported by the project: compiled by the sandbox's own interpreter, it is bound read-only at
+``/code/harness.pyc`` beside the program (``/code/main.py``) and run as pid 1 of the sandbox's pid namespace
+(``python -I /code/harness.pyc WALL_S CPU_S MAX_STDOUT MAX_STDERR``). Standard library only, Python >= 3.9.
+
+Why: starting an interpreter costs about as much as a sandbox (~20 ms each here), and a task has several cases.
+The harness starts once per program and forks itself per case (no exec), so a case costs a fork.
+
+Each case is as a fresh ``python -I /code/main.py`` run would be, and nothing of one case reaches the next or
+the harness:
+- the child gets the case's stdin, stdout and stderr as fds 0-2 and no other descriptor (the harness's pipes to
+  the host are closed before any of the program's code runs), its own CPU limit (RLIMIT_CPU counts from the
+  fork), and the program compiled as ``__main__``; exit codes, uncaught exceptions, atexit and non-daemon
+  threads behave as the interpreter's own;
+- the harness is not dumpable: no process of the sandbox may open ``/proc/1/fd``, ``/proc/1/mem`` or trace it,
+  and as the namespace's init it receives no signal from inside that it has no handler for (it installs none);
+- when the case's process exits, or its wall-clock limit or output cap is hit, every other process of the
+  namespace is killed and reaped (``kill(-1)`` from init), and ``/tmp`` and ``/dev/shm`` are emptied, before the
+  next case's input is even read.
+
+Protocol. In (fd 0): per case, an 8-byte little-endian length, then that many bytes of stdin. Out (fd 1): per
+case, a header (``<BiQQd``: outcome, exit status, stdout bytes, stderr bytes, wall seconds) and the two byte
+strings. Outcome 0: the process exited (status = its exit code, or minus the signal that killed it); 1: wall
+time exceeded; 2: stdout over its cap (stdout is then cut at the cap). The harness stops at end of input.
+"""
+
+import _signal  # not ``signal``: its enums cost ~16 ms of start-up in a sandbox, ``selectors`` ~7 ms
+import atexit
+import ctypes
+import os
+import resource
+import select
+import struct
+import sys
+import time
+import types
+
+EXITED, WALL_TIME, OUTPUT_LIMIT = 0, 1, 2
+HEADER = struct.Struct("<BiQQd")
+LENGTH = struct.Struct("<Q")
+PR_SET_DUMPABLE = 4
+WIPED = ("/tmp", "/dev/shm")
+READ_CHUNK = 1 << 16
+
+
+def read_exactly(fd, n):
+    """``n`` bytes from ``fd`` (never more: the next case's input stays in the pipe), or None at end of input."""
+    parts, left = [], n
+    while left:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            return None
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+def write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def set_dumpable(value):
+    if LIBC.prctl(PR_SET_DUMPABLE, value, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE)")
+
+
+def kill_the_rest():
+    """Kill and reap every process of the namespace but this one (its init): a case's leftovers."""
+    while True:
+        try:
+            os.kill(-1, _signal.SIGKILL)  # from init: everything in the namespace except init itself
+        except ProcessLookupError:
+            pass
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
+def wipe(top):
+    """Empty a writable directory whatever the case left in it (unreadable or deep directories included)."""
+    stack = [(top, False)]
+    while stack:
+        path, emptied = stack.pop()
+        if emptied:
+            if path != top:
+                os.rmdir(path)
+            continue
+        stack.append((path, True))
+        for name in os.listdir(path):
+            child = os.path.join(path, name)
+            if os.path.isdir(child) and not os.path.islink(child):
+                os.chmod(child, 0o700)
+                stack.append((child, False))
+            else:
+                os.unlink(child)
+
+
+def run_child(code, compile_error, fds, cpu_s):
+    """In the forked child: become a fresh ``python -I /code/main.py`` on fds 0-2 and exit as it would."""
+    stdin_r, stdout_w, stderr_w = fds
+    os.dup2(stdin_r, 0)
+    os.dup2(stdout_w, 1)
+    os.dup2(stderr_w, 2)
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))  # soft = hard: SIGKILL at the limit
+    _signal.signal(_signal.SIGINT, _signal.default_int_handler)  # as a fresh interpreter has it
+    set_dumpable(1)  # its own /proc entries as usual; the harness stays closed
+    if compile_error is not None:
+        os.write(2, compile_error)
+        os._exit(1)
+    main = types.ModuleType("__main__")
+    main.__file__ = "/code/main.py"
+    main.__builtins__ = __builtins__
+    sys.modules["__main__"] = main
+    sys.argv = ["/code/main.py"]
+    status = 0
+    try:
+        exec(code, main.__dict__)
+    except SystemExit as stop:
+        status = exit_status_of(stop.code)
+    except BaseException:
+        kind, error, trace = sys.exc_info()
+        trace = trace.tb_next  # from the program's own frames, as the interpreter would print it
+        sys.excepthook(kind, error.with_traceback(trace), trace)
+        status = 1
+    status = finish(status)
+    os._exit(status)
+
+
+def exit_status_of(code):
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        sys.stderr.write(f"{code}\n")
+    except Exception:
+        pass
+    return 1
+
+
+def finish(status):
+    """What the interpreter does at exit: wait for non-daemon threads, run atexit, flush (120 if it fails)."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        try:
+            threading._shutdown()
+        except BaseException:
+            pass
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            if status == 0:
+                status = 120
+    return status
+
+
+def run_case(code, compile_error, data, wall_s, cpu_s, max_stdout, max_stderr):
+    stdin_r, stdin_w = os.pipe()
+    stdout_r, stdout_w = os.pipe()
+    stderr_r, stderr_w = os.pipe()
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            run_child(code, compile_error, (stdin_r, stdout_w, stderr_w), cpu_s)
+        finally:
+            os._exit(1)
+    for fd in (stdin_r, stdout_w, stderr_w):
+        os.close(fd)
+    process = os.pidfd_open(pid)
+    out, err = bytearray(), bytearray()
+    outcome, status, exited = EXITED, 0, False
+    pending = memoryview(data)
+    poll = select.poll()
+    reading = {stdout_r, stderr_r}
+    try:
+        for fd in (stdin_w, stdout_r, stderr_r):
+            os.set_blocking(fd, False)
+        for fd in (stdout_r, stderr_r, process):
+            poll.register(fd, select.POLLIN)
+        if pending:
+            poll.register(stdin_w, select.POLLOUT)
+        else:
+            os.close(stdin_w)
+            stdin_w = None
+        deadline = start + wall_s
+        while not exited or reading:
+            timeout = None if exited else deadline - time.monotonic()
+            if timeout is not None and timeout <= 0:
+                outcome = WALL_TIME
+                break
+            for fd, _ in poll.poll(None if timeout is None else int(timeout * 1000) + 1):
+                if fd == process:
+                    poll.unregister(process)
+                    status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+                    exited = True
+                    kill_the_rest()  # whatever it started dies with it, as with a namespace's pid 1
+                elif fd == stdin_w:
+                    try:
+                        pending = pending[os.write(stdin_w, pending[:READ_CHUNK]):]
+                    except BlockingIOError:
+                        continue
+                    except BrokenPipeError:  # it stopped reading
+                        pending = pending[:0]
+                    if not pending:
+                        poll.unregister(stdin_w)
+                        os.close(stdin_w)
+                        stdin_w = None
+                elif fd in reading:
+                    chunk = os.read(fd, READ_CHUNK)
+                    if not chunk:
+                        poll.unregister(fd)
+                        reading.discard(fd)
+                    elif fd == stdout_r:
+                        out += chunk
+                        if len(out) > max_stdout:
+                            outcome = OUTPUT_LIMIT
+                            del out[max_stdout:]
+                            break
+                    elif len(err) < max_stderr:
+                        err += chunk[: max_stderr - len(err)]
+            if outcome != EXITED:
+                break
+    finally:
+        kill_the_rest()
+        for fd in (stdin_w, stdout_r, stderr_r, process):
+            if fd is not None:
+                os.close(fd)
+    return outcome, status, bytes(out), bytes(err), time.monotonic() - start
+
+
+def main():
+    wall_s, cpu_s, max_stdout, max_stderr = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    set_dumpable(0)
+    _signal.signal(_signal.SIGINT, _signal.SIG_DFL)  # no handler: signals from inside the namespace are dropped
+    with open("/code/main.py", "rb") as handle:
+        source = handle.read()
+    code, compile_error = None, None
+    try:
+        code = compile(source, "/code/main.py", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as error:  # reported by each case, as the interpreter would
+        import traceback
+
+        compile_error = "".join(traceback.format_exception_only(type(error), error)).encode("utf-8", "replace")
+    modes = {top: os.stat(top).st_mode & 0o7777 for top in WIPED}
+    while True:
+        length = read_exactly(0, LENGTH.size)
+        if length is None:
+            return
+        data = read_exactly(0, LENGTH.unpack(length)[0])
+        if data is None:
+            return
+        outcome, status, out, err, wall = run_case(code, compile_error, data, wall_s, cpu_s, max_stdout, max_stderr)
+        for top, mode in modes.items():  # a reset that fails ends the harness: the host fails the rest
+            os.chmod(top, mode)
+            wipe(top)
+        write_all(1, HEADER.pack(outcome, status, len(out), len(err), wall) + out + err)
+
+
+if __name__ == "__main__":
+    main()
