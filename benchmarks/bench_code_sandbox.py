@@ -1,10 +1,10 @@
 """Cost of the code-reward sandbox.
 
-1. One test-case run of the same program: bare ``subprocess.run`` vs the sandbox (prlimit + bwrap + uid
-   switch + supervision), side by side, with the extra milliseconds and the ratio.
-2. Ways to run one candidate's K cases: a fresh sandbox per case (``run_program``, what the scorer does for a
-   single case) vs one sandbox per candidate that starts a process per case inside it vs the harness that
-   forks itself per case (``run_cases``, what the scorer does for two cases or more).
+1. One test-case run of the same program: bare ``subprocess.run`` vs a fresh sandbox (prlimit + bwrap + uid
+   switch + the harness + supervision), side by side, with the extra milliseconds and the ratio.
+2. Ways to run one candidate's K cases: a fresh sandbox per case vs one sandbox whose program starts an
+   interpreter per case vs one ``CaseRunner`` whose harness forks a process per case (what the scorer does,
+   keeping the sandbox for all the responses a worker scores).
 3. Throughput of CodeRewardScorer.score_batch on a group of generated tasks (candidates/s), 1 worker vs all.
 
 Run: ``python benchmarks/bench_code_sandbox.py [--runs 40] [--group 16]`` (needs root and bubblewrap).
@@ -25,13 +25,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from coati.dataset.code_task import generate_rows, reference_solution  # noqa: E402
 from rewards.code import CodeRewardScorer, SandboxLimits, check_sandbox_available  # noqa: E402
-from rewards.code.sandbox import DEFAULT_PYTHON, OK, run_cases, run_program  # noqa: E402
+from rewards.code.sandbox import DEFAULT_PYTHON, OK, CaseRunner  # noqa: E402
 from rewards.code.uids import UidPool  # noqa: E402
 
 PROGRAM = "a, b = map(int, input().split())\nprint(a + b)\n"
 STDIN = b"1234 5678\n"
 
-# One sandbox per candidate, a process per case inside it (run as the sandboxed program).
+# One sandbox per candidate, an interpreter started per case inside it (run as the sandboxed program).
 SUBPROCESS_HARNESS = """
 import json, subprocess, sys
 open('/tmp/main.py', 'w').write({program!r})
@@ -73,8 +73,12 @@ def main() -> None:
             done = subprocess.run([DEFAULT_PYTHON, "-I", path], input=STDIN, capture_output=True, timeout=10)
             assert done.stdout == b"6912\n"
 
+        def fresh(code: str, stdin: bytes):
+            with CaseRunner(limits, uid) as runner:
+                return runner.run(code, stdin)
+
         def sandboxed():
-            result = run_program(PROGRAM, STDIN, limits, uid)
+            result = fresh(PROGRAM, STDIN)
             assert result.status == OK and result.stdout == b"6912\n", result
 
         # 1. one run, interleaved so that load on the shared machine hits both alike
@@ -97,24 +101,25 @@ def main() -> None:
 
         def per_case():
             for x, want in zip(inputs, expected):
-                assert run_program(PROGRAM, x.encode(), limits, uid).stdout.decode() == want
+                assert fresh(PROGRAM, x.encode()).stdout.decode() == want
 
         def harness():
-            results = list(run_cases(PROGRAM, [x.encode() for x in inputs], limits, uid))
-            assert [r.stdout.decode() for r in results] == expected, results
+            with CaseRunner(limits, uid) as runner:
+                for x, want in zip(inputs, expected):
+                    assert runner.run(PROGRAM, x.encode()).stdout.decode() == want
 
         def in_sandbox(harness):
             def go():
-                result = run_program(harness.format(program=PROGRAM), json.dumps(inputs).encode(), limits, uid)
+                result = fresh(harness.format(program=PROGRAM), json.dumps(inputs).encode())
                 assert result.status == OK and json.loads(result.stdout) == expected, result
 
             return go
 
         print(f"\n2. one candidate with {args.cases} cases ({runs} candidates each), per case:")
         for name, fn in [
-            ("sandbox per case (run_program)", per_case),
-            ("1 sandbox, process per case", in_sandbox(SUBPROCESS_HARNESS)),
-            ("1 sandbox, fork per case (run_cases)", harness),
+            ("a fresh sandbox per case", per_case),
+            ("1 sandbox, an interpreter per case", in_sandbox(SUBPROCESS_HARNESS)),
+            ("1 CaseRunner, a fork per case (used)", harness),
         ]:
             times = [t / args.cases for t in timed(fn, runs)]
             print(f"   {name:36s}: {describe(times)}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coati.rollout.tools import ToolResult
-from rewards.code.sandbox import OK, TIMEOUT, SandboxLimits, check_sandbox_available, run_program
+from rewards.code.sandbox import OK, TIMEOUT, CaseRunner, SandboxLimits, check_sandbox_available
 from rewards.code.uids import UidPool
 
 
@@ -38,7 +38,8 @@ def make_python_tool(options: PythonToolOptions = PythonToolOptions(), interpret
         """
         uid = pool.acquire()
         try:
-            result = run_program(code, b"", limits, uid, interpreter)
+            with CaseRunner(limits, uid, interpreter) as runner:
+                result = runner.run(code, b"")
         finally:
             pool.release(uid)
         return _observation(result, options.max_output_chars)

@@ -94,7 +94,8 @@ if _pid == 0:
 else:
     os.close(_write_end)
     _report, _status = _collect(_pid, _read_end)
-    if os.WIFSIGNALED(_status):
+    if os.WIFSIGNALED(_status):  # die of it too, so the sandbox reports the CPU limit's SIGKILL as a timeout
+        os.kill(os.getpid(), os.WTERMSIG(_status))
         os._exit(128 + os.WTERMSIG(_status))
     if os.waitstatus_to_exitcode(_status) != 0:
         os._exit(os.waitstatus_to_exitcode(_status))

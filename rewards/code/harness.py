@@ -1,28 +1,32 @@
-"""The inside of one sandbox that runs one program on many test cases (rewards/code/sandbox.py ``run_cases``).
+"""The inside of a code sandbox (rewards/code/sandbox.py ``CaseRunner``): runs (program, stdin) cases one after
+another, a fresh process each.
 
 This file is not imported by the project: compiled by the sandbox's own interpreter, it is bound read-only at
-``/code/harness.pyc`` beside the program (``/code/main.py``) and run as pid 1 of the sandbox's pid namespace
-(``python -I /code/harness.pyc WALL_S CPU_S MAX_STDOUT MAX_STDERR``). Standard library only, Python >= 3.9.
+``/code/harness.pyc`` and run as pid 1 of the sandbox's pid namespace (``python -I /code/harness.pyc WALL_S CPU_S
+MAX_STDOUT MAX_STDERR``). Standard library only, Python >= 3.9.
 
-Why: starting an interpreter costs about as much as a sandbox (~20 ms each here), and a task has several cases.
-The harness starts once per program and forks itself per case (no exec), so a case costs a fork.
+Why: starting an interpreter costs about as much as a sandbox (~20-30 ms each here), and a batch of responses
+has many programs and cases. The harness starts once per batch and forks itself per case (no exec).
 
-Each case is as a fresh ``python -I /code/main.py`` run would be, and nothing of one case reaches the next or
-the harness:
-- the child gets the case's stdin, stdout and stderr as fds 0-2 and no other descriptor (the harness's pipes to
-  the host are closed before any of the program's code runs), its own CPU limit (RLIMIT_CPU counts from the
-  fork), and the program compiled as ``__main__``; exit codes, uncaught exceptions, atexit and non-daemon
-  threads behave as the interpreter's own;
+Each case runs as a fresh ``python -I`` run of its program would, and nothing of one case reaches another case,
+the harness or the host:
+- the harness never reads a program or an input: the forked child reads its own case from fd 0 (exact lengths,
+  so the next case stays in the pipe), so no case's memory holds another's code or input;
+- before any of the program's code runs, the child has the case's stdin (a memfd holding it), stdout and stderr
+  as fds 0-2 and no other descriptor (the pipes to the host are closed), its own CPU limit (RLIMIT_CPU counts
+  from the fork), and the program compiled as ``__main__`` of ``/code/main.py``; exit codes, uncaught
+  exceptions, atexit and non-daemon threads behave as the interpreter's own;
 - the harness is not dumpable: no process of the sandbox may open ``/proc/1/fd``, ``/proc/1/mem`` or trace it,
   and as the namespace's init it receives no signal from inside that it has no handler for (it installs none);
 - when the case's process exits, or its wall-clock limit or output cap is hit, every other process of the
-  namespace is killed and reaped (``kill(-1)`` from init), and ``/tmp`` and ``/dev/shm`` are emptied, before the
-  next case's input is even read.
+  namespace is killed and reaped (``kill(-1)`` from init), and ``/tmp`` and ``/dev/shm`` are emptied and their
+  modes restored, before the next case is read.
 
-Protocol. In (fd 0): per case, an 8-byte little-endian length, then that many bytes of stdin. Out (fd 1): per
-case, a header (``<BiQQd``: outcome, exit status, stdout bytes, stderr bytes, wall seconds) and the two byte
-strings. Outcome 0: the process exited (status = its exit code, or minus the signal that killed it); 1: wall
-time exceeded; 2: stdout over its cap (stdout is then cut at the cap). The harness stops at end of input.
+Protocol. In (fd 0), per case: an 8-byte little-endian length and the program's source, then the same for its
+stdin. Out (fd 1), per case: a header (``<BiQQd``: outcome, exit status, stdout bytes, stderr bytes, wall
+seconds) and the two byte strings. Outcome 0: the process exited (status = its exit code, or minus the signal
+that killed it); 1: wall time exceeded; 2: stdout over its cap (stdout is then cut at the cap). The harness
+exits at the end of its input.
 """
 
 import _signal  # not ``signal``: its enums cost ~16 ms of start-up in a sandbox, ``selectors`` ~7 ms
@@ -45,7 +49,7 @@ READ_CHUNK = 1 << 16
 
 
 def read_exactly(fd, n):
-    """``n`` bytes from ``fd`` (never more: the next case's input stays in the pipe), or None at end of input."""
+    """``n`` bytes from ``fd`` (never more: the next case stays in the pipe), or None at the end of the input."""
     parts, left = [], n
     while left:
         chunk = os.read(fd, min(left, 1 << 20))
@@ -54,6 +58,11 @@ def read_exactly(fd, n):
         parts.append(chunk)
         left -= len(chunk)
     return b"".join(parts)
+
+
+def read_frame(fd):
+    length = read_exactly(fd, LENGTH.size)
+    return None if length is None else read_exactly(fd, LENGTH.unpack(length)[0])
 
 
 def write_all(fd, data):
@@ -102,18 +111,33 @@ def wipe(top):
                 os.unlink(child)
 
 
-def run_child(code, compile_error, fds, cpu_s):
-    """In the forked child: become a fresh ``python -I /code/main.py`` on fds 0-2 and exit as it would."""
-    stdin_r, stdout_w, stderr_w = fds
-    os.dup2(stdin_r, 0)
+def run_child(ready_w, stdout_w, stderr_w, cpu_s):
+    """In the forked child: read this case from fd 0, tell the harness it did (b"R", or b"E" at the end of the
+    input), then become a fresh ``python -I /code/main.py`` on fds 0-2 and exit as it would."""
+    source = read_frame(0)
+    data = read_frame(0) if source is not None else None
+    if data is None:
+        os.write(ready_w, b"E")
+        os._exit(0)
+    stdin = os.memfd_create("stdin")
+    write_all(stdin, data)
+    os.lseek(stdin, 0, os.SEEK_SET)
+    del data
+    os.dup2(stdin, 0)
     os.dup2(stdout_w, 1)
     os.dup2(stderr_w, 2)
-    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+    os.write(ready_w, b"R")
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the host's pipes, the harness's own descriptors
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))  # soft = hard: SIGKILL at the limit
     _signal.signal(_signal.SIGINT, _signal.default_int_handler)  # as a fresh interpreter has it
     set_dumpable(1)  # its own /proc entries as usual; the harness stays closed
-    if compile_error is not None:
-        os.write(2, compile_error)
+    try:
+        code = compile(source, "/code/main.py", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as error:  # as the interpreter reports a program that does not compile
+        import traceback
+
+        sys.stderr.write("".join(traceback.format_exception_only(type(error), error)))
+        sys.stderr.flush()
         os._exit(1)
     main = types.ModuleType("__main__")
     main.__file__ = "/code/main.py"
@@ -128,7 +152,16 @@ def run_child(code, compile_error, fds, cpu_s):
     except BaseException:
         kind, error, trace = sys.exc_info()
         trace = trace.tb_next  # from the program's own frames, as the interpreter would print it
-        sys.excepthook(kind, error.with_traceback(trace), trace)
+        error = error.with_traceback(trace)
+        if sys.excepthook is sys.__excepthook__:  # with its source lines: /code/main.py is no file here
+            import linecache
+            import traceback
+
+            text = source.decode("utf-8", "replace")
+            linecache.cache["/code/main.py"] = (len(text), None, text.splitlines(True), "/code/main.py")
+            traceback.print_exception(kind, error, trace)
+        else:
+            sys.excepthook(kind, error, trace)
         status = 1
     status = finish(status)
     os._exit(status)
@@ -164,35 +197,40 @@ def finish(status):
     return status
 
 
-def run_case(code, compile_error, data, wall_s, cpu_s, max_stdout, max_stderr):
-    stdin_r, stdin_w = os.pipe()
+def run_case(wall_s, cpu_s, max_stdout, max_stderr):
+    """Fork a child for the next case and supervise it; None at the end of the input, else (outcome, status,
+    stdout, stderr, wall seconds)."""
+    ready_r, ready_w = os.pipe()
     stdout_r, stdout_w = os.pipe()
     stderr_r, stderr_w = os.pipe()
-    start = time.monotonic()
     pid = os.fork()
     if pid == 0:
         try:
-            run_child(code, compile_error, (stdin_r, stdout_w, stderr_w), cpu_s)
+            run_child(ready_w, stdout_w, stderr_w, cpu_s)
         finally:
             os._exit(1)
-    for fd in (stdin_r, stdout_w, stderr_w):
+    for fd in (ready_w, stdout_w, stderr_w):
         os.close(fd)
+    ready = os.read(ready_r, 1)  # the case is read: its clock starts
+    os.close(ready_r)
+    start = time.monotonic()
+    if ready != b"R":
+        os.waitpid(pid, 0)
+        os.close(stdout_r)
+        os.close(stderr_r)
+        if ready == b"E":
+            return None
+        raise RuntimeError("a case's process failed before its program started")
     process = os.pidfd_open(pid)
     out, err = bytearray(), bytearray()
     outcome, status, exited = EXITED, 0, False
-    pending = memoryview(data)
     poll = select.poll()
     reading = {stdout_r, stderr_r}
     try:
-        for fd in (stdin_w, stdout_r, stderr_r):
+        for fd in (stdout_r, stderr_r):
             os.set_blocking(fd, False)
         for fd in (stdout_r, stderr_r, process):
             poll.register(fd, select.POLLIN)
-        if pending:
-            poll.register(stdin_w, select.POLLOUT)
-        else:
-            os.close(stdin_w)
-            stdin_w = None
         deadline = start + wall_s
         while not exited or reading:
             timeout = None if exited else deadline - time.monotonic()
@@ -205,17 +243,6 @@ def run_case(code, compile_error, data, wall_s, cpu_s, max_stdout, max_stderr):
                     status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
                     exited = True
                     kill_the_rest()  # whatever it started dies with it, as with a namespace's pid 1
-                elif fd == stdin_w:
-                    try:
-                        pending = pending[os.write(stdin_w, pending[:READ_CHUNK]):]
-                    except BlockingIOError:
-                        continue
-                    except BrokenPipeError:  # it stopped reading
-                        pending = pending[:0]
-                    if not pending:
-                        poll.unregister(stdin_w)
-                        os.close(stdin_w)
-                        stdin_w = None
                 elif fd in reading:
                     chunk = os.read(fd, READ_CHUNK)
                     if not chunk:
@@ -233,9 +260,8 @@ def run_case(code, compile_error, data, wall_s, cpu_s, max_stdout, max_stderr):
                 break
     finally:
         kill_the_rest()
-        for fd in (stdin_w, stdout_r, stderr_r, process):
-            if fd is not None:
-                os.close(fd)
+        for fd in (stdout_r, stderr_r, process):
+            os.close(fd)
     return outcome, status, bytes(out), bytes(err), time.monotonic() - start
 
 
@@ -243,25 +269,13 @@ def main():
     wall_s, cpu_s, max_stdout, max_stderr = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     set_dumpable(0)
     _signal.signal(_signal.SIGINT, _signal.SIG_DFL)  # no handler: signals from inside the namespace are dropped
-    with open("/code/main.py", "rb") as handle:
-        source = handle.read()
-    code, compile_error = None, None
-    try:
-        code = compile(source, "/code/main.py", "exec", dont_inherit=True)
-    except (SyntaxError, ValueError) as error:  # reported by each case, as the interpreter would
-        import traceback
-
-        compile_error = "".join(traceback.format_exception_only(type(error), error)).encode("utf-8", "replace")
     modes = {top: os.stat(top).st_mode & 0o7777 for top in WIPED}
     while True:
-        length = read_exactly(0, LENGTH.size)
-        if length is None:
+        result = run_case(wall_s, cpu_s, max_stdout, max_stderr)
+        if result is None:
             return
-        data = read_exactly(0, LENGTH.unpack(length)[0])
-        if data is None:
-            return
-        outcome, status, out, err, wall = run_case(code, compile_error, data, wall_s, cpu_s, max_stdout, max_stderr)
-        for top, mode in modes.items():  # a reset that fails ends the harness: the host fails the rest
+        outcome, status, out, err, wall = result
+        for top, mode in modes.items():  # a reset that fails ends the harness: the host fails what is left
             os.chmod(top, mode)
             wipe(top)
         write_all(1, HEADER.pack(outcome, status, len(out), len(err), wall) + out + err)

@@ -1,29 +1,31 @@
-"""Run one untrusted Python program on one stdin inside a bubblewrap sandbox.
+"""Run untrusted Python programs on their stdin inside a bubblewrap sandbox.
 
-Layers, outermost first (each run is a fresh copy of all of them):
+Layers, outermost first (a :class:`CaseRunner` holds one sandbox; a fresh process each case runs in):
 
 1. ``subprocess`` starts the chain in a new session (``setsid``) as a dedicated unprivileged uid/gid with no
    supplementary groups (the switch happens in C inside ``_posixsubprocess``, so it is safe from threads).
    Every worker slot has its own uid (``uid_base + k``, claimed with a lock file so two scorers on one host
    never share one): RLIMIT_NPROC counts processes per uid, and does nothing for root.
-2. ``prlimit`` (util-linux) lowers the rlimits and execs bwrap: CPU seconds (soft = hard: SIGKILL when
-   reached), address space, file size, number of processes, open files, no core files. The limits are
-   inherited by everything the program starts.
+2. ``prlimit`` (util-linux) lowers the rlimits and execs bwrap: address space, file size, number of processes,
+   open files, no core files, inherited by everything inside. CPU seconds are set per case (below).
 3. ``bwrap --unshare-all --unshare-user --disable-userns --die-with-parent --new-session --as-pid-1``: new
    user, pid, net (loopback only, no route out), ipc, uts and cgroup namespaces; a root made of an empty
    tmpfs that is remounted read-only once built; ``/usr`` bound read-only, with ``/bin``, ``/sbin`` and
-   ``/lib*`` as on the host (symlinks into ``/usr`` on merged-usr systems, else read-only binds), plus the interpreter's prefix when it lives outside ``/usr``; a
-   private ``/proc`` of the new pid namespace; a minimal read-only ``/dev`` with a small ``/dev/shm``; a
-   private, size-capped tmpfs as ``/tmp`` and cwd; the program itself bound read-only at
-   ``/code/main.py``; an empty environment apart from PATH, HOME and a UTF-8 locale. Nothing of ``/root``,
-   ``/home``, ``/etc`` or the project is visible. The program is pid 1 of its pid namespace: when it exits
-   the kernel kills and reaps every process left in the namespace (daemons, double forks, orphans) before
-   the outer bwrap sees it exit, so nothing outlives a run and no zombie is left for the host's init
-   (see :class:`_Run` for why bwrap's own reaper is not used).
-4. The parent enforces a wall-clock deadline (SIGKILL to the program through a pidfd, which takes the whole
-   namespace down), caps what it keeps of stdout (over the cap -> killed, "output limit exceeded") and
-   stderr (the rest is read and dropped), feeds stdin without blocking, and after any kill sweeps ``/proc``
-   for processes of the slot's uid until none is left.
+   ``/lib*`` as on the host (symlinks into ``/usr`` on merged-usr systems, else read-only binds), plus the
+   interpreter's prefix when it lives outside ``/usr``; a private ``/proc`` of the new pid namespace; a minimal
+   read-only ``/dev`` with a small ``/dev/shm``; a private, size-capped tmpfs as ``/tmp`` and cwd; the harness
+   bound read-only at ``/code/harness.pyc``; an empty environment apart from PATH, HOME and a UTF-8 locale.
+   Nothing of ``/root``, ``/home``, ``/etc`` or the project is visible.
+4. The harness (rewards/code/harness.py) is pid 1 of the namespace, not dumpable, and never reads a program or
+   an input: per case it forks a child that reads its own program and stdin, sets the case's CPU limit (soft =
+   hard: SIGKILL when reached) and runs the program as ``python -I /code/main.py`` would. It enforces the
+   case's wall-clock limit and output caps, then kills every other process of the namespace (daemons, double
+   forks, orphans) and empties ``/tmp`` and ``/dev/shm`` before the next case. When the harness exits, the
+   kernel kills whatever is left in the namespace before the outer bwrap sees it exit, so nothing outlives a
+   sandbox and no zombie is left for the host's init (see :class:`_Run`).
+5. The host bounds each case again (its wall limit plus slack: a harness that missed it is killed, and with it
+   the whole namespace, through a pidfd), never trusts output that breaks the harness's framing, and after any
+   kill sweeps ``/proc`` for processes of the slot's uid until none is left.
 
 Interpreter: ``/usr/bin/python3`` by default (a plain system Python, no access to the project's venv). A
 different one may be given; when its real path is outside ``/usr`` its prefix directory is bound read-only
@@ -47,7 +49,6 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from rewards.code.uids import (KILL_WAIT_S, DEFAULT_UID_BASE, SandboxUnavailable, UidPool, kill_uid_processes,
@@ -55,14 +56,16 @@ from rewards.code.uids import (KILL_WAIT_S, DEFAULT_UID_BASE, SandboxUnavailable
 
 
 DEFAULT_PYTHON = "/usr/bin/python3"
-_CODE_PATH = "/code/main.py"
 _HARNESS_PATH = "/code/harness.pyc"
 _HARNESS_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness.py")
-# rewards/code/harness.py's framing: in, a length before each case's stdin; out, a header before each result
+# rewards/code/harness.py's framing: in, a length before each case's program and stdin; out, a header before
+# each result
 _LENGTH = struct.Struct("<Q")
 _RESULT = struct.Struct("<BiQQd")
 _EXITED, _WALL_TIME, _OUTPUT_LIMIT = 0, 1, 2
-_CASE_SLACK_S, _START_SLACK_S = 0.5, 5.0  # the host's own bound on a harness: each case's wall limit plus these
+# The host's own bound on a case, beyond its wall-clock limit (which the harness enforces): slack, a sandbox's
+# start when the case starts one, and its frame's transfer at a rate no machine is slower than.
+_CASE_SLACK_S, _START_SLACK_S, _FEED_BYTES_PER_S = 1.0, 5.0, 20e6
 _TOP_LEVEL_SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _READ_CHUNK = 1 << 16
 
@@ -75,10 +78,10 @@ class SandboxLimits:
     capped by ``max_processes``. 1 GiB is enough for plain Python; raise it for programs that import numpy.
     """
 
-    cpu_time_s: int = 2  # RLIMIT_CPU, soft = hard: SIGKILL when reached (per process)
+    cpu_time_s: int = 2  # RLIMIT_CPU of a case's process (and each it starts), soft = hard: SIGKILL when reached
     wall_time_s: float = 4.0  # killed after this long however it spends its time (sleep, blocked reads)
     address_space_bytes: int = 1 << 30  # RLIMIT_AS per process
-    max_processes: int = 16  # RLIMIT_NPROC for the sandbox uid (threads count), the outer bwrap included
+    max_processes: int = 16  # RLIMIT_NPROC for the sandbox uid (threads count), the outer bwrap and harness included
     max_open_files: int = 64  # RLIMIT_NOFILE
     max_file_bytes: int = 16 << 20  # RLIMIT_FSIZE: largest file the program may write (in its tmpfs)
     tmpfs_bytes: int = 32 << 20  # size of the private /tmp (and, separately, of /dev/shm)
@@ -91,14 +94,15 @@ class SandboxLimits:
         if self.wall_time_s <= 0:
             raise ValueError("wall_time_s must be positive")
         if self.max_processes < 4:
-            raise ValueError("max_processes must be at least 4 (bwrap and the program take two)")
+            raise ValueError("max_processes must be at least 4 (bwrap, the harness and a case take three)")
         for name in ("address_space_bytes", "max_open_files", "max_file_bytes", "tmpfs_bytes",
                      "max_output_bytes", "max_stderr_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
 
 
-# Outcome of one run. "sandbox_error" is bwrap failing to build the sandbox (reported, never trusted).
+# Outcome of one run. "sandbox_error": the sandbox failed (bwrap could not build it, or its harness died); no
+# verdict on the program, which a caller may run again (a new sandbox starts).
 OK, RUNTIME_ERROR, TIMEOUT, OUTPUT_LIMIT = "ok", "runtime_error", "timeout", "output_limit"
 SANDBOX_ERROR = "sandbox_error"
 
@@ -108,7 +112,7 @@ class RunResult:
     status: str  # one of OK, RUNTIME_ERROR, TIMEOUT, OUTPUT_LIMIT, SANDBOX_ERROR
     stdout: bytes
     stderr: bytes  # at most max_stderr_bytes
-    returncode: int | None  # None when the parent killed it
+    returncode: int | None  # its exit code, or minus the signal that killed it; None when killed for a limit
     wall_s: float
 
 
@@ -150,12 +154,11 @@ def check_sandbox_available(python: str = DEFAULT_PYTHON) -> None:
             uid = pool.acquire()
             try:
                 program = "print(sum(map(int, input().split())))"
-                # both ways in: the program as the sandbox's pid 1, and cases forked by the harness
-                results = [run_program(program, b"2 3\n", SandboxLimits(), uid, python),
-                           *run_cases(program, [b"2 3\n", b"4 5\n"], SandboxLimits(), uid, python)]
+                with CaseRunner(SandboxLimits(), uid, python) as runner:  # two cases: the harness goes on
+                    results = [runner.run(program, b"2 3\n"), runner.run(program, b"4 5\n")]
             finally:
                 pool.release(uid)
-        for result, expected in zip(results, (b"5\n", b"5\n", b"9\n")):
+        for result, expected in zip(results, (b"5\n", b"9\n")):
             if result.status != OK or result.stdout != expected:
                 detail = result.stderr.decode("utf-8", "replace").strip()[-500:]
                 raise SandboxUnavailable(f"the sandbox does not run programs here ({result.status}): {detail}")
@@ -189,16 +192,12 @@ def _python_binds(python: str) -> list[str]:
     return ["--ro-bind", prefix, prefix]
 
 
-def _command(prlimit: str, bwrap: str, limits: SandboxLimits, python: str, info_fd: int, cpu_s: int,
-             files: Sequence[tuple[int, str]], argv: Sequence[str]) -> list[str]:
-    """prlimit + bwrap + ``python -I argv``, with each (fd, path) of ``files`` bound read-only."""
+def _command(prlimit: str, bwrap: str, limits: SandboxLimits, python: str, info_fd: int, harness_fd: int) -> list[str]:
     def both(n: int) -> str:
         return f"{n}:{n}"
 
-    binds = [arg for fd, path in files for arg in ("--ro-bind-data", str(fd), path)]
     return [
-        prlimit,
-        f"--cpu={both(cpu_s)}",  # soft = hard: as pid 1 the program ignores SIGXCPU
+        prlimit,  # no CPU limit for the chain: the harness lives for a batch; each case sets its own
         f"--as={both(limits.address_space_bytes)}",
         f"--nproc={both(limits.max_processes)}",
         f"--nofile={both(limits.max_open_files)}",
@@ -219,73 +218,16 @@ def _command(prlimit: str, bwrap: str, limits: SandboxLimits, python: str, info_
         "--size", str(limits.tmpfs_bytes), "--tmpfs", "/dev/shm",
         "--remount-ro", "/dev",
         "--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp",
-        *binds,
+        "--ro-bind-data", str(harness_fd), _HARNESS_PATH,
         "--remount-ro", "/",
         "--chdir", "/tmp",
-        python, "-I", *argv,
+        python, "-I", _HARNESS_PATH, repr(limits.wall_time_s), str(limits.cpu_time_s),
+        str(limits.max_output_bytes), str(limits.max_stderr_bytes),
     ]  # fmt: skip
 
 
-def _memfd(name: str, content: str | bytes) -> int:
-    fd = os.memfd_create(name, os.MFD_CLOEXEC)
-    data = memoryview(content if isinstance(content, bytes) else content.encode("utf-8", "surrogatepass"))
-    while data:
-        data = data[os.write(fd, data) :]
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
-
-
-def _start(files: Sequence[tuple[str | bytes, str]], argv: Sequence[str], cpu_s: int, limits: SandboxLimits, uid: int,
-           python: str) -> _Run:
-    """A sandbox running ``python -I argv`` as ``uid``, each (content, path) of ``files`` bound read-only."""
-    bwrap, prlimit = _require_tools()
-    fds = [(_memfd(os.path.basename(path), content), path) for content, path in files]
-    info_r, info_w = os.pipe2(os.O_CLOEXEC)
-    try:
-        proc = subprocess.Popen(
-            _command(prlimit, bwrap, limits, python, info_w, cpu_s, fds, argv),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            pass_fds=(*(fd for fd, _ in fds), info_w),
-            start_new_session=True,
-            user=uid,
-            group=uid,
-            extra_groups=[],
-            env={},
-            cwd="/",
-        )
-    except BaseException:
-        os.close(info_r)
-        raise
-    finally:
-        for fd, _ in fds:
-            os.close(fd)
-        os.close(info_w)
-    return _Run(proc, uid, info_r)
-
-
-def run_program(
-    code: str, stdin: bytes, limits: SandboxLimits, uid: int, python: str = DEFAULT_PYTHON
-) -> RunResult:
-    """Run ``code`` with ``stdin`` in a fresh sandbox as ``uid`` (which nothing else may be using), the program
-    itself pid 1 of the sandbox.
-
-    On return no process of the sandbox is left.
-    """
-    start = time.monotonic()
-    run = _start([(code, _CODE_PATH)], [_CODE_PATH], limits.cpu_time_s, limits, uid, python)
-    try:
-        return run.supervise(stdin, limits, start)
-    except BaseException:
-        run.kill()
-        raise
-    finally:
-        run.close()
-
-
 # The sandbox's interpreter compiles the harness once, here, outside any sandbox (it runs no untrusted code):
-# within each sandbox it would compile it again (~15 ms, a read-only /code keeps no .pyc).
+# within each sandbox it would compile it again (~15 ms: a read-only /code keeps no .pyc).
 _COMPILE_PYC = (
     "import importlib.util, marshal, sys\n"
     "code = compile(sys.stdin.buffer.read(), sys.argv[1], 'exec', dont_inherit=True)\n"
@@ -306,58 +248,101 @@ def _harness_pyc(python: str) -> bytes:
     return done.stdout
 
 
-def run_cases(code: str, stdins: Sequence[bytes], limits: SandboxLimits, uid: int,
-              python: str = DEFAULT_PYTHON) -> Iterator[RunResult]:
-    """Run ``code`` on each of ``stdins`` in one sandbox as ``uid`` (which nothing else may be using): the results,
-    in order, each as soon as its case ends.
-
-    Inside, rewards/code/harness.py forks one fresh process a case, with the limits of ``limits`` each, and
-    kills whatever a case left (processes, files in /tmp) before the next starts, so a case runs as
-    :func:`run_program` would run it, for the cost of a fork rather than of a sandbox and an interpreter. Two
-    differences a program could notice: it is not pid 1, so a signal it sends itself kills it; and every case
-    shares the interpreter's hash seed. Closing the iterator early kills the sandbox; once it is exhausted or
-    closed, no process of the sandbox is left.
-    """
-    stdins = list(stdins)
-    if not stdins:
-        return
-    start = time.monotonic()
-    argv = [_HARNESS_PATH, repr(limits.wall_time_s), str(limits.cpu_time_s), str(limits.max_output_bytes),
-            str(limits.max_stderr_bytes)]
-    # the harness's own CPU is a few milliseconds a case; each case lowers its own limit to cpu_time_s
-    cpu_s = limits.cpu_time_s + len(stdins)
-    run = _start([(code, _CODE_PATH), (_harness_pyc(python), _HARNESS_PATH)], argv, cpu_s, limits, uid, python)
-    deadline = start + len(stdins) * (limits.wall_time_s + _CASE_SLACK_S) + _START_SLACK_S
-    framed = b"".join(_LENGTH.pack(len(data)) + data for data in stdins)
-    frame_limit = _RESULT.size + limits.max_output_bytes + limits.max_stderr_bytes
-    err, pending, done, failed = bytearray(), bytearray(), 0, None
-    events = run.events(framed, deadline, err, limits.max_stderr_bytes)
+def _start(limits: SandboxLimits, uid: int, python: str) -> _Run:
+    """A sandbox as ``uid`` whose pid 1 is the harness, waiting for its first case."""
+    bwrap, prlimit = _require_tools()
+    harness = os.memfd_create("harness.pyc", os.MFD_CLOEXEC)
+    info_r, info_w = os.pipe2(os.O_CLOEXEC)
     try:
-        try:
-            for chunk in events:
-                pending += chunk
-                while done < len(stdins) and (result := _take_result(pending)) is not None:
-                    done += 1
-                    yield result
-                if len(pending) > frame_limit or (done == len(stdins) and pending):
-                    failed = SANDBOX_ERROR  # not the harness's framing: never trusted
-                    break
-        except _WallTime:
-            failed = TIMEOUT
-        if failed is None:
-            run.proc.wait()  # every pipe closed: it has exited
-            if done == len(stdins):
-                return
-            # bwrap could not build the sandbox, or the harness died (its traceback is in err)
-            failed = SANDBOX_ERROR
-        run.kill()
-        for _ in range(done, len(stdins)):
-            yield RunResult(failed, b"", bytes(err), None, time.monotonic() - start)
+        data = memoryview(_harness_pyc(python))
+        while data:
+            data = data[os.write(harness, data) :]
+        os.lseek(harness, 0, os.SEEK_SET)
+        proc = subprocess.Popen(
+            _command(prlimit, bwrap, limits, python, info_w, harness),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(harness, info_w),
+            start_new_session=True,
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            env={},
+            cwd="/",
+        )
+    except BaseException:
+        os.close(info_r)
+        raise
     finally:
-        events.close()
-        if run.proc.returncode is None:  # closed early, or an error on the way
+        os.close(harness)
+        os.close(info_w)
+    return _Run(proc, uid, info_r)
+
+
+class CaseRunner:
+    """A sandbox that runs (program, stdin) cases one after another, each in a fresh process that its harness
+    (rewards/code/harness.py, the sandbox's pid 1) forks, killing whatever a case left and emptying its /tmp
+    before the next: a case costs a fork, not a sandbox and an interpreter.
+
+    Open one for a stretch of work on one uid (which nothing else may be using), :meth:`run` any number of
+    cases, then :meth:`close` it (or use it as a context manager); once closed, no process of the sandbox is
+    left. The sandbox starts at the first run. When it fails (it could not start, its harness died, the host's
+    own deadline for a case passed), that run's result says so and the next run starts a new one.
+    """
+
+    def __init__(self, limits: SandboxLimits, uid: int, python: str = DEFAULT_PYTHON):
+        self.limits, self.uid, self.python = limits, uid, python
+        self._run: _Run | None = None
+        self._out = bytearray()  # the harness's output not yet parsed
+        self._err = bytearray()  # what the chain wrote to stderr (bwrap's or the harness's own failures)
+
+    def run(self, code: str, stdin: bytes) -> RunResult:
+        """``code`` run on ``stdin`` as ``python -I /code/main.py`` would run it, in this sandbox."""
+        start = time.monotonic()
+        bound = self.limits.wall_time_s + _CASE_SLACK_S
+        if self._run is None:
+            self._run = _start(self.limits, self.uid, self.python)
+            self._out.clear()
+            self._err.clear()
+            bound += _START_SLACK_S
+        source = code.encode("utf-8", "surrogatepass")
+        frame = _LENGTH.pack(len(source)) + source + _LENGTH.pack(len(stdin)) + stdin
+        bound += len(frame) / _FEED_BYTES_PER_S
+        try:
+            result = self._run.exchange(frame, start + bound, self._out, self._err, self.limits)
+        except _WallTime:
+            result = RunResult(TIMEOUT, b"", bytes(self._err), None, time.monotonic() - start)
+            self._reset()  # the harness itself missed the case's limit: a new sandbox for the next case
+        if result is None:  # its output ended or broke the framing: bwrap failed, or the harness died
+            result = RunResult(SANDBOX_ERROR, b"", bytes(self._err), None, time.monotonic() - start)
+            self._reset()
+        return result
+
+    def close(self) -> None:
+        """End the sandbox: its harness exits at the end of its input; killed if it does not at once."""
+        run, self._run = self._run, None
+        if run is None:
+            return
+        try:
+            run.proc.stdin.close()
+            run.proc.wait(timeout=KILL_WAIT_S)  # the harness exits, and its namespace with it
+        except (OSError, subprocess.TimeoutExpired):
             run.kill()
-        run.close()
+        finally:
+            run.close()
+
+    def _reset(self) -> None:
+        run, self._run = self._run, None
+        if run is not None:
+            run.kill()
+            run.close()
+
+    def __enter__(self) -> CaseRunner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _take_result(pending: bytearray) -> RunResult | None:
@@ -377,33 +362,36 @@ def _take_result(pending: bytearray) -> RunResult | None:
         return RunResult(OUTPUT_LIMIT, out, err, None, wall)
     if status == 0:
         return RunResult(OK, out, err, 0, wall)
-    # killed by the CPU limit (SIGKILL at the hard limit, SIGXCPU at the soft one, which are equal)
+    # the CPU limit: SIGKILL at the hard limit, SIGXCPU at the soft one (they are equal)
     if status in (-signal.SIGKILL, -signal.SIGXCPU):
         return RunResult(TIMEOUT, out, err, status, wall)
     return RunResult(RUNTIME_ERROR, out, err, status, wall)
 
 
 class _WallTime(Exception):
-    """The host's deadline for a sandbox passed."""
+    """The host's deadline for a case passed."""
 
 
 class _Run:
-    """One started sandbox: the outer bwrap (our child) and, once bwrap reports its pid, the program, which
-    is pid 1 of a new pid namespace (``--as-pid-1``). The outer bwrap waits for (and reaps) the program, and
-    the kernel kills and reaps every other process of a pid namespace before its pid 1 counts as exited: so
-    once the outer bwrap has exited, nothing of the sandbox is left, and nothing is left for init to reap.
+    """One started sandbox: the outer bwrap (our child) and, once bwrap reports its pid, the harness, which is
+    pid 1 of a new pid namespace (``--as-pid-1``). The outer bwrap waits for (and reaps) the harness, and the
+    kernel kills and reaps every other process of a pid namespace before its pid 1 counts as exited: so once
+    the outer bwrap has exited, nothing of the sandbox is left, and nothing is left for init to reap.
 
-    Why the program is pid 1 rather than a child of bwrap's reaper: the reaper's exit is not waited for by
-    the outer bwrap, so each run would leave a zombie for the host's init to reap, and zombies count against
-    RLIMIT_NPROC. As pid 1 the program ignores signals it has no handler for (SIGXCPU included), which is
-    why the CPU limit's soft and hard values are equal: SIGKILL at the limit.
+    Why the harness is pid 1 rather than a child of bwrap's reaper: the reaper's exit is not waited for by the
+    outer bwrap, so each sandbox would leave a zombie for the host's init to reap, and zombies count against
+    RLIMIT_NPROC; and as init it can kill every other process of the namespace with one ``kill(-1)`` and is
+    immune to the signals the cases send it.
     """
 
     def __init__(self, proc: subprocess.Popen, uid: int, info_fd: int):
         self.proc, self.uid, self.info_fd = proc, uid, info_fd
         self.info = bytearray()
         self.outer_fd = os.pidfd_open(proc.pid)
-        self.child_fd: int | None = None  # pidfd of the program, None until known (or if unusable)
+        self.child_fd: int | None = None  # pidfd of the harness, None until known (or if unusable)
+        for pipe in (proc.stdout, proc.stderr, proc.stdin):
+            os.set_blocking(pipe.fileno(), False)
+        self.open_fds = {proc.stdout.fileno(), proc.stderr.fileno(), info_fd, self.outer_fd}
 
     def _open_child(self) -> None:
         try:
@@ -420,81 +408,59 @@ class _Run:
             return
         self.child_fd = fd
 
-    def supervise(self, stdin: bytes, limits: SandboxLimits, start: float) -> RunResult:
-        out, err, killed_for = bytearray(), bytearray(), None
-        events = self.events(stdin, start + limits.wall_time_s, err, limits.max_stderr_bytes)
-        try:
-            for chunk in events:
-                out += chunk
-                if len(out) > limits.max_output_bytes:
-                    killed_for = OUTPUT_LIMIT
-                    break
-        except _WallTime:
-            killed_for = TIMEOUT
-        finally:
-            events.close()
-        wall = time.monotonic() - start
-        if killed_for:
-            self.kill()
-            return RunResult(killed_for, bytes(out[: limits.max_output_bytes]), bytes(err), None, wall)
-        returncode = self.proc.wait()  # it has exited already
-        return RunResult(_exit_status(returncode, err), bytes(out), bytes(err), returncode, wall)
-
-    def events(self, stdin: bytes, deadline: float, err: bytearray, max_stderr: int) -> Iterator[bytes]:
-        """Feed stdin and yield stdout as it comes, keeping up to ``max_stderr`` bytes of stderr in ``err``, until
-        every pipe is closed and the outer bwrap has exited; raises _WallTime at ``deadline``."""
+    def exchange(self, frame: bytes, deadline: float, out: bytearray, err: bytearray,
+                 limits: SandboxLimits) -> RunResult | None:
+        """Send one case's frame and read the harness's output into ``out`` until it holds one whole result:
+        that result; None when the output ends first or breaks the framing. Raises _WallTime at ``deadline``."""
         proc = self.proc
         out_fd, err_fd, in_fd = proc.stdout.fileno(), proc.stderr.fileno(), proc.stdin.fileno()
+        frame_limit = _RESULT.size + limits.max_output_bytes + limits.max_stderr_bytes
+        pending = memoryview(frame)
         sel = selectors.DefaultSelector()
         try:
-            for fd in (out_fd, err_fd, in_fd):
-                os.set_blocking(fd, False)
-            for fd in (out_fd, err_fd, self.info_fd, self.outer_fd):
+            for fd in self.open_fds:
                 sel.register(fd, selectors.EVENT_READ)
-            pending = memoryview(stdin)
-            if pending:
+            if not proc.stdin.closed:
                 sel.register(in_fd, selectors.EVENT_WRITE)
-            else:
-                proc.stdin.close()
-            while sel.get_map():
+            while True:
+                result = _take_result(out)
+                if result is not None:
+                    return result
+                if len(out) > frame_limit or out_fd not in self.open_fds:
+                    return None  # not the harness's framing (never trusted), or the harness is gone
                 timeout = deadline - time.monotonic()
                 if timeout <= 0:
                     raise _WallTime()
                 for key, _ in sel.select(timeout):
                     fd = key.fd
-                    if fd == self.outer_fd:
+                    if fd == in_fd:
+                        try:
+                            pending = pending[os.write(in_fd, pending[:_READ_CHUNK]) :]
+                        except BlockingIOError:
+                            continue
+                        except BrokenPipeError:  # the harness is gone: its output will end
+                            pending = pending[:0]
+                        if not pending:
+                            sel.unregister(in_fd)
+                    elif fd == self.outer_fd:
                         sel.unregister(fd)
-                    elif fd == in_fd:
-                        pending = self._feed(sel, in_fd, pending)
+                        self.open_fds.discard(fd)
                     else:
                         chunk = os.read(fd, _READ_CHUNK)
                         if not chunk:
                             sel.unregister(fd)
+                            self.open_fds.discard(fd)
                             if fd == self.info_fd:
                                 self._open_child()
                         elif fd == out_fd:
-                            yield chunk
+                            out += chunk
                         elif fd == err_fd:
-                            if len(err) < max_stderr:
-                                err += chunk[: max_stderr - len(err)]
+                            if len(err) < limits.max_stderr_bytes:
+                                err += chunk[: limits.max_stderr_bytes - len(err)]
                         else:
                             self.info += chunk
         finally:
             sel.close()
-
-    def _feed(self, sel, in_fd: int, pending: memoryview) -> memoryview:
-        """Write what the pipe takes now; close stdin once all is written or the program stopped reading."""
-        try:
-            written = os.write(in_fd, pending[:_READ_CHUNK])
-            pending = pending[written:]
-        except BlockingIOError:
-            return pending
-        except BrokenPipeError:  # it stopped reading: fine
-            pending = pending[:0]
-        if not pending:
-            sel.unregister(in_fd)
-            self.proc.stdin.close()
-        return pending
 
     def kill(self) -> None:
         """Kill the whole sandbox and reap it; on return no process of the uid is left."""
@@ -524,16 +490,3 @@ class _Run:
                 pipe.close()
             except OSError:
                 pass
-
-
-def _exit_status(returncode: int, err: bytes) -> str:
-    if returncode == 0:
-        return OK
-    # bwrap exits with 128 + the signal that killed the program. Nothing in the sandbox can SIGKILL its pid 1:
-    # that is the CPU limit.
-    if returncode == 128 + signal.SIGKILL:
-        return TIMEOUT
-    if returncode == 1 and err.startswith(b"bwrap: "):
-        # bwrap failed to build the sandbox. A program could print this too, which only fails its own case.
-        return SANDBOX_ERROR
-    return RUNTIME_ERROR

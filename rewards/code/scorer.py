@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from rewards.code.calls import call_stdin, is_call_based, returned_matches
 from rewards.code.extract import extract_code, outputs_match, program_for, validate_test_cases
-from rewards.code.sandbox import (DEFAULT_PYTHON, OK, OUTPUT_LIMIT, RUNTIME_ERROR, SANDBOX_ERROR, TIMEOUT, RunResult,
-                                  SandboxLimits, check_sandbox_available, run_cases, run_program)
+from rewards.code.sandbox import (DEFAULT_PYTHON, OK, OUTPUT_LIMIT, RUNTIME_ERROR, SANDBOX_ERROR, TIMEOUT, CaseRunner,
+                                  RunResult, SandboxLimits, check_sandbox_available)
 from rewards.code.uids import DEFAULT_UID_BASE, UidPool
 from rewards.types import RewardResult, combine, regroup
 
@@ -28,9 +29,9 @@ _FAILURE = {
 class CodeRewardScorer:
     """Scores responses whose last ```python block is a stdin -> stdout program.
 
-    Each test case is one fresh process, the cases of one response one after another in one sandbox
-    (:func:`rewards.code.sandbox.run_cases`); different responses run in parallel on ``max_workers`` threads, each
-    holding its own sandbox uid. Reward: ``combine(format_ok=code block found, score)`` where ``score`` is
+    Each test case is one fresh process in a sandbox (:class:`rewards.code.sandbox.CaseRunner`): the cases of
+    one response run one after another; a batch's responses are shared out to ``max_workers`` threads, each with
+    its own sandbox uid and one sandbox for all it scores. Reward: ``combine(format_ok=code block found, score)`` where ``score`` is
     the fraction of cases passed, or 1/0 for all passed/not when ``all_or_nothing`` (which also stops at the
     first failing case). ``correct`` means every case passed.
 
@@ -60,12 +61,10 @@ class CodeRewardScorer:
         problem = validate_test_cases(test_cases)
         if problem is not None:
             raise ValueError(problem)
-        code = extract_code(response)
-        if code is None:
-            return RewardResult(reward=0.0, correct=False, format_ok=False, extracted=None, reason="no code block")
         uid = self._uids.acquire()
         try:
-            return self._run_cases(code, program_for(code, test_cases), test_cases, uid)
+            with CaseRunner(self.limits, uid, self.python) as runner:
+                return self._score(runner, response, test_cases)
         finally:
             self._uids.release(uid)
 
@@ -78,15 +77,35 @@ class CodeRewardScorer:
         """
         if len(responses) != len(test_cases_list):
             raise ValueError(f"{len(responses)} responses but {len(test_cases_list)} test-case sets")
+        for test_cases in test_cases_list:
+            problem = validate_test_cases(test_cases)
+            if problem is not None:
+                raise ValueError(problem)
         first: dict[tuple, int] = {}  # (program, test cases) -> index of its first response
         keys = []
         for i, (response, test_cases) in enumerate(zip(responses, test_cases_list)):
             key = (extract_code(response), json.dumps(test_cases, sort_keys=True))
             keys.append(key)
             first.setdefault(key, i)
-        unique = sorted(first.values())
-        results = dict(zip(unique, self._executor.map(self.score, [responses[i] for i in unique],
-                                                       [test_cases_list[i] for i in unique])))
+        todo = iter(sorted(first.values()))
+        lock, results = threading.Lock(), {}
+
+        def worker() -> None:  # scores responses until none is left, all in one sandbox
+            uid = self._uids.acquire()
+            try:
+                with CaseRunner(self.limits, uid, self.python) as runner:
+                    while True:
+                        with lock:
+                            i = next(todo, None)
+                        if i is None:
+                            return
+                        results[i] = self._score(runner, responses[i], test_cases_list[i])
+            finally:
+                self._uids.release(uid)
+
+        workers = [self._executor.submit(worker) for _ in range(min(self.max_workers, len(first)))]
+        for future in workers:
+            future.result()
         return [results[first[key]] for key in keys]
 
     def score_groups(self, groups: list[list[str]], test_cases: list[Mapping]) -> list[list[RewardResult]]:
@@ -108,49 +127,37 @@ class CodeRewardScorer:
 
     # -- internals ---------------------------------------------------------------------------------------
 
-    def _results(self, program: str, stdins: list[bytes], uid: int) -> Iterator[RunResult]:
-        """Each case's result, in order: one sandbox for the program, a fresh process a case in it."""
-        def alone() -> Iterator[RunResult]:
-            yield run_program(program, stdins[0], self.limits, uid, self.python)
+    def _score(self, runner: CaseRunner, response: str, test_cases: Mapping) -> RewardResult:
+        code = extract_code(response)
+        if code is None:
+            return RewardResult(reward=0.0, correct=False, format_ok=False, extracted=None, reason="no code block")
+        return self._run_cases(runner, code, program_for(code, test_cases), test_cases)
 
-        def start() -> Iterator[RunResult]:
-            # one case: the program as the sandbox's pid 1 (the harness's start costs more than it saves)
-            return alone() if len(stdins) == 1 else run_cases(program, stdins, self.limits, uid, self.python)
+    def _run_case(self, runner: CaseRunner, program: str, stdin: str) -> RunResult:
+        result = runner.run(program, stdin.encode("utf-8"))
+        if result.status == SANDBOX_ERROR:  # transient (for example a fork refused): one more try, a new sandbox
+            logger.warning("sandbox failed, retrying: %s", result.stderr[-300:])
+            result = runner.run(program, stdin.encode("utf-8"))
+        return result
 
-        results = start()
-        try:
-            first = next(results)
-            if first.status == SANDBOX_ERROR:  # transient (for example a fork refused): one more try
-                logger.warning("sandbox failed to start, retrying: %s", first.stderr[-300:])
-                results.close()
-                results = start()
-                first = next(results)
-            yield first
-            yield from results
-        finally:
-            results.close()
-
-    def _run_cases(self, code: str, program: str, test_cases: Mapping, uid: int) -> RewardResult:
+    def _run_cases(self, runner: CaseRunner, code: str, program: str, test_cases: Mapping) -> RewardResult:
         # stdin -> stdout rows compare printed text; call-based rows the returned JSON value
         calls = is_call_based(test_cases)
         inputs = [call_stdin(args) for args in test_cases["inputs"]] if calls else test_cases["inputs"]
         matches = returned_matches if calls else outputs_match
         passed, first_failure, cause = 0, None, None
-        results = self._results(program, [stdin.encode("utf-8") for stdin in inputs], uid)
-        try:
-            for i, (result, expected) in enumerate(zip(results, test_cases["outputs"])):
-                if result.status == OK and matches(result.stdout.decode("utf-8", "replace"), expected):
-                    passed += 1
-                    continue
-                if first_failure is None:
-                    what = "wrong answer" if result.status == OK else _FAILURE[result.status]
-                    first_failure, cause = f"{what} on case {i}", what
-                    if result.status == SANDBOX_ERROR:
-                        logger.error("sandbox error on case %d: %s", i, result.stderr[-300:])
-                if self.all_or_nothing:
-                    break
-        finally:
-            results.close()  # at the first failure of all_or_nothing: the sandbox goes with the cases not run
+        for i, (stdin, expected) in enumerate(zip(inputs, test_cases["outputs"])):
+            result = self._run_case(runner, program, stdin)
+            if result.status == OK and matches(result.stdout.decode("utf-8", "replace"), expected):
+                passed += 1
+                continue
+            if first_failure is None:
+                what = "wrong answer" if result.status == OK else _FAILURE[result.status]
+                first_failure, cause = f"{what} on case {i}", what
+                if result.status == SANDBOX_ERROR:
+                    logger.error("sandbox error on case %d: %s", i, result.stderr[-300:])
+            if self.all_or_nothing:
+                break
         n = len(inputs)
         correct = passed == n
         score = float(correct) if self.all_or_nothing else passed / n

@@ -67,12 +67,12 @@ def scorer():
         yield s
 
 
-@pytest.fixture(params=["the program as pid 1", "the harness's forked cases"])
+@pytest.fixture(params=["once", "twice in one sandbox"])
 def score_hostile(scorer, request):
-    """Score one hostile response; check it failed, with a reason, and left no process behind. Run both ways a
-    program is run: alone in its sandbox (one case) and forked by the harness (the case given twice)."""
+    """Score one hostile response; check it failed, with a reason, and left no process behind. The case once,
+    and twice (the second run in the sandbox the first one attacked)."""
     uids = set(scorer._uids._fds)
-    copies = 1 if request.param == "the program as pid 1" else 2
+    copies = 1 if request.param == "once" else 2
 
     def run(code: str, test_cases: dict, reasons: tuple[str, ...]):
         test_cases = {key: value * copies for key, value in test_cases.items()}
