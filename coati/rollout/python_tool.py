@@ -1,9 +1,11 @@
 """The built-in ``python`` tool: runs the model's code in the code rewards' bubblewrap sandbox.
 
-Each call is a fresh sandbox (no network, read-only system, private size-capped /tmp, its own unprivileged
-uid, CPU/memory/process/file limits, a wall-clock deadline; see ``rewards.code.sandbox``) and nothing of it
-outlives the call. Whatever the code does, the model gets text back: its stdout (and the tail of stderr on an
-error), cut to ``max_output_chars``; a timeout or a limit is an error observation, never an exception.
+Each call is a fresh process in the tool's sandbox (no network, read-only system, private size-capped /tmp, its
+own unprivileged uid, CPU/memory/process/file limits, a wall-clock deadline; see ``rewards.code.sandbox``), and
+nothing of a call (processes, files) reaches the next: the sandbox's harness clears them between calls. The
+sandbox itself stays for the next call (a call costs a fork, not a sandbox) and ends with ``close`` or with the
+process. Whatever the code does, the model gets text back: its stdout (and the tail of stderr on an error), cut
+to ``max_output_chars``; a timeout or a limit is an error observation, never an exception.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def make_python_tool(options: PythonToolOptions = PythonToolOptions(), interpret
     check_sandbox_available(interpreter)
     limits = SandboxLimits(cpu_time_s=options.cpu_time_s, wall_time_s=options.wall_time_s)
     pool = UidPool(options.workers)
+    runners: dict[int, CaseRunner] = {}  # a sandbox per uid, used by one call at a time (the uid's holder)
 
     def python(code: str) -> ToolResult:  # the function's name is the tool's name the model calls
         """Run a Python 3 program and return what it prints. No network, no files outside /tmp, a few seconds.
@@ -38,13 +41,18 @@ def make_python_tool(options: PythonToolOptions = PythonToolOptions(), interpret
         """
         uid = pool.acquire()
         try:
-            with CaseRunner(limits, uid, interpreter) as runner:
-                result = runner.run(code, b"")
+            runner = runners.get(uid) or runners.setdefault(uid, CaseRunner(limits, uid, interpreter))
+            result = runner.run(code, b"")
         finally:
             pool.release(uid)
         return _observation(result, options.max_output_chars)
 
-    python.close = pool.close
+    def close() -> None:
+        for runner in runners.values():
+            runner.close()
+        pool.close()
+
+    python.close = close
     return python
 
 
