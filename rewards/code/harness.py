@@ -12,8 +12,8 @@ Each case runs as a fresh ``python -I`` run of its program would, and nothing of
 the harness or the host:
 - the harness never reads a program or an input: the forked child reads its own case from fd 0 (exact lengths,
   so the next case stays in the pipe), so no case's memory holds another's code or input;
-- before any of the program's code runs, the child has the case's stdin (a memfd holding it), stdout and stderr
-  as fds 0-2 and no other descriptor (the pipes to the host are closed), its own CPU limit (RLIMIT_CPU counts
+- before any of the program's code runs, the child has the case's stdin (a pipe holding it, or fed by a process
+  of its own when longer than a pipe holds), stdout and stderr as fds 0-2 and no other descriptor (the pipes to the host are closed), its own CPU limit (RLIMIT_CPU counts
   from the fork), and the program compiled as ``__main__`` of ``/code/main.py``; exit codes, uncaught
   exceptions, atexit and non-daemon threads behave as the interpreter's own;
 - the harness is not dumpable: no process of the sandbox may open ``/proc/1/fd``, ``/proc/1/mem`` or trace it,
@@ -119,11 +119,25 @@ def run_child(ready_w, stdout_w, stderr_w, cpu_s):
     if data is None:
         os.write(ready_w, b"E")
         os._exit(0)
-    stdin = os.memfd_create("stdin")
-    write_all(stdin, data)
-    os.lseek(stdin, 0, os.SEEK_SET)
+    stdin_r, stdin_w = os.pipe()
+    os.set_blocking(stdin_w, False)
+    rest = memoryview(data)
+    try:
+        while rest:  # what the pipe holds goes in now
+            rest = rest[os.write(stdin_w, rest):]
+    except BlockingIOError:
+        pass
+    if rest and os.fork() == 0:  # a feeder for the rest, one of the case's own processes (killed with them)
+        os.close(stdin_r)
+        os.set_blocking(stdin_w, True)
+        try:
+            write_all(stdin_w, rest)
+        finally:
+            os._exit(0)
+    os.close(stdin_w)
+    del rest
     del data
-    os.dup2(stdin, 0)
+    os.dup2(stdin_r, 0)
     os.dup2(stdout_w, 1)
     os.dup2(stderr_w, 2)
     os.write(ready_w, b"R")
