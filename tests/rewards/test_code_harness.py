@@ -161,7 +161,8 @@ elif case == "syntax":
 else:
     print(len(sys.stdin.read()))
 '''
-    limits = dataclasses.replace(LIMITS, max_output_bytes=1 << 16)
+    # an input larger than the largest file a program may write (its stdin is a pipe, not a file)
+    limits = dataclasses.replace(LIMITS, max_output_bytes=1 << 16, max_file_bytes=1 << 20)
     big = "y" * (2 << 20)
     stdins = ["spin\n", "ok\n" + big, "sleep\n", "ok\n", "flood\n", "syntax\n", "ok\n"]
     start = time.monotonic()
