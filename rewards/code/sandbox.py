@@ -30,7 +30,8 @@ Layers, outermost first (a :class:`CaseRunner` holds one sandbox; a fresh proces
 Interpreter: ``/usr/bin/python3`` by default (a plain system Python, no access to the project's venv). A
 different one may be given; when its real path is outside ``/usr`` its prefix directory is bound read-only
 at the same path. It must be readable by an unprivileged uid (an interpreter under root's 0700 home, such
-as pyenv's in /root, is not) and be a real installation, not a venv (a venv points outside itself).
+as pyenv's in /root, is not) and be a real installation, not a venv (a venv points outside itself), of
+Python 3.9 or later (the harness uses pidfds).
 
 Requirements: Linux, root (to switch to the sandbox uids), ``bwrap`` and ``prlimit`` on PATH
 (Debian/Ubuntu: ``apt-get install -y bubblewrap``; prlimit is in util-linux). There is never a fallback to
@@ -166,7 +167,7 @@ def check_sandbox_available(python: str = DEFAULT_PYTHON) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# One run
+# Sandboxes
 
 
 @functools.lru_cache(maxsize=1)
