@@ -128,7 +128,8 @@ def run_child(ready_w, stdout_w, stderr_w, cpu_s):
     except BlockingIOError:
         pass
     if rest and os.fork() == 0:  # a feeder for the rest, one of the case's own processes (killed with them)
-        os.close(stdin_r)
+        os.closerange(0, stdin_w)  # it keeps nothing of the harness's (the host's pipes above all)
+        os.closerange(stdin_w + 1, os.sysconf("SC_OPEN_MAX"))
         os.set_blocking(stdin_w, True)
         try:
             write_all(stdin_w, rest)
