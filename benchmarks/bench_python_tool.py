@@ -1,4 +1,4 @@
-"""Cost of one call of the sandboxed python tool (a fresh bubblewrap sandbox per call), as the model makes it.
+"""Cost of one call of the sandboxed python tool (a fresh process per call in the tool's sandbox), as the model makes it.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_python_tool.py [--calls 30]
 
