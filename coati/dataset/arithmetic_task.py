@@ -2,9 +2,12 @@
 plain words: a chat row for an instruct model, scored by the last integer of the response (``--demo smollm2``), or
 a plain-text row for a base model, scored by the first integer of its answer (``--demo gemma3``).
 
-SmolLM2-135M-Instruct answers about a quarter of these right when sampled at T=1 (it often explains instead of
-answering, or multiplies wrongly), so GRPO has right and wrong answers in most groups to learn from. The 300
-problems are shuffled once and split: held-out problems never appear in training.
+The chat row asks "Calculate 7 * 8." and no more. SmolLM2-135M-Instruct's greedy answer then starts by saying how
+(78 of the 96 held-out: "To calculate 9 + 9, we simply add them together."), so when the demo ends a response at
+its first full stop (``--stop .``) greedy is right on 21 of them, while some of 8 samples at T=1 state the answer
+at once ("9 + 9 = 18."): 37 held-out problems are wrong greedy but right in a sample, room for RL to raise greedy
+as well as sampled. With "Reply with just the number." added, greedy starts at 0.70 with 11 such problems
+(docs/results.md). The 300 problems are shuffled once and split: held-out problems never appear in training.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import random
 import re
 
 OPERATORS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
-PROMPT = "Calculate {a} {op} {b}. Reply with just the number."
+PROMPT = "Calculate {a} {op} {b}."  # a change of wording writes new demo rows (smollm2.task_dir)
 PLAIN_PROMPT = "What is {a} {op} {b}?"
 _INTEGER = re.compile(r"-?\d+")
 

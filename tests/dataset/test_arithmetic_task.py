@@ -1,4 +1,4 @@
-"""The real-model demo's task: the 300 problems, a disjoint split, and the last-integer reward by hand."""
+"""The real-model demo's task: the 300 problems, a disjoint split, the last-integer reward by hand, its rows' cache."""
 
 from __future__ import annotations
 
@@ -16,9 +16,8 @@ def test_the_split_covers_every_problem_once():
     assert splits(96, seed=1)[1] != held_out  # another seed, another split
 
 
-@pytest.mark.parametrize("content,gold", [("Calculate 7 * 8. Reply with just the number.", "56"),
-                                          ("Calculate 3 - 9. Reply with just the number.", "-6"),
-                                          ("Calculate 0 + 0. Reply with just the number.", "0")])
+@pytest.mark.parametrize("content,gold", [("Calculate 7 * 8.", "56"), ("Calculate 3 - 9.", "-6"),
+                                          ("Calculate 0 + 0.", "0")])
 def test_rows_carry_the_gold_answer(content, gold):
     rows = {row["messages"][0]["content"]: row["gt_answer"] for row in sum(splits(96), [])}
     assert rows[content] == gold
@@ -47,3 +46,21 @@ def test_a_base_models_answer_is_its_first_integer_and_its_rows_plain_text():
     assert plain_row(7, "*", 8) == {"messages": "What is 7 * 8?", "gt_answer": "56"}
     train, held_out = splits(96, row=plain_row)
     assert len(train) == 204 and all(isinstance(row["messages"], str) for row in train + held_out)
+
+
+def test_the_demos_rows_are_cached_under_their_wording(tmp_path, monkeypatch):
+    """A cache written under an older wording is never reused: the rows' directory is named after the wording."""
+    import json
+    import os
+
+    from coati.dataset import arithmetic_task
+    from coati.demo.smollm2 import task_dir
+
+    first = task_dir(str(tmp_path))
+    with open(os.path.join(first, "eval.jsonl")) as handle:
+        assert [json.loads(line) for line in handle] == splits(96)[1]
+    monkeypatch.setattr(arithmetic_task, "PROMPT", "Calculate {a} {op} {b}. Reply with just the number.")
+    second = task_dir(str(tmp_path))
+    assert second != first
+    with open(os.path.join(second, "eval.jsonl")) as handle:
+        assert json.loads(handle.readline())["messages"][0]["content"].endswith("Reply with just the number.")
