@@ -67,12 +67,15 @@ def scorer():
         yield s
 
 
+ONCE = pytest.mark.parametrize("score_hostile", ["once"], indirect=True)
+
+
 @pytest.fixture(params=["once", "twice in one sandbox"])
 def score_hostile(scorer, request):
     """Score one hostile response; check it failed, with a reason, and left no process behind. The case once,
     and twice (the second run in the sandbox the first one attacked)."""
     uids = set(scorer._uids._fds)
-    copies = 1 if request.param == "once" else 2
+    copies = 1 if request.param == "once" else 2  # the param may be overridden (ONCE)
 
     def run(code: str, test_cases: dict, reasons: tuple[str, ...]):
         test_cases = {key: value * copies for key, value in test_cases.items()}
@@ -154,17 +157,20 @@ def test_memory_bomb():
 
 
 @pytest.mark.timeout(30)
+@ONCE  # a limit's kill leaves nothing behind for a second case to meet
 def test_infinite_loop(score_hostile):
     score_hostile("while True:\n    pass\n", one_case("0\n"), ("timeout on case 0",))
 
 
 @pytest.mark.timeout(30)
+@ONCE  # a limit's kill leaves nothing behind for a second case to meet
 def test_cpu_limit_survives_ignoring_sigxcpu(score_hostile):
     code = "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass\n"
     score_hostile(code, one_case("0\n"), ("timeout on case 0",))
 
 
 @pytest.mark.timeout(30)
+@ONCE  # a limit's kill leaves nothing behind for a second case to meet
 def test_sleep_forever(score_hostile):
     score_hostile("import time\ntime.sleep(10**6)\n", one_case("0\n"), ("timeout on case 0",))
 
