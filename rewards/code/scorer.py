@@ -31,9 +31,9 @@ class CodeRewardScorer:
 
     Each test case is one fresh process in a sandbox (:class:`rewards.code.sandbox.CaseRunner`): the cases of
     one response run one after another; a batch's responses are shared out to ``max_workers`` threads, each with
-    its own sandbox uid and one sandbox for all it scores. Reward: ``combine(format_ok=code block found, score)`` where ``score`` is
-    the fraction of cases passed, or 1/0 for all passed/not when ``all_or_nothing`` (which also stops at the
-    first failing case). ``correct`` means every case passed.
+    its own sandbox uid and one sandbox for all it scores. Reward: ``combine(format_ok=code block found,
+    score)`` where ``score`` is the fraction of cases passed, or 1/0 for all passed/not when ``all_or_nothing``
+    (which also stops at the first failing case). ``correct`` means every case passed.
 
     Thread-safe; call :meth:`close` (or use it as a context manager) to release its threads and uids.
     """
