@@ -46,24 +46,18 @@ import os
 import selectors
 import shutil
 import signal
-import struct
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
 
+from rewards.code import harness  # its framing: a length before each case's program and stdin, a header a result
 from rewards.code.uids import (KILL_WAIT_S, DEFAULT_UID_BASE, SandboxUnavailable, UidPool, kill_uid_processes,
                                proc_status)
 
 
 DEFAULT_PYTHON = "/usr/bin/python3"
 _HARNESS_PATH = "/code/harness.pyc"
-_HARNESS_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness.py")
-# rewards/code/harness.py's framing: in, a length before each case's program and stdin; out, a header before
-# each result
-_LENGTH = struct.Struct("<Q")
-_RESULT = struct.Struct("<BiQQd")
-_EXITED, _WALL_TIME, _OUTPUT_LIMIT = 0, 1, 2
 # The host's own bound on a case, beyond its wall-clock limit (which the harness enforces): slack, a sandbox's
 # start when the case starts one, and its frame's transfer at a rate no machine is slower than.
 _CASE_SLACK_S, _START_SLACK_S, _FEED_BYTES_PER_S = 1.0, 5.0, 20e6
@@ -239,7 +233,7 @@ _COMPILE_PYC = (
 @functools.lru_cache(maxsize=None)
 def _harness_pyc(python: str) -> bytes:
     """rewards/code/harness.py compiled by ``python`` (the sandbox's interpreter) into a .pyc file's bytes."""
-    with open(_HARNESS_SOURCE, "rb") as handle:
+    with open(harness.__file__, "rb") as handle:
         source = handle.read()
     done = subprocess.run([python, "-I", "-c", _COMPILE_PYC, _HARNESS_PATH], input=source, capture_output=True,
                           env={}, timeout=60)
@@ -252,19 +246,19 @@ def _harness_pyc(python: str) -> bytes:
 def _start(limits: SandboxLimits, uid: int, python: str) -> _Run:
     """A sandbox as ``uid`` whose pid 1 is the harness, waiting for its first case."""
     bwrap, prlimit = _require_tools()
-    harness = os.memfd_create("harness.pyc", os.MFD_CLOEXEC)
+    harness_fd = os.memfd_create("harness.pyc", os.MFD_CLOEXEC)
     info_r, info_w = os.pipe2(os.O_CLOEXEC)
     try:
         data = memoryview(_harness_pyc(python))
         while data:
-            data = data[os.write(harness, data) :]
-        os.lseek(harness, 0, os.SEEK_SET)
+            data = data[os.write(harness_fd, data) :]
+        os.lseek(harness_fd, 0, os.SEEK_SET)
         proc = subprocess.Popen(
-            _command(prlimit, bwrap, limits, python, info_w, harness),
+            _command(prlimit, bwrap, limits, python, info_w, harness_fd),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            pass_fds=(harness, info_w),
+            pass_fds=(harness_fd, info_w),
             start_new_session=True,
             user=uid,
             group=uid,
@@ -276,7 +270,7 @@ def _start(limits: SandboxLimits, uid: int, python: str) -> _Run:
         os.close(info_r)
         raise
     finally:
-        os.close(harness)
+        os.close(harness_fd)
         os.close(info_w)
     return _Run(proc, uid, info_r)
 
@@ -308,7 +302,7 @@ class CaseRunner:
             self._err.clear()
             bound += _START_SLACK_S
         source = code.encode("utf-8", "surrogatepass")
-        frame = _LENGTH.pack(len(source)) + source + _LENGTH.pack(len(stdin)) + stdin
+        frame = harness.LENGTH.pack(len(source)) + source + harness.LENGTH.pack(len(stdin)) + stdin
         bound += len(frame) / _FEED_BYTES_PER_S
         try:
             result = self._run.exchange(frame, start + bound, self._out, self._err, self.limits)
@@ -348,18 +342,18 @@ class CaseRunner:
 
 def _take_result(pending: bytearray) -> RunResult | None:
     """The first whole result frame of the harness's output, removed from ``pending``; None if not all there."""
-    if len(pending) < _RESULT.size:
+    if len(pending) < harness.HEADER.size:
         return None
-    outcome, status, out_len, err_len, wall = _RESULT.unpack_from(pending)
-    end = _RESULT.size + out_len + err_len
+    outcome, status, out_len, err_len, wall = harness.HEADER.unpack_from(pending)
+    end = harness.HEADER.size + out_len + err_len
     if len(pending) < end:
         return None
-    out = bytes(pending[_RESULT.size : _RESULT.size + out_len])
-    err = bytes(pending[_RESULT.size + out_len : end])
+    out = bytes(pending[harness.HEADER.size : harness.HEADER.size + out_len])
+    err = bytes(pending[harness.HEADER.size + out_len : end])
     del pending[:end]
-    if outcome == _WALL_TIME:
+    if outcome == harness.WALL_TIME:
         return RunResult(TIMEOUT, out, err, None, wall)
-    if outcome == _OUTPUT_LIMIT:
+    if outcome == harness.OUTPUT_LIMIT:
         return RunResult(OUTPUT_LIMIT, out, err, None, wall)
     if status == 0:
         return RunResult(OK, out, err, 0, wall)
@@ -415,7 +409,7 @@ class _Run:
         that result; None when the output ends first or breaks the framing. Raises _WallTime at ``deadline``."""
         proc = self.proc
         out_fd, err_fd, in_fd = proc.stdout.fileno(), proc.stderr.fileno(), proc.stdin.fileno()
-        frame_limit = _RESULT.size + limits.max_output_bytes + limits.max_stderr_bytes
+        frame_limit = harness.HEADER.size + limits.max_output_bytes + limits.max_stderr_bytes
         pending = memoryview(frame)
         sel = selectors.DefaultSelector()
         try:

@@ -26,6 +26,12 @@ _FAILURE = {
 }
 
 
+def _check(test_cases: Mapping) -> None:
+    problem = validate_test_cases(test_cases)
+    if problem is not None:
+        raise ValueError(problem)
+
+
 class CodeRewardScorer:
     """Scores responses whose last ```python block is a stdin -> stdout program.
 
@@ -58,9 +64,7 @@ class CodeRewardScorer:
 
     def score(self, response: str, test_cases: Mapping) -> RewardResult:
         """Reward of one response on its PRIME ``{"inputs": [...], "outputs": [...]}`` test cases."""
-        problem = validate_test_cases(test_cases)
-        if problem is not None:
-            raise ValueError(problem)
+        _check(test_cases)
         uid = self._uids.acquire()
         try:
             with CaseRunner(self.limits, uid, self.python) as runner:
@@ -78,9 +82,7 @@ class CodeRewardScorer:
         if len(responses) != len(test_cases_list):
             raise ValueError(f"{len(responses)} responses but {len(test_cases_list)} test-case sets")
         for test_cases in test_cases_list:
-            problem = validate_test_cases(test_cases)
-            if problem is not None:
-                raise ValueError(problem)
+            _check(test_cases)
         first: dict[tuple, int] = {}  # (program, test cases) -> index of its first response
         keys = []
         for i, (response, test_cases) in enumerate(zip(responses, test_cases_list)):
