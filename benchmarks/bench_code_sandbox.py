@@ -103,14 +103,14 @@ def main() -> None:
             for x, want in zip(inputs, expected):
                 assert fresh(PROGRAM, x.encode()).stdout.decode() == want
 
-        def harness():
+        def one_runner():
             with CaseRunner(limits, uid) as runner:
                 for x, want in zip(inputs, expected):
                     assert runner.run(PROGRAM, x.encode()).stdout.decode() == want
 
-        def in_sandbox(harness):
+        def in_sandbox(wrapper: str):
             def go():
-                result = fresh(harness.format(program=PROGRAM), json.dumps(inputs).encode())
+                result = fresh(wrapper.format(program=PROGRAM), json.dumps(inputs).encode())
                 assert result.status == OK and json.loads(result.stdout) == expected, result
 
             return go
@@ -119,7 +119,7 @@ def main() -> None:
         for name, fn in [
             ("a fresh sandbox per case", per_case),
             ("1 sandbox, an interpreter per case", in_sandbox(SUBPROCESS_HARNESS)),
-            ("1 CaseRunner, a fork per case (used)", harness),
+            ("1 CaseRunner, a fork per case (used)", one_runner),
         ]:
             times = [t / args.cases for t in timed(fn, runs)]
             print(f"   {name:36s}: {describe(times)}")
