@@ -46,7 +46,8 @@ def task_dir(cache_dir: str | None = None) -> str:
 
 def demo_defaults(cache_dir: str | None = None) -> dict:
     """The demo's flags, by option dest: defaults under whatever the user gives. One round is 8 problems x 8
-    samples; every round is one step; held-out evaluation before and after (greedy and sampled). A response ends
+    samples; every round is one step; held-out evaluation before and after (greedy and sampled), by the inferencer
+    while it is idle (-ei 0: an evaluator actor's engine would start beside step 1 and slow it). A response ends
     at its first full stop or 32 tokens (24 cut more first sentences than the truncation monitor allows:
     docs/results.md). The step's layout is the rule's, as for any run (coati/layouts/rule.py)."""
     gguf = shipped_gguf()
@@ -63,5 +64,5 @@ def demo_defaults(cache_dir: str | None = None) -> dict:
         "num_generations": 8, "inference_batch_size": 8, "inference_microbatch_size": 8, "train_batch_size": 8,
         "train_minibatch_size": 8, "train_microbatch_size": 16, "max_prompt_tokens": 64, "max_new_tokens": 32,
         "stop": (STOP,),
-        "learning_rate": 3e-5, "max_steps": STEPS, "eval_interval": STEPS,
+        "learning_rate": 3e-5, "max_steps": STEPS, "eval_interval": 0,
     }
