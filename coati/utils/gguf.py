@@ -80,14 +80,16 @@ def _convert(gguf_path: str, out_dir: str, stamp: str) -> None:
     hf_logging.disable_progress_bar()  # three bars over 272 tensors each; the start line says what happens
 
     directory, name = os.path.split(os.path.abspath(gguf_path))
-    try:
-        with _no_tqdm():  # the GGUF reader's own bar ignores transformers' switch
-            tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
-            model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
-    except (ValueError, KeyError, RuntimeError) as err:  # an architecture or quantization transformers cannot read
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise GGUFError(f"{gguf_path}: transformers cannot read this GGUF file ({first}); convert it to an HF "
-                        "directory another way and pass that directory") from None
+    with _parsed_once():
+        try:
+            with _no_tqdm():  # the GGUF reader's own bar ignores transformers' switch
+                tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
+                model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
+        except (ValueError, KeyError, RuntimeError) as err:  # an architecture or quantization transformers cannot read
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise GGUFError(f"{gguf_path}: transformers cannot read this GGUF file ({first}); convert it to an HF "
+                            "directory another way and pass that directory") from None
+        adds_bos = _gguf_adds_bos(gguf_path)
     # the weights are dequantized on load; what still marks the model GGUF-quantized would refuse the save and
     # make every later reader look for the .gguf file
     model.hf_quantizer = None
@@ -95,7 +97,7 @@ def _convert(gguf_path: str, out_dir: str, stamp: str) -> None:
         if holder is not None and hasattr(holder, "quantization_config"):
             delattr(holder, "quantization_config")
     model.save_pretrained(out_dir)
-    if _gguf_adds_bos(gguf_path) and hasattr(tokenizer, "add_bos_token"):
+    if adds_bos and hasattr(tokenizer, "add_bos_token"):
         tokenizer.add_bos_token = True  # transformers' GGUF reader drops it; a base Gemma without BOS rambles
     tokenizer.save_pretrained(out_dir)
     with open(os.path.join(out_dir, MARKER), "w") as handle:
@@ -109,6 +111,39 @@ def _gguf_adds_bos(gguf_path: str) -> bool:
 
     field = GGUFReader(gguf_path).fields.get("tokenizer.ggml.add_bos_token")
     return bool(field is not None and field.data and field.parts[field.data[0]][0])
+
+
+@contextlib.contextmanager
+def _parsed_once():
+    """While this lasts, each GGUF file is parsed once and each tensor-name map built once.
+
+    transformers parses the file's header for the config, again for the tokenizer and again for the weights, and
+    ``_gguf_adds_bos`` a fourth time; each parse reads the tokenizer's vocabulary and merges value by value (5-6 s
+    for SmolLM2's 49,152 tokens on this project's CPU). It also rebuilds gguf's tensor-name map for every module
+    it visits. Both are pure functions of their arguments, and transformers imports them from ``gguf`` when it
+    calls them, so memoized stand-ins on the module serve every caller (docs/results.md: the conversion's time)."""
+    import gguf
+
+    originals = {"GGUFReader": gguf.GGUFReader, "get_tensor_name_map": gguf.get_tensor_name_map}
+    memos: dict[str, dict] = {name: {} for name in originals}
+
+    def memoized(name: str):
+        def call(*args, **kwargs):
+            key = (tuple(os.path.abspath(a) if isinstance(a, str) and a.endswith(SUFFIX) else a for a in args),
+                   tuple(sorted(kwargs.items())))
+            memo = memos[name]
+            if key not in memo:
+                memo[key] = originals[name](*args, **kwargs)
+            return memo[key]
+        return call
+
+    for name in originals:
+        setattr(gguf, name, memoized(name))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(gguf, name, original)
 
 
 @contextlib.contextmanager

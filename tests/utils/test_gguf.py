@@ -58,6 +58,38 @@ def test_a_file_transformers_cannot_read_is_one_line(tmp_path):
     assert not os.path.exists(converted_dir(path, str(tmp_path / "cache")))  # nothing half-built left
 
 
+def test_a_conversion_parses_each_file_once_and_leaves_gguf_as_it_was(tmp_path):
+    """transformers parses a GGUF file three times in one conversion (config, tokenizer, weights) and builds a
+    tensor-name map per module: inside ``_parsed_once`` each is built once, and gguf's own functions are back
+    after it (also after an error)."""
+    import gguf
+    import numpy as np
+
+    from coati.utils.gguf import _parsed_once
+
+    path = str(tmp_path / "tiny.gguf")
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_block_count(2)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with _parsed_once():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(os.path.join(str(tmp_path), ".", "tiny.gguf")) is first  # the same file, once
+        assert first.fields["llama.block_count"].contents() == 2
+        llama = gguf.MODEL_ARCH.LLAMA
+        assert gguf.get_tensor_name_map(llama, 2) is gguf.get_tensor_name_map(llama, 2)
+        assert gguf.get_tensor_name_map(llama, 3) is not gguf.get_tensor_name_map(llama, 2)
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map)
+    with pytest.raises(RuntimeError), _parsed_once():
+        raise RuntimeError("a conversion that fails")
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map)
+    assert gguf.GGUFReader(path) is not first
+
+
 @pytest.mark.e2e  # a real model's dequantization and two loads: ~40 s of a core
 def test_the_shipped_smollm2_converts_to_an_hf_directory_equal_to_the_gguf_model(smollm2_gguf, tmp_path, monkeypatch):
     """The conversion into a fresh cache, keeping the model transformers read from the GGUF file (a spy on its
