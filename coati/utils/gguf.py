@@ -118,9 +118,8 @@ def _parsed_once():
     """While this lasts, each GGUF file is parsed once and each tensor-name map built once.
 
     transformers parses the file's header for the config, again for the tokenizer and again for the weights, and
-    ``_gguf_adds_bos`` a fourth time; each parse reads the tokenizer's vocabulary and merges value by value (5-6 s
-    for SmolLM2's 49,152 tokens on this project's CPU). It also rebuilds gguf's tensor-name map for every module
-    it visits. Both are pure functions of their arguments, and transformers imports them from ``gguf`` when it
+    ``_gguf_adds_bos`` a fourth time; each parse reads the tokenizer's vocabulary and merges value by value. It
+    also rebuilds gguf's tensor-name map for every module it visits. Both are pure functions of their arguments, and transformers imports them from ``gguf`` when it
     calls them, so memoized stand-ins on the module serve every caller (docs/results.md: the conversion's time)."""
     import gguf
 
