@@ -119,25 +119,26 @@ def _parsed_once():
 
     transformers parses the file's header for the config, again for the tokenizer and again for the weights, and
     ``_gguf_adds_bos`` a fourth time; each parse reads the tokenizer's vocabulary and merges value by value. It
-    also rebuilds gguf's tensor-name map for every module it visits. Both are pure functions of their arguments, and transformers imports them from ``gguf`` when it
-    calls them, so memoized stand-ins on the module serve every caller (docs/results.md: the conversion's time)."""
+    also rebuilds gguf's tensor-name map for every module it visits. Both are pure functions of their arguments,
+    and transformers imports them from ``gguf`` when it calls them, so memoized stand-ins on the module serve
+    every caller (docs/results.md: the conversion's time)."""
     import gguf
 
-    originals = {"GGUFReader": gguf.GGUFReader, "get_tensor_name_map": gguf.get_tensor_name_map}
-    memos: dict[str, dict] = {name: {} for name in originals}
+    def memoized(original):
+        memo: dict = {}
 
-    def memoized(name: str):
         def call(*args, **kwargs):
+            # one file under any spelling of its path (transformers joins it, _gguf_adds_bos gets the user's)
             key = (tuple(os.path.abspath(a) if isinstance(a, str) and a.endswith(SUFFIX) else a for a in args),
                    tuple(sorted(kwargs.items())))
-            memo = memos[name]
             if key not in memo:
-                memo[key] = originals[name](*args, **kwargs)
+                memo[key] = original(*args, **kwargs)
             return memo[key]
         return call
 
-    for name in originals:
-        setattr(gguf, name, memoized(name))
+    originals = {"GGUFReader": gguf.GGUFReader, "get_tensor_name_map": gguf.get_tensor_name_map}
+    for name, original in originals.items():
+        setattr(gguf, name, memoized(original))
     try:
         yield
     finally:
