@@ -73,10 +73,19 @@ class Layout:
                 runs[index : index + 1] = [(start, middle), (middle, end)]
         return [self.mark(take_rows(batch, order[start:end])) for start, end in runs]
 
-    def split(self, batch: MicroBatch, agree=lambda count: count) -> list[MicroBatch]:
+    def split(self, batch: MicroBatch, agree=lambda count: count, skip_idle: bool = False) -> list[MicroBatch]:
         """A rank's micro-batches of ``batch``: as many as ``agree`` makes of this rank's count (the largest over
-        the data-parallel ranks, collective)."""
-        return self.cut(batch, agree(self.count(batch)))
+        the data-parallel ranks, collective). ``skip_idle``: rows without a token in the loss (``action_mask`` all
+        0) are left out (the loss must give them no gradient: coati/algorithm/idle_rows.py), but for as many as
+        make up the agreed count; none at all where no rank has a row to train."""
+        if not skip_idle:
+            return self.cut(batch, agree(self.count(batch)))
+        in_loss = batch["action_mask"].sum(dim=1) > 0
+        rows = in_loss.nonzero().flatten()
+        count = agree(self.count(take_rows(batch, rows)) if len(rows) else 0)
+        if count > len(rows):  # fillers, which add nothing to the loss, its gradient or its statistics
+            rows = torch.cat([rows, (~in_loss).nonzero().flatten()[: count - len(rows)]]).sort().values
+        return self.cut(take_rows(batch, rows), count) if count else []
 
     def mark(self, micro_batch: MicroBatch) -> MicroBatch:
         """``micro_batch`` naming this layout (and whatever else its forward reads)."""

@@ -16,8 +16,10 @@ class RowsLayout(Layout):
     def count(self, batch):
         return -(-batch["input_ids"].shape[0] // self.size)
 
-    def split(self, batch, agree=lambda count: count):
-        return self.cut(batch)  # equal shares, equal rows: the same count on every rank, nothing to agree
+    def split(self, batch, agree=lambda count: count, skip_idle=False):
+        # equal shares, equal rows: the same count on every rank, nothing to agree; a pipeline schedule takes
+        # micro-batches of equal rows, so every row stays
+        return self.cut(batch)
 
     def cut(self, batch, count=None):
         return split_micro_batches(batch, self.size)

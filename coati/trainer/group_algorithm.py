@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from coati.algorithm.batch import collate
+from coati.algorithm.idle_rows import check_idle_rows
 from coati.algorithm.loss import MAX_STATS, normaliser_from_counts
 from coati.algorithm.pipeline import GroupStages, GroupTensors
 from coati.rollout.group import RolloutGroup
@@ -74,6 +75,9 @@ class GroupAlgorithm(StepAlgorithm):
         reference = load_reference(config, context.policy_plugin) if config.algo.loss.kl_loss_coef > 0 else None
         super().__init__(context, PolicyObjective(config, reference))
         self.groups_config = config.algo.groups
+        if self.groups_config.skip_idle_samples:
+            idle = check_idle_rows(self.objective.policy_loss, config.algo.loss)
+            self.skip_idle, self.unchanged_stats = idle.inert, idle.unchanged_stats
 
     def select_groups(self, groups):
         return filter_groups(groups, self.groups_config)
@@ -103,8 +107,17 @@ class GroupAlgorithm(StepAlgorithm):
         # One normaliser for the whole step, over every data-parallel rank's samples: the loss is the mean over
         # every valid token / sample of the step. Each rank divides by it / dp, since gradients are averaged.
         all_mask = every["sample_mask"]
-        normaliser = normaliser_from_counts(every["lengths"] * all_mask, self.config.algo.loss.loss_variation,
-                                            length_limit(self.config))
+        variation, limit = self.config.algo.loss.loss_variation, length_limit(self.config)
+        normaliser = normaliser_from_counts(every["lengths"] * all_mask, variation, limit)
+        idle, every_idle = self.idle_samples(own["advantages"], sample_mask, every)
+        if every_idle.any():
+            # Left out of the loss (their action masks zeroed) and so out of the forward (Layout.split): the
+            # gradient is the same; the statistics they would have added to become means over the samples trained.
+            sample_mask = sample_mask * (~idle).to(sample_mask.dtype)
+            self.stats_scale = normaliser / normaliser_from_counts(every["lengths"] * all_mask * ~every_idle,
+                                                                   variation, limit)
+        else:
+            self.stats_scale = 1.0
         normaliser /= dp
         batches = []
         for start in range(0, len(share), size):
@@ -121,8 +134,19 @@ class GroupAlgorithm(StepAlgorithm):
             "shaped_reward": float(every["rewards"].mean()),
             "samples_masked": float((all_mask == 0).sum()),
             "samples_in_loss": float(all_mask.sum()),
+            "samples_zero_advantage": float(((every["advantages"] == 0) & (all_mask > 0)).sum()),
         }
         return batches
+
+    def idle_samples(self, advantages: torch.Tensor, sample_mask: torch.Tensor, every: dict):
+        """(this rank's rows, the step's samples) the loss gives no gradient that the step leaves out, as bool
+        masks: samples in the loss with advantage 0. None where skipping is off, the loss was not found inert, or
+        no sample of the step would train (a step always trains, so every optimizer step sees gradients)."""
+        own = (advantages == 0) & (sample_mask > 0)
+        idle = (every["advantages"] == 0) & (every["sample_mask"] > 0)
+        if not self.skip_idle or not ((every["sample_mask"] > 0) & ~idle).any():
+            return torch.zeros_like(own), torch.zeros_like(idle)
+        return own, idle
 
     def rollout_tensors(self, kept):
         return shaped_group_tensors(kept, self.groups_config, length_limit(self.config))

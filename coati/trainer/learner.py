@@ -56,7 +56,7 @@ class Learner:
     def for_run(cls, config, state: TrainState, roles: dict[str, TrainedModel], algorithm: StepAlgorithm,
                 context: StepContext) -> "Learner":
         """An RL run's learner: its settings and rollout micro-batches."""
-        split, choice = rollout_micro_batches(config, roles)
+        split, choice = rollout_micro_batches(config, roles, algorithm.skip_idle)
         learner = cls(LearnerSettings.of_run(config), state, roles, algorithm, context, split)
         learner.layout_choice = choice
         return learner
@@ -72,8 +72,12 @@ class Learner:
         totals, grad_norms = self.train_epochs(batches, epochs)
         self.state.trained_since_version = True
         totals = self.context.reduce(totals, algorithm.summed_stats, algorithm.max_stats)
-        # Per-epoch means (maxima as they are); grad norms are the first epoch's (later epochs see the same data).
-        metrics.update({name: value if name in algorithm.max_stats else value / epochs for name, value in totals.items()})
+        # Per-epoch means (maxima as they are), normalised statistics over the rows trained where rows were left
+        # out (algorithm.stats_scale); grad norms are the first epoch's (later epochs see the same data).
+        unscaled = set(algorithm.summed_stats) | algorithm.unchanged_stats
+        metrics.update({name: value if name in algorithm.max_stats else
+                        value / epochs * (1.0 if name in unscaled else algorithm.stats_scale)
+                        for name, value in totals.items()})
         if metrics.get("delivery_gap", 0.0) < 0:  # no row of this step was sampled by the current weights
             del metrics["delivery_gap"]
         elif "delivery_gap" in metrics:
@@ -102,6 +106,8 @@ class Learner:
             self.algorithm.objective.begin_epoch(epoch)
             stats: list[dict] = []
             for micro_batches in split:
+                if not micro_batches:  # no rank has a row of this minibatch to train (Layout.split)
+                    continue
                 for role in self.roles.values():  # each role's statistics have names of their own
                     stats += role.plugin.forward_backward(micro_batches, role.loss_fn)
             for name, role in self.roles.items():
@@ -122,13 +128,14 @@ def layout_checks(config, model) -> tuple[str, ...]:
     return layouts_to_check(situation_of(config, attention_of(model), parameters))
 
 
-def rollout_micro_batches(config, roles: dict[str, TrainedModel]) -> tuple[Split, Choice]:
+def rollout_micro_batches(config, roles: dict[str, TrainedModel], skip_idle: bool = False) -> tuple[Split, Choice]:
     """An RL rank's micro-batches of a minibatch: the layout the rule chooses (coati/layouts/rule.py) for this
     run's plugins and the policy model, where every role's model passed the layout's check; as many micro-batches
-    on every rank (collective: the largest count) where the layout's count varies."""
+    on every rank (collective: the largest count) where the layout's count varies; ``skip_idle``: rows the loss
+    gives no gradient left out (``Layout.split``)."""
     actor = roles[ACTOR]
     ragged = all(role.plugin.ragged_micro_batches for role in roles.values())
     situation = situation_of(config, actor.attention, actor.parameters, ragged)
     choice = choose_layout(situation, exact_from([role.layout_checks or {} for role in roles.values()]))
     layout = choice.build()
-    return (lambda batch: layout.split(batch, agree_max)), choice
+    return (lambda batch: layout.split(batch, agree_max, skip_idle)), choice

@@ -48,6 +48,13 @@ class StepAlgorithm:
     # epochs and ranks); the others are normalised (summed over micro-batches, averaged over ranks and epochs).
     summed_stats: tuple[str, ...] = ()
     max_stats: tuple[str, ...] = ()
+    # Whether rows without a token in the loss may skip the forward and backward (the loss gives them no gradient:
+    # coati/algorithm/idle_rows.py); the factor that turns the step's normalised statistics, then sums over the
+    # rows trained, into their mean over those rows (build_batches sets it each step), and the loss's statistics
+    # that need no such factor (the rows left out add nothing to them: the loss itself, the clip fractions).
+    skip_idle: bool = False
+    stats_scale: float = 1.0
+    unchanged_stats: frozenset = frozenset()
 
     def __init__(self, context: StepContext, objective: PolicyObjective):
         """Called in the trainer's setup once the policy role exists (collective: it may add roles)."""

@@ -180,7 +180,8 @@ def test_a_new_layout_is_one_file_and_one_row(tiny_dir, monkeypatch):
         f"trainer micro-batches: at most {consumer.learner.layout_choice.size} padded tokens each, each row run alone")
     before = OneRowLayout.forwards
     got = consumer.step()
-    assert OneRowLayout.forwards - before == got["samples"]  # every sample of the step ran alone
+    # every sample of the step ran alone, but the group whose samples all scored alike (no gradient: left out)
+    assert got["samples_zero_advantage"] == 4 and OneRowLayout.forwards - before == got["samples"] - 4
     for name in ("loss", "grad_norm", "entropy"):
         assert got[name] == pytest.approx(want[name], rel=1e-5, abs=1e-6), name
     weights = consumer.full_state()
