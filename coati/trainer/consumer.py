@@ -108,9 +108,10 @@ class Consumer(TrainerRank):
         self.learner = Learner.for_run(config, self.state, self.roles, self.algorithm, context)
 
     def micro_batching_line(self) -> str:
-        """How this rank cuts its minibatches into micro-batches (the layout the rule chose, and why), for the run's
-        log."""
-        return self.learner.layout_choice.line()
+        """How this rank cuts its minibatches into micro-batches (the layout the rule chose, and why; whether samples
+        without a gradient are left out), for the run's log."""
+        idle = "; samples with advantage 0 (no gradient) left out" if self.algorithm.skip_idle else ""
+        return self.learner.layout_choice.line() + idle
 
     def learner_info(self) -> dict | None:
         """This rank's own generator's shard (prompts, rounds per episode): the learner-side generator on the rank
