@@ -3,6 +3,7 @@ plan, and trainer groups whose ranks generate themselves (real Ray actors, real 
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -94,7 +95,10 @@ def test_colocated_memory_is_the_larger_phase():
         "train_phase": 24 * GiB, "generate_phase": 44 * GiB, "total": 44 * GiB}
 
 
-def test_dry_run_on_one_gpu_plans_colocation(demo_assets, capsys):
+def test_dry_run_on_one_gpu_plans_colocation(demo_assets, capsys, monkeypatch):
+    # the demo's assets from the session's cache: with none in the default one (a fresh machine), the demo would
+    # build them here and its warm start's lines would come first
+    monkeypatch.setenv("COATI_CACHE", os.path.dirname(os.path.dirname(demo_assets.model_dir)))
     assert rl_example.main(["--dry-run", "--dry-run-cluster", "1x1x80"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("one GPU: the trainer generates on it too (--colocate)")
