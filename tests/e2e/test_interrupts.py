@@ -2,7 +2,9 @@
 session, so that a signal to its process group is what a terminal's Ctrl-C sends), then the resume to the end.
 
 Every RL run: 24 prompts, -ibs 8 x -g 2, 4 groups a step: 3 rounds of 2 steps (round-level minibatches: a stop can
-land inside a round), 6 steps, a held-out set of 8 prompts.
+land inside a round), 6 steps, a held-out set of 8 prompts. A run of the tiny model takes a fraction of a second a
+step, so a signal sent once a step is seen could land after the last one: the runs score with a reward of the
+test's own (``Gate``: it adds 0) that holds the next round's scoring until the signal is sent.
 """
 
 from __future__ import annotations
@@ -66,6 +68,36 @@ def argv(demo_assets, tmp_path):
             "-tMbs", "4", "-tmbs", "8", "-mnt", "8", "-e", "1", "-sd", str(tmp_path / "runs"), "-p", "x", "--no-progress"]
 
 
+class Gate:
+    """``--reward-fn`` flags of a reward that adds 0 to every sample and, while ``close(after)`` holds, waits before
+    scoring in the run's actors once its metrics.jsonl has ``after`` training rows; ``open()`` lets it go on. Rows are written by
+    the driver after each step and a round is scored only once the weights of the step before it are published, so
+    a run held after row k trains no step that needs a round scored after that."""
+
+    def __init__(self, tmp_path, run_dir):
+        self.hold = tmp_path / "hold"
+        path = tmp_path / "gate.py"
+        path.write_text(
+            "import json, os, sys, time\n"
+            f"HOLD, METRICS = {str(self.hold)!r}, {str(run_dir / 'metrics.jsonl')!r}\n"
+            "DRIVER = sys.argv[0].endswith('rl_example.py')  # its check call at start is never held\n"
+            "def rows():\n"
+            "    if not os.path.exists(METRICS):\n"
+            "        return 0\n"
+            "    return sum('\"kind\": \"train\"' in line for line in open(METRICS))\n"
+            "def gate(response, label, row):\n"
+            "    while not DRIVER and os.path.exists(HOLD) and rows() >= int(open(HOLD).read() or 0):\n"
+            "        time.sleep(0.05)\n"
+            "    return 0.0\n")
+        self.flags = ["--reward-fn", f"{path}:gate"]
+
+    def close(self, after: int) -> None:
+        self.hold.write_text(str(after))
+
+    def open(self) -> None:
+        self.hold.unlink(missing_ok=True)
+
+
 def resume_to_the_end(demo_assets, run_dir, tmp_path, monkeypatch) -> None:
     """The resumed run to its end, here in this process as the SFT test below does (its signals are the child
     runs' part): no second interpreter and imports."""
@@ -86,9 +118,12 @@ def resume_to_the_end(demo_assets, run_dir, tmp_path, monkeypatch) -> None:
 
 def test_ctrl_c_saves_a_second_ctrl_c_exits_and_resume_finishes(demo_assets, argv, tmp_path, monkeypatch):
     run_dir = tmp_path / "runs" / "x"
-    proc = start(argv, demo_assets)
+    gate = Gate(tmp_path, run_dir)
+    gate.close(after=1)  # round 2 is scored after step 1's row: steps 1 and 2 train, step 3 waits
+    proc = start(argv + gate.flags, demo_assets)
     wait_until(proc, lambda: len(train_steps(run_dir)) >= 2)
     os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the driver's whole process group
+    gate.open()  # the step under way ends, and the run stops after it (step 2 or 3)
     lines = stopped(proc, 130)
     reached = max(train_steps(run_dir))
     resume = f"continue with: python rl_example.py -sd {tmp_path / 'runs'} -p x --resume latest"
@@ -98,6 +133,10 @@ def test_ctrl_c_saves_a_second_ctrl_c_exits_and_resume_finishes(demo_assets, arg
     # The resumed run, signalled twice in its second step: it exits at once, the newest checkpoint as it was. Two
     # signals of one kind that arrive before the driver runs its handler count as one (a loaded machine may not
     # run it for a while), two kinds never: both wait while the driver is stopped, then arrive in one go.
+    # Held before it could finish: from a round's end (step 2) it scores the next round first, so held after its
+    # first row it trains steps 3 and 4 at most; from inside a round (step 3) it trains step 4 from the checkpoint's
+    # round, held at once.
+    gate.close(after=reached + 1 if reached % 2 == 0 else reached)
     proc = start(["-sd", str(tmp_path / "runs"), "-p", "x", "--resume", "latest", "--no-progress"], demo_assets)
     wait_until(proc, lambda: max(train_steps(run_dir)) > reached)
     proc.send_signal(signal.SIGSTOP)
@@ -105,6 +144,7 @@ def test_ctrl_c_saves_a_second_ctrl_c_exits_and_resume_finishes(demo_assets, arg
     proc.send_signal(signal.SIGTERM)
     proc.send_signal(signal.SIGCONT)
     lines = stopped(proc, 143)
+    gate.open()
     assert lines[-1] == ("SIGTERM, a second signal: exiting now; no checkpoint was written for the steps since the "
                          f"newest one (the newest is {run_dir / f'step_{reached}'})"), lines
     assert checkpoints(run_dir) == [reached]
@@ -123,9 +163,12 @@ def test_colocated_run_stops_on_sigterm_and_resumes(demo_assets, argv, tmp_path)
                                   "start the run again"]
     assert train_steps(run_dir) == [] and checkpoints(run_dir) == []
 
-    proc = start(argv + ["--colocate"], demo_assets)
+    gate = Gate(tmp_path, run_dir)
+    gate.close(after=1)  # the ranks score round 2 after step 1's row: step 3 waits
+    proc = start(argv + ["--colocate"] + gate.flags, demo_assets)
     wait_until(proc, lambda: len(train_steps(run_dir)) >= 1)
     proc.send_signal(signal.SIGTERM)  # as `kill PID` or a scheduler's preemption
+    gate.open()
     lines = stopped(proc, 143)
     reached = max(train_steps(run_dir))
     assert len(lines) == 1 and lines[0].startswith(f"SIGTERM: stopped after step {reached}, saved ")
