@@ -28,6 +28,38 @@ def head(src, dst, n):
     return str(dst)
 
 
+class Gate:
+    """``--reward-fn`` flags of a reward that adds 0 to every sample and, while ``close(after)`` holds, waits before
+    scoring in the run's actors once its metrics.jsonl has ``after`` training rows; ``open()`` lets it go on. The
+    driver writes step k's row before it starts step k + 1, and in sync mode a round is scored only after the
+    publish inside the step before it: held after row k, a run trains no step past k + 1 and the rest of its round.
+    For the tests that signal or kill a tiny run after a step: its steps take a fraction of a second, and without
+    a hold the run could end before the signal lands."""
+
+    def __init__(self, tmp_path, run_dir):
+        self.hold = tmp_path / "hold"
+        path = tmp_path / "gate.py"
+        path.write_text(
+            "import json, os, sys, time\n"
+            f"HOLD, METRICS = {str(self.hold)!r}, {str(run_dir / 'metrics.jsonl')!r}\n"
+            "DRIVER = sys.argv[0].endswith('rl_example.py')  # its check call at start is never held\n"
+            "def rows():\n"
+            "    if not os.path.exists(METRICS):\n"
+            "        return 0\n"
+            "    return sum('\"kind\": \"train\"' in line for line in open(METRICS))\n"
+            "def gate(response, label, row):\n"
+            "    while not DRIVER and os.path.exists(HOLD) and rows() >= int(open(HOLD).read() or 0):\n"
+            "        time.sleep(0.05)\n"
+            "    return 0.0\n")
+        self.flags = ["--reward-fn", f"{path}:gate"]
+
+    def close(self, after: int) -> None:
+        self.hold.write_text(str(after))
+
+    def open(self) -> None:
+        self.hold.unlink(missing_ok=True)
+
+
 # Slots, not cores: the largest in-process run of the tests (two trainer ranks, producers, an evaluator) fits.
 # Thread budgets count the machine's cores, not these (cluster/schedule.node_cores).
 MODULE_RAY_CPUS = 8

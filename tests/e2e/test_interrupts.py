@@ -4,7 +4,7 @@ session, so that a signal to its process group is what a terminal's Ctrl-C sends
 Every RL run: 24 prompts, -ibs 8 x -g 2, 4 groups a step: 3 rounds of 2 steps (round-level minibatches: a stop can
 land inside a round), 6 steps, a held-out set of 8 prompts. A run of the tiny model takes a fraction of a second a
 step, so a signal sent once a step is seen could land after the last one: the runs score with a reward of the
-test's own (``Gate``: it adds 0) that holds the next round's scoring until the signal is sent.
+test's own that holds the next round's scoring until the signal is sent (``run_helpers.Gate``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 import pytest
 
 from tests.ray_nodes import clean_env
-from tests.run_helpers import ROOT, head
+from tests.run_helpers import ROOT, Gate, head
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 STEPS = 6
@@ -66,36 +66,6 @@ def argv(demo_assets, tmp_path):
     evals = head(demo_assets.eval_path, tmp_path / "eval.jsonl", 8)
     return ["-d", train, "-ed", json.dumps({"add": evals}), "-ibs", "8", "-imbs", "8", "-g", "2", "-tbs", "4",
             "-tMbs", "4", "-tmbs", "8", "-mnt", "8", "-e", "1", "-sd", str(tmp_path / "runs"), "-p", "x", "--no-progress"]
-
-
-class Gate:
-    """``--reward-fn`` flags of a reward that adds 0 to every sample and, while ``close(after)`` holds, waits before
-    scoring in the run's actors once its metrics.jsonl has ``after`` training rows; ``open()`` lets it go on. Rows are written by
-    the driver after each step and a round is scored only once the weights of the step before it are published, so
-    a run held after row k trains no step that needs a round scored after that."""
-
-    def __init__(self, tmp_path, run_dir):
-        self.hold = tmp_path / "hold"
-        path = tmp_path / "gate.py"
-        path.write_text(
-            "import json, os, sys, time\n"
-            f"HOLD, METRICS = {str(self.hold)!r}, {str(run_dir / 'metrics.jsonl')!r}\n"
-            "DRIVER = sys.argv[0].endswith('rl_example.py')  # its check call at start is never held\n"
-            "def rows():\n"
-            "    if not os.path.exists(METRICS):\n"
-            "        return 0\n"
-            "    return sum('\"kind\": \"train\"' in line for line in open(METRICS))\n"
-            "def gate(response, label, row):\n"
-            "    while not DRIVER and os.path.exists(HOLD) and rows() >= int(open(HOLD).read() or 0):\n"
-            "        time.sleep(0.05)\n"
-            "    return 0.0\n")
-        self.flags = ["--reward-fn", f"{path}:gate"]
-
-    def close(self, after: int) -> None:
-        self.hold.write_text(str(after))
-
-    def open(self) -> None:
-        self.hold.unlink(missing_ok=True)
 
 
 def resume_to_the_end(demo_assets, run_dir, tmp_path, monkeypatch) -> None:

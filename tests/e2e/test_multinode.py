@@ -23,7 +23,7 @@ import pytest
 import ray
 
 from tests.ray_nodes import ROOT, RayNodes, clean_env
-from tests.run_helpers import head, timed_cli
+from tests.run_helpers import Gate, head, timed_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 SMALL = ["-ibs", "4", "-imbs", "4", "-g", "2", "-tbs", "2", "-tMbs", "2", "-tmbs", "4", "-e", "1", "--no-progress"]
@@ -145,8 +145,10 @@ def test_two_node_run_places_its_actors_and_survives_a_killed_inferencer(cluster
     inferencer's process after step 2: Ray restarts it, it regenerates the round it was on, and the run trains
     every step; each prompt's samples appear exactly G=2 times in the rollout logs."""
     run_dir = tmp_path / "runs" / "kill"
+    gate = Gate(tmp_path, run_dir)
+    gate.close(after=2)  # a step a round here: step 4's round waits to be scored, the run is on at the kill
     proc = driver(["--master_address", cluster.address, "-d", data[32], "-i", "1", "-t", "2", *SMALL,
-                   "-sd", str(tmp_path / "runs"), "-p", "kill", "-rsd", str(tmp_path / "rollouts")],
+                   "-sd", str(tmp_path / "runs"), "-p", "kill", "-rsd", str(tmp_path / "rollouts"), *gate.flags],
                   cluster.env(**cache_env(demo_assets)))
     wait_for(lambda: len(train_steps(run_dir)) >= 2, proc, what="step 2")
     placement = json.load(open(run_dir / "placement.json"))
@@ -156,6 +158,7 @@ def test_two_node_run_places_its_actors_and_survives_a_killed_inferencer(cluster
     pid = placement["inferencers"][0]["pid"]
     os.kill(pid, signal.SIGKILL)
     killed_at = len(train_steps(run_dir))
+    gate.open()
     out, err = finish(proc)
     assert proc.returncode == 0, err[-3000:]
     assert killed_at < 8, "the run was over before the kill"
@@ -178,8 +181,10 @@ def test_two_node_run_places_its_actors_and_survives_a_killed_inferencer(cluster
 
 def test_killed_trainer_rank_stops_the_run_and_resume_latest_finishes_it(cluster, data, demo_assets, tmp_path):
     run_dir = tmp_path / "runs" / "rank"
+    gate = Gate(tmp_path, run_dir)
+    gate.close(after=3)  # a step a round: step 5's waits to be scored, the run is still going at the kill
     argv = ["--master_address", cluster.address, "-d", data[48], "-i", "1", "-t", "2", *SMALL, "-si", "2",
-            "-sd", str(tmp_path / "runs"), "-p", "rank"]
+            "-sd", str(tmp_path / "runs"), "-p", "rank", *gate.flags]
     env = cluster.env(**cache_env(demo_assets))
     proc = driver(argv, env)
     wait_for(lambda: os.path.isfile(run_dir / "step_2" / "checkpoint_complete.json")
@@ -188,6 +193,7 @@ def test_killed_trainer_rank_stops_the_run_and_resume_latest_finishes_it(cluster
     pid = placement["trainers"][1]["pid"]
     os.kill(pid, signal.SIGKILL)
     killed = time.time()
+    gate.open()
     out, err = finish(proc, timeout=60)
     stopped_in = time.time() - killed
     print(f"trainer rank 1 killed: the run stopped {stopped_in:.1f} s later")
