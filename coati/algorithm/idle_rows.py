@@ -5,8 +5,8 @@ A group whose samples all scored alike (all right, all wrong) has advantage 0 on
 policy-gradient loss without a KL term such a sample's gradient is exactly 0, whatever the ratio or the clip;
 a sample outside the loss (its mask empty: truncated and masked, a padding placeholder) has none under any
 loss that honours the mask. Whether the configured loss is such a loss is not declared by it but checked
-(``idle_rows_are_inert``): the loss is run on random micro-batches and must give those rows a gradient of
-exactly 0 and the others a gradient, so a loss of the user's own is checked like the shipped ones.
+(``check_idle_rows``): the loss is run on random micro-batches and must give those rows a gradient of exactly 0
+and the others a gradient, so a loss of the user's own is checked like the shipped ones.
 """
 
 from __future__ import annotations

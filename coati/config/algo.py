@@ -83,8 +83,7 @@ class GroupConfig:
     skip_idle_samples: bool = setting(
         True, "samples the loss gives no gradient (advantage 0, as in a group whose samples all scored alike, or "
               "outside the loss) skip the forward and backward, where the loss is checked to give them exactly 0; "
-              "the step's statistics (entropy, kl_behaviour, ...) then average over the trained samples. false: run "
-              "them")
+              "the entropy and the off-policy statistics then average over the trained samples. false: run them")
     topk_samples: int | None = option(None, "keep only the K highest-reward samples of each group in the loss "
                                             "(ties: lower index; default: all)", family="group")
     # a user's own group stages (@register_reward_shaper / _sample_mask / _group_filter), after the preset's

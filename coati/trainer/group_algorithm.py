@@ -140,8 +140,8 @@ class GroupAlgorithm(StepAlgorithm):
 
     def idle_samples(self, advantages: torch.Tensor, sample_mask: torch.Tensor, every: dict):
         """(this rank's rows, the step's samples) the loss gives no gradient that the step leaves out, as bool
-        masks: samples in the loss with advantage 0. None where skipping is off, the loss was not found inert, or
-        no sample of the step would train (a step always trains, so every optimizer step sees gradients)."""
+        masks: samples in the loss with advantage 0. All false where skipping is off, the loss was not found inert,
+        or no sample of the step would train (a step always trains, so every optimizer step sees gradients)."""
         own = (advantages == 0) & (sample_mask > 0)
         idle = (every["advantages"] == 0) & (every["sample_mask"] > 0)
         if not self.skip_idle or not ((every["sample_mask"] > 0) & ~idle).any():
