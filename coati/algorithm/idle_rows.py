@@ -18,9 +18,10 @@ import torch
 from coati.algorithm.loss import normaliser_from_counts
 from coati.algorithm.policy_losses import LossInputs
 
-# The check's micro-batch: rows 0, 1 and 4 train; row 2 and 3 have advantage 0; row 5 has an empty mask.
+# The check's micro-batch: rows 0, 1 and 4 train; rows 2 and 3 have advantage 0; row 5 has an empty mask.
 _ADVANTAGES = (1.3, -0.7, 0.0, 0.0, 0.9, -2.0)
-_IDLE = (2, 3, 5)
+_EMPTY = 5
+_IDLE = (2, 3, _EMPTY)
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ def check_idle_rows(policy_loss, config, trials: int = 3) -> IdleRows:
         logprobs = (noise(0.5) - 1.5).clamp(max=-0.01).requires_grad_(True)
         mask = (torch.rand(rows, tokens, generator=generator) > 0.3).float()
         mask[:, 0] = 1.0
-        mask[5] = 0.0
+        mask[_EMPTY] = 0.0
         prox = logprobs.detach() if trial == 0 else logprobs.detach() + noise(0.3)
         inputs = LossInputs(logprobs, logprobs.detach() + noise(0.7), torch.tensor(_ADVANTAGES), mask,
                             normaliser_from_counts(mask.sum(dim=1), config.loss_variation, tokens),

@@ -82,10 +82,12 @@ class Layout:
             return self.cut(batch, agree(self.count(batch)))
         in_loss = batch["action_mask"].sum(dim=1) > 0
         rows = in_loss.nonzero().flatten()
-        count = agree(self.count(take_rows(batch, rows)) if len(rows) else 0)
+        trained = take_rows(batch, rows) if len(rows) else None
+        count = agree(self.count(trained) if trained is not None else 0)
         if count > len(rows):  # fillers, which add nothing to the loss, its gradient or its statistics
             rows = torch.cat([rows, (~in_loss).nonzero().flatten()[: count - len(rows)]]).sort().values
-        return self.cut(take_rows(batch, rows), count) if count else []
+            trained = take_rows(batch, rows)
+        return self.cut(trained, count) if count else []
 
     def mark(self, micro_batch: MicroBatch) -> MicroBatch:
         """``micro_batch`` naming this layout (and whatever else its forward reads)."""

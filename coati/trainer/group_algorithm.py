@@ -109,7 +109,8 @@ class GroupAlgorithm(StepAlgorithm):
         all_mask = every["sample_mask"]
         variation, limit = self.config.algo.loss.loss_variation, length_limit(self.config)
         normaliser = normaliser_from_counts(every["lengths"] * all_mask, variation, limit)
-        idle, every_idle = self.idle_samples(own["advantages"], sample_mask, every)
+        zero = (every["advantages"] == 0) & (all_mask > 0)  # in the loss, no gradient
+        idle, every_idle = self.idle_samples(own["advantages"], sample_mask, zero, all_mask)
         if every_idle.any():
             # Left out of the loss (their action masks zeroed) and so out of the forward (Layout.split): the
             # gradient is the same; the statistics they would have added to become means over the samples trained.
@@ -134,19 +135,20 @@ class GroupAlgorithm(StepAlgorithm):
             "shaped_reward": float(every["rewards"].mean()),
             "samples_masked": float((all_mask == 0).sum()),
             "samples_in_loss": float(all_mask.sum()),
-            "samples_zero_advantage": float(((every["advantages"] == 0) & (all_mask > 0)).sum()),
+            "samples_zero_advantage": float(zero.sum()),
         }
         return batches
 
-    def idle_samples(self, advantages: torch.Tensor, sample_mask: torch.Tensor, every: dict):
+    def idle_samples(self, advantages: torch.Tensor, sample_mask: torch.Tensor, zero: torch.Tensor,
+                     all_mask: torch.Tensor):
         """(this rank's rows, the step's samples) the loss gives no gradient that the step leaves out, as bool
-        masks: samples in the loss with advantage 0. All false where skipping is off, the loss was not found inert,
-        or no sample of the step would train (a step always trains, so every optimizer step sees gradients)."""
+        masks: samples in the loss with advantage 0 (``zero``: the step's, whose loss mask is ``all_mask``). All
+        false where skipping is off, the loss was not found inert, or no sample of the step would train (a step
+        always trains, so every optimizer step sees gradients)."""
         own = (advantages == 0) & (sample_mask > 0)
-        idle = (every["advantages"] == 0) & (every["sample_mask"] > 0)
-        if not self.skip_idle or not ((every["sample_mask"] > 0) & ~idle).any():
-            return torch.zeros_like(own), torch.zeros_like(idle)
-        return own, idle
+        if not self.skip_idle or not ((all_mask > 0) & ~zero).any():
+            return torch.zeros_like(own), torch.zeros_like(zero)
+        return own, zero
 
     def rollout_tensors(self, kept):
         return shaped_group_tensors(kept, self.groups_config, length_limit(self.config))
