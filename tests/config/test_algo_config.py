@@ -155,6 +155,8 @@ def test_parse_grpo_config_empty_and_types():
     assert parse_grpo_config('{"beta": 0, "skip_threshold": 5}') == {"kl_loss_coef": 0, "skip_threshold": 5}
     with pytest.raises(ConfigError, match="must be bool"):
         parse_grpo_config('{"filter_truncated_response": 1}')  # 1 is not a bool
+    with pytest.raises(ConfigError, match=r"^--grpo-config key 'skip_idle_samples' must be bool, got 'yes'$"):
+        parse_grpo_config('{"skip_idle_samples": "yes"}')
 
 
 def test_every_registered_name_is_reachable_from_the_cli(capsys):
